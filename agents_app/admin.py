@@ -1,0 +1,19 @@
+from django.contrib import admin
+
+from .models import Agent, Image
+
+
+@admin.register(Agent)
+class AgentAdmin(admin.ModelAdmin):
+    list_display = ["id", "status", "scaling_group", "schedulable", "available_slots",
+                    "occupied_slots", "addr", "last_heartbeat"]
+    list_filter = ["status", "scaling_group", "schedulable"]
+    list_select_related = ["scaling_group"]
+    search_fields = ["id", "addr"]
+    readonly_fields = ["occupied_slots", "first_contact", "last_heartbeat", "lost_at"]
+
+
+@admin.register(Image)
+class ImageAdmin(admin.ModelAdmin):
+    list_display = ["name", "architecture", "registry"]
+    search_fields = ["name"]

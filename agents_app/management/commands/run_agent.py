@@ -1,0 +1,59 @@
+import socket
+import threading
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db.backends.signals import connection_created
+
+from backendai_web.celery import agent_queue, app
+from scheduling_app.slots import ResourceSlots, SlotError
+
+from ...runtime.agent import Agent, install
+
+
+class DatabaseForbidden(RuntimeError):
+    pass
+
+
+def forbid_database(sender, connection, **kwargs):
+    raise DatabaseForbidden("the agent must never open a database connection")
+
+
+def parse_slots(text):
+    try:
+        pairs = dict(item.split("=", 1) for item in text.split(",") if item)
+        return ResourceSlots.parse(pairs, allow_zero=False).to_json()
+    except (ValueError, SlotError) as exc:
+        raise CommandError(f"--slots: {exc} (expected for example cpu=4,mem=8g)") from None
+
+
+class Command(BaseCommand):
+    help = "Run an agent: a Celery worker on queue agent.<ID> plus a heartbeat to the manager."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--id", required=True, help="Agent id, unique in the cluster.")
+        parser.add_argument("--scaling-group", default="default")
+        parser.add_argument("--slots", help="cpu=N,mem=SIZE; default: what Docker reports.")
+        parser.add_argument("--heartbeat-interval", type=float,
+                            default=settings.AGENT_HEARTBEAT_INTERVAL)
+        parser.add_argument("--addr", default=socket.gethostname())
+        parser.add_argument("--concurrency", type=int, default=8,
+                            help="Kernel operations run at once (threads).")
+
+    def handle(self, *args, **options):
+        connection_created.connect(forbid_database)
+        slots = parse_slots(options["slots"]) if options["slots"] else None
+        agent = install(Agent(options["id"], options["scaling_group"], slots=slots,
+                              heartbeat_interval=options["heartbeat_interval"],
+                              addr=options["addr"]))
+        agent.docker_available()  # says in one line when Docker is unreachable
+        threading.Thread(target=agent.heartbeat_loop, name="heartbeat", daemon=True).start()
+        worker = app.Worker(
+            queues=[agent_queue(agent.id)], pool="threads", concurrency=options["concurrency"],
+            hostname=f"agent-{agent.id}@{socket.gethostname()}", loglevel="INFO",
+            without_gossip=True, without_mingle=True,
+        )
+        try:
+            worker.start()
+        finally:
+            agent.stopping.set()

@@ -1,0 +1,47 @@
+"""Manager → agent calls: Celery tasks routed to the agent's own queue.
+
+Call these only after commit (transaction.on_commit): an agent must never act on a
+status that could still roll back.
+"""
+
+from django.conf import settings
+
+from backendai_web.celery import agent_queue, app
+
+
+def _send(agent_id, task, **kwargs):
+    return app.send_task(task, kwargs=kwargs, queue=agent_queue(agent_id))
+
+
+def send_check_and_pull(kernel):
+    return _send(kernel.agent_id, "agent.check_and_pull", kernel_id=str(kernel.pk),
+                 image=kernel.image)
+
+
+def kernel_spec(kernel):
+    session = kernel.session
+    return {
+        "kernel_id": str(kernel.pk),
+        "session_id": str(session.pk),
+        "session_name": session.name,
+        "session_type": session.session_type,
+        "owner_user_id": str(session.user_id),
+        "image": kernel.image,
+        "slots": kernel.occupied_slots or kernel.requested_slots,
+        "startup_command": session.startup_command,
+        "grace_period": session.grace_period if session.grace_period is not None
+        else settings.DEFAULT_GRACE_PERIOD,
+        "cluster_role": kernel.cluster_role,
+        "cluster_idx": kernel.cluster_idx,
+        "cluster_hostname": kernel.cluster_hostname,
+        "cluster_size": session.cluster_size,
+    }
+
+
+def send_create_kernel(kernel):
+    return _send(kernel.agent_id, "agent.create_kernel", spec=kernel_spec(kernel))
+
+
+def send_destroy_kernel(kernel, reason):
+    return _send(kernel.agent_id, "agent.destroy_kernel", kernel_id=str(kernel.pk),
+                 container_id=kernel.container_id, reason=reason)

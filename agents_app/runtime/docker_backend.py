@@ -1,0 +1,184 @@
+"""The agent's Docker backend: images, kernel containers and their labels.
+
+Labels on a container are the whole record of its kernel (no pickle, no local state),
+so that an agent that restarts, or one that never saw the container start, can stop it.
+"""
+
+import logging
+import time
+
+import docker
+from docker.errors import APIError, ImageNotFound, NotFound
+
+log = logging.getLogger(__name__)
+
+LABEL_PREFIX = "ai.backend."
+KERNEL_ID = "ai.backend.kernel-id"
+SESSION_ID = "ai.backend.session-id"
+AGENT_ID = "ai.backend.agent-id"
+OWNER_USER_ID = "ai.backend.owner-user-id"
+GRACE_PERIOD = "ai.backend.grace-period"
+SESSION_TYPE = "ai.backend.session-type"
+KERNELSPEC = "ai.backend.kernelspec"
+LOG_TAIL_BYTES = 64 * 1024
+
+# PID 1 of an interactive kernel: exits 0 at once on SIGTERM, otherwise waits forever.
+KEEPALIVE = 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done'
+
+
+def connect():
+    """A client for DOCKER_HOST (or the local socket); raises DockerException if unreachable."""
+    client = docker.from_env(timeout=60)
+    client.ping()
+    return client
+
+
+def container_name(image, kernel_id):
+    short = image.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
+    return f"kernel.{short}.{kernel_id}"
+
+
+def image_exists(client, image):
+    try:
+        client.images.get(image)
+        return True
+    except ImageNotFound:
+        return False
+
+
+def pull_image(client, image, progress=None):
+    """Pull `image`, calling progress(dict) now and then; raises APIError on failure.
+
+    Never interrupted: a killed pull can wedge the Docker daemon for every container.
+    """
+    repository, _, tag = image.rpartition(":")
+    if not repository or "/" in tag:
+        repository, tag = image, "latest"
+    layers, last_report = {}, 0.0
+    for line in client.api.pull(repository, tag=tag, stream=True, decode=True):
+        if "error" in line:
+            raise APIError(line["error"])
+        if "id" in line and line.get("status"):
+            layers[line["id"]] = line
+        now = time.monotonic()
+        if progress and now - last_report > 0.5:
+            last_report = now
+            progress(_pull_progress(layers))
+    if progress:
+        progress(_pull_progress(layers))
+
+
+def _pull_progress(layers):
+    done = sum(1 for v in layers.values() if v["status"] in ("Pull complete", "Already exists"))
+    current = sum(v.get("progressDetail", {}).get("current", 0) for v in layers.values())
+    total = sum(v.get("progressDetail", {}).get("total", 0) for v in layers.values())
+    return {"layers_done": done, "layers_total": len(layers), "bytes_current": current,
+            "bytes_total": total}
+
+
+def kernel_labels(agent_id, spec):
+    return {
+        KERNEL_ID: spec["kernel_id"],
+        SESSION_ID: spec["session_id"],
+        AGENT_ID: agent_id,
+        OWNER_USER_ID: spec["owner_user_id"],
+        GRACE_PERIOD: str(spec["grace_period"]),
+        SESSION_TYPE: spec["session_type"],
+    }
+
+
+def kernel_command(spec):
+    startup = spec.get("startup_command") or ""
+    if spec["session_type"] == "batch":
+        return ["/bin/sh", "-c", startup]
+    if startup:
+        return ["/bin/sh", "-c", f"( {startup} ) & {KEEPALIVE}"]
+    return ["/bin/sh", "-c", KEEPALIVE]
+
+
+def kernel_environment(spec):
+    return {
+        "BACKENDAI_SESSION_ID": spec["session_id"],
+        "BACKENDAI_SESSION_NAME": spec["session_name"],
+        "BACKENDAI_KERNEL_ID": spec["kernel_id"],
+        "BACKENDAI_CLUSTER_ROLE": spec["cluster_role"],
+        "BACKENDAI_CLUSTER_IDX": str(spec["cluster_idx"]),
+        "BACKENDAI_CLUSTER_HOST": spec["cluster_hostname"],
+        "BACKENDAI_CLUSTER_SIZE": str(spec["cluster_size"]),
+    }
+
+
+def resource_limits(slots):
+    limits = {}
+    if "cpu" in slots:
+        limits["nano_cpus"] = int(float(slots["cpu"]) * 1e9)
+    if "mem" in slots:
+        limits["mem_limit"] = int(slots["mem"])
+    return limits
+
+
+def create_kernel_container(client, agent_id, spec):
+    """Create and start the container; on a failed start the container is removed."""
+    container = client.containers.create(
+        spec["image"],
+        command=kernel_command(spec),
+        name=container_name(spec["image"], spec["kernel_id"]),
+        hostname=spec["cluster_hostname"],
+        labels=kernel_labels(agent_id, spec),
+        environment=kernel_environment(spec),
+        init=True,
+        detach=True,
+        **resource_limits(spec["slots"]),
+    )
+    try:
+        container.start()
+    except Exception:
+        container.remove(force=True)
+        raise
+    return container
+
+
+def find_kernel_container(client, agent_id, kernel_id, container_id=""):
+    if container_id:
+        try:
+            return client.containers.get(container_id)
+        except NotFound:
+            pass
+    found = client.containers.list(
+        all=True, filters={"label": [f"{KERNEL_ID}={kernel_id}", f"{AGENT_ID}={agent_id}"]}
+    )
+    return found[0] if found else None
+
+
+def list_kernel_containers(client, agent_id):
+    return client.containers.list(all=True, filters={"label": f"{AGENT_ID}={agent_id}"})
+
+
+def stop_and_remove(container, grace_period):
+    """SIGTERM, SIGKILL after the grace period, keep the log tail, remove.
+
+    Returns (exit_code, log_tail). A container already gone or stopped is not an error.
+    """
+    try:
+        container.stop(timeout=max(int(grace_period), 0))
+    except NotFound:
+        return None, ""
+    except APIError as exc:
+        if exc.status_code != 409:
+            raise
+    try:
+        container.reload()
+        exit_code = container.attrs["State"]["ExitCode"]
+        logs = container.logs(tail=1000)[-LOG_TAIL_BYTES:].decode("utf-8", "replace")
+        container.remove(force=True)
+    except NotFound:
+        return None, ""
+    return exit_code, logs
+
+
+def kernelspec_images(client):
+    images = []
+    for image in client.images.list(filters={"label": KERNELSPEC}):
+        for tag in image.tags:
+            images.append({"name": tag, "labels": image.labels})
+    return images

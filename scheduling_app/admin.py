@@ -1,0 +1,26 @@
+from django.contrib import admin
+
+from .models import Domain, Project, ResourcePolicy, ScalingGroup
+
+
+@admin.register(Domain)
+class DomainAdmin(admin.ModelAdmin):
+    list_display = ["name", "is_active", "total_resource_slots"]
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ["name", "domain", "is_active", "total_resource_slots"]
+    list_select_related = ["domain"]
+
+
+@admin.register(ScalingGroup)
+class ScalingGroupAdmin(admin.ModelAdmin):
+    list_display = ["name", "is_active", "scheduler", "agent_selection_strategy",
+                    "pending_timeout"]
+
+
+@admin.register(ResourcePolicy)
+class ResourcePolicyAdmin(admin.ModelAdmin):
+    list_display = ["name", "total_resource_slots", "max_concurrent_sessions",
+                    "max_pending_session_count", "idle_timeout", "max_session_lifetime"]

@@ -1,0 +1,80 @@
+from django.contrib import admin
+
+from .models import Kernel, KeyPair, Session, SessionEvent
+
+STATUS_FIELDS = ["status", "status_info", "status_data", "status_history", "status_changed"]
+
+
+@admin.register(KeyPair)
+class KeyPairAdmin(admin.ModelAdmin):
+    list_display = ["access_key", "user", "is_main", "is_active", "is_admin", "resource_policy",
+                    "concurrency_used", "last_used"]
+    list_filter = ["is_active", "is_admin", "resource_policy"]
+    list_select_related = ["user", "resource_policy"]
+    search_fields = ["access_key", "user__username"]
+    readonly_fields = ["concurrency_used", "last_used"]
+
+
+class KernelInline(admin.TabularInline):
+    model = Kernel
+    fields = ["cluster_role", "cluster_idx", "status", "status_info", "agent", "container_id",
+              "exit_code"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+class SessionEventInline(admin.TabularInline):
+    model = SessionEvent
+    fields = ["created_at", "name", "kernel", "from_status", "to_status", "reason", "actor"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Session)
+class SessionAdmin(admin.ModelAdmin):
+    list_display = ["name", "status", "session_type", "image", "user", "scaling_group",
+                    "created_at"]
+    list_filter = ["status", "session_type", "scaling_group", "kernels__agent"]
+    list_select_related = ["user", "scaling_group"]
+    search_fields = ["name", "id", "keypair__access_key"]
+    readonly_fields = STATUS_FIELDS + ["occupying_slots", "created_at", "starts_at",
+                                       "terminated_at", "result"]
+    inlines = [KernelInline, SessionEventInline]
+    show_full_result_count = False
+
+
+@admin.register(Kernel)
+class KernelAdmin(admin.ModelAdmin):
+    list_display = ["id", "session", "cluster_role", "status", "agent", "container_id",
+                    "exit_code"]
+    list_filter = ["status", "agent"]
+    list_select_related = ["session", "agent"]
+    search_fields = ["id", "session__name", "container_id"]
+    readonly_fields = STATUS_FIELDS + ["occupied_slots", "exit_code", "last_stat",
+                                       "terminated_at"]
+    show_full_result_count = False
+
+
+@admin.register(SessionEvent)
+class SessionEventAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "session", "name", "from_status", "to_status", "reason",
+                    "actor"]
+    list_filter = ["name"]
+    list_select_related = ["session"]
+    search_fields = ["session__name", "session__id"]
+    show_full_result_count = False
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,123 @@
+"""Manager side of what agents report about kernels; each report goes through the engine.
+
+Reports may arrive twice or late: a kernel no longer in the expected status is left as it
+is, except that a container that turned up for a finished kernel is destroyed.
+"""
+
+import logging
+
+from django.db import transaction
+
+from . import engine
+from .models import FINISHED_STATUSES, Kernel, Status
+
+log = logging.getLogger(__name__)
+S = Status
+
+
+def handle_kernel_event(kernel_id, event, data=None):
+    data = data or {}
+    kernel = Kernel.objects.select_related("session").filter(pk=kernel_id).first()
+    if kernel is None:
+        log.info("%s for unknown kernel %s", event, kernel_id)
+        return None
+    handler = HANDLERS.get(event)
+    if handler is None:
+        log.warning("unknown kernel event %r from agent", event)
+        return None
+    actor = f"agent:{data.get('agent_id') or kernel.agent_id}"
+    return handler(kernel, data, actor)
+
+
+def _pulling(kernel, data, actor):
+    return engine.mark_kernel_pulling(kernel, progress=data, actor=actor)
+
+
+def _pulled(kernel, data, actor):
+    moved = engine.mark_kernel_prepared(kernel, actor=actor)
+    if moved:
+        transaction.on_commit(_kick_start)
+    return moved
+
+
+def _pull_failed(kernel, data, actor):
+    reason = f"image pull failed: {data.get('error', 'unknown error')}"[:255]
+    return _fail_session(kernel, reason, actor)
+
+
+def _started(kernel, data, actor):
+    moved = engine.mark_kernel_running(kernel, data, actor=actor)
+    if moved is None:
+        kernel.refresh_from_db()
+        if kernel.status in FINISHED_STATUSES | {S.TERMINATING}:
+            # Destroyed while its container was being created: the container must go too.
+            kernel.container_id = data.get("container_id", "")
+            _destroy_on_agent(kernel, kernel.status_info or "force-terminated")
+    return moved
+
+
+def _creation_failed(kernel, data, actor):
+    reason = f"failed-to-start: {data.get('error', 'unknown error')}"[:255]
+    return _fail_session(kernel, reason, actor)
+
+
+def _terminated(kernel, data, actor):
+    reason = data.get("reason") or "self-terminated"
+    if kernel.status == S.RUNNING:
+        reason = "self-terminated"
+    moved = engine.mark_kernel_terminated(kernel, reason=reason,
+                                          exit_code=data.get("exit_code"), actor=actor)
+    if moved is None and kernel.exit_code is None and data.get("exit_code") is not None:
+        engine.set_kernel_data(kernel, exit_code=data["exit_code"])
+    if moved:
+        transaction.on_commit(lambda: _kick_schedule(kernel.session.scaling_group.name))
+    return moved
+
+
+@transaction.atomic
+def _fail_session(kernel, reason, actor):
+    """A kernel that cannot start takes its whole session down."""
+    moved = engine.mark_kernel_terminated(
+        kernel, reason=reason, actor=actor,
+        from_statuses={S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING},
+    )
+    for sibling in kernel.session.kernels.exclude(pk=kernel.pk).exclude(
+        status__in=FINISHED_STATUSES | {S.TERMINATING}
+    ):
+        if sibling.status == S.PENDING:
+            engine.mark_kernel_cancelled(sibling, reason=reason, actor=actor)
+        elif sibling.status == S.RUNNING:
+            engine.mark_kernel_terminating(sibling, reason=reason, actor=actor)
+            transaction.on_commit(lambda k=sibling: _destroy_on_agent(k, reason))
+        else:
+            engine.mark_kernel_terminated(sibling, reason=reason, actor=actor)
+    return moved
+
+
+def _destroy_on_agent(kernel, reason):
+    from agents_app.rpc import send_destroy_kernel
+
+    if kernel.agent_id:
+        send_destroy_kernel(kernel, reason)
+
+
+def _kick_start():
+    from scheduling_app.tasks import start_sessions
+
+    start_sessions.delay()
+
+
+def _kick_schedule(group_name):
+    from .services import kick_scheduler
+
+    kick_scheduler(group_name)
+
+
+HANDLERS = {
+    "image_pulling": _pulling,
+    "image_pulled": _pulled,
+    "pull_failed": _pull_failed,
+    "kernel_started": _started,
+    "creation_failed": _creation_failed,
+    "kernel_terminated": _terminated,
+}

@@ -1,0 +1,7 @@
+"""The one place that reads the time, so that tests can freeze it with time_machine."""
+
+from django.utils import timezone
+
+
+def now():
+    return timezone.now()

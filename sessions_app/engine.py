@@ -1,0 +1,304 @@
+"""The state engine: the only code that changes the status of a kernel or a session.
+
+Every change is a conditional UPDATE on the status the caller expects, under a row lock;
+a caller that lost a race gets None back and changes nothing. Every change appends a
+SessionEvent and, after commit, publishes one message to the channel layer. Accounting
+that follows from a status (an agent's occupied slots, a keypair's concurrency) is kept
+here too, so that no caller can forget it.
+"""
+
+import logging
+
+from django.db import transaction
+from django.db.models import F
+
+from scheduling_app.slots import ResourceSlots
+
+from . import clock, events
+from .models import FINISHED_STATUSES, Kernel, Session, SessionEvent, Status
+
+log = logging.getLogger(__name__)
+
+S = Status
+_ALLOCATED = {S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING}
+
+# Allowed transitions, for kernels and (derived from them) sessions.
+# PENDING is reachable again from the allocated states: a retry reschedules elsewhere.
+TRANSITIONS = {
+    S.PENDING: {S.SCHEDULED, S.CANCELLED, S.ERROR},
+    S.SCHEDULED: {S.PREPARING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
+    S.PREPARING: {S.PULLING, S.PREPARED, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED,
+                  S.ERROR},
+    S.PULLING: {S.PREPARED, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
+    S.PREPARED: {S.CREATING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
+    S.CREATING: {S.RUNNING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
+    S.RUNNING: {S.TERMINATING, S.TERMINATED, S.ERROR},
+    S.TERMINATING: {S.TERMINATED, S.ERROR},
+    S.ERROR: {S.TERMINATING, S.TERMINATED},
+    S.TERMINATED: set(),
+    S.CANCELLED: set(),
+}
+
+# A kernel holds its agent's slots from allocation until its container is gone.
+SLOT_HOLDING = frozenset(_ALLOCATED | {S.RUNNING, S.TERMINATING, S.ERROR})
+# A session counts against its keypair's concurrency from allocation until it is asked
+# to terminate (Backend.AI releases concurrency when the destroy is accepted).
+CONCURRENCY_HOLDING = frozenset(_ALLOCATED | {S.RUNNING, S.ERROR})
+
+KERNEL_EVENT_NAMES = {
+    S.PENDING: "kernel_pending",
+    S.SCHEDULED: "kernel_scheduled",
+    S.PREPARING: "kernel_preparing",
+    S.PULLING: "kernel_pulling",
+    S.PREPARED: "kernel_prepared",
+    S.CREATING: "kernel_creating",
+    S.RUNNING: "kernel_started",
+    S.TERMINATING: "kernel_terminating",
+    S.TERMINATED: "kernel_terminated",
+    S.CANCELLED: "kernel_cancelled",
+    S.ERROR: "kernel_error",
+}
+SESSION_EVENT_NAMES = {
+    S.PENDING: "session_enqueued",
+    S.SCHEDULED: "session_scheduled",
+    S.PREPARING: "session_preparing",
+    S.PULLING: "session_pulling",
+    S.PREPARED: "session_prepared",
+    S.CREATING: "session_creating",
+    S.RUNNING: "session_started",
+    S.TERMINATING: "session_terminating",
+    S.TERMINATED: "session_terminated",
+    S.CANCELLED: "session_cancelled",
+    S.ERROR: "session_error",
+}
+_PROGRESS = [S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING, S.RUNNING]
+
+
+class IllegalTransition(Exception):
+    def __init__(self, obj, from_status, to_status):
+        kind = type(obj).__name__.lower()
+        super().__init__(f"A {kind} cannot go from {from_status} to {to_status}.")
+        self.from_status, self.to_status = from_status, to_status
+
+
+def check_transition(obj, from_status, to_status):
+    if to_status not in TRANSITIONS[Status(from_status)]:
+        raise IllegalTransition(obj, from_status, to_status)
+
+
+def derive_session_status(kernel_statuses):
+    """A session's status from its kernels' statuses."""
+    statuses = set(kernel_statuses)
+    if not statuses:
+        return S.PENDING
+    if statuses <= FINISHED_STATUSES:
+        return S.CANCELLED if statuses == {S.CANCELLED} else S.TERMINATED
+    if S.TERMINATING in statuses or statuses & FINISHED_STATUSES:
+        return S.TERMINATING
+    if S.ERROR in statuses:
+        return S.ERROR
+    return min(statuses, key=_PROGRESS.index)
+
+
+def _record(session, kernel, name, from_status, to_status, reason, actor, data, now):
+    SessionEvent.objects.create(
+        session=session, kernel=kernel, name=name, from_status=from_status or "",
+        to_status=to_status or "", reason=reason, actor=actor, data=data or {}, created_at=now,
+    )
+    events.publish_on_commit(
+        session, name, kernel_id=kernel.pk if kernel else None, status=to_status,
+        previous_status=from_status, reason=reason, at=now, data=data,
+    )
+
+
+def record_event(session, name, *, kernel=None, reason="", actor="system", data=None):
+    """An event that changes no status (progress, health, batch result)."""
+    _record(session, kernel, name, session.status if kernel is None else kernel.status,
+            session.status if kernel is None else kernel.status, reason, actor, data, clock.now())
+
+
+def record_enqueued(session, *, actor):
+    _record(session, None, SESSION_EVENT_NAMES[S.PENDING], "", S.PENDING, "", actor, None,
+            session.created_at)
+
+
+@transaction.atomic
+def transition_kernel(kernel, to_status, *, reason="", actor="system", from_statuses=None,
+                      data=None, status_data=None, **fields):
+    """Move one kernel to `to_status`; None when it was no longer in `from_statuses`.
+
+    `from_statuses` defaults to the status the caller last saw. `fields` are other kernel
+    columns to set in the same UPDATE (container_id, exit_code, agent, ...).
+    """
+    from_statuses = set(from_statuses or {kernel.status})
+    for from_status in from_statuses:
+        check_transition(kernel, from_status, to_status)
+    current = Kernel.objects.select_for_update().filter(pk=kernel.pk).first()
+    if current is None or current.status not in from_statuses:
+        return None
+    now = clock.now()
+    from_status = current.status
+    values = {
+        "status": to_status,
+        "status_info": reason,
+        "status_changed": now,
+        "status_history": {**current.status_history, to_status: now.isoformat()},
+        **fields,
+    }
+    if status_data is not None:
+        values["status_data"] = status_data
+    if to_status in FINISHED_STATUSES:
+        values["terminated_at"] = now
+    updated = Kernel.objects.filter(pk=kernel.pk, status=from_status).update(**values)
+    if not updated:
+        return None
+    for name, value in values.items():
+        setattr(current, name, value)
+    _account_kernel(current, from_status, to_status)
+    session = current.session
+    _record(session, current, KERNEL_EVENT_NAMES[to_status], from_status, to_status, reason,
+            actor, data, now)
+    refresh_session(session, reason=reason, actor=actor)
+    for name, value in values.items():
+        setattr(kernel, name, value)
+    return current
+
+
+def _account_kernel(kernel, from_status, to_status):
+    if kernel.agent_id and from_status in SLOT_HOLDING and to_status not in SLOT_HOLDING:
+        release_agent_slots(kernel.agent_id, kernel.occupied_slots)
+    if kernel.is_main:
+        held_before = from_status in CONCURRENCY_HOLDING
+        held_after = to_status in CONCURRENCY_HOLDING
+        keypair_id = Session.objects.filter(pk=kernel.session_id).values_list("keypair_id")
+        if held_after and not held_before:
+            _keypairs(keypair_id).update(concurrency_used=F("concurrency_used") + 1)
+        elif held_before and not held_after:
+            _keypairs(keypair_id).filter(concurrency_used__gt=0).update(
+                concurrency_used=F("concurrency_used") - 1
+            )
+
+
+def _keypairs(keypair_id_query):
+    from .models import KeyPair
+
+    return KeyPair.objects.filter(pk__in=keypair_id_query)
+
+
+def release_agent_slots(agent_id, slots):
+    from agents_app.models import Agent
+
+    agent = Agent.objects.select_for_update().filter(pk=agent_id).first()
+    if agent is None:
+        return
+    occupied = ResourceSlots.parse(agent.occupied_slots) - ResourceSlots.parse(slots)
+    agent.occupied_slots = occupied.clamp_negative().to_json()
+    agent.save(update_fields=["occupied_slots"])
+
+
+@transaction.atomic
+def schedule_kernel(kernel, agent, *, reason="", actor="scheduler"):
+    """PENDING → SCHEDULED on `agent`, adding the kernel's slots to the agent's occupancy.
+
+    The caller holds the agent row lock and has checked capacity.
+    """
+    slots = ResourceSlots.parse(kernel.requested_slots)
+    moved = transition_kernel(
+        kernel, S.SCHEDULED, reason=reason, actor=actor, agent=agent, agent_addr=agent.addr,
+        occupied_slots=slots.to_json(),
+    )
+    if moved:
+        agent.occupied_slots = (ResourceSlots.parse(agent.occupied_slots) + slots).to_json()
+        agent.save(update_fields=["occupied_slots"])
+    return moved
+
+
+@transaction.atomic
+def refresh_session(session, *, reason="", actor="system"):
+    """Derive the session's status from its kernels and record the change, if any."""
+    current = Session.objects.select_for_update().get(pk=session.pk)
+    statuses = list(current.kernels.values_list("status", flat=True))
+    to_status = derive_session_status(statuses)
+    from_status = current.status
+    if to_status == from_status:
+        return None
+    check_transition(current, from_status, to_status)
+    now = clock.now()
+    values = {
+        "status": to_status,
+        "status_info": reason,
+        "status_changed": now,
+        "status_history": {**current.status_history, to_status: now.isoformat()},
+    }
+    if to_status == S.RUNNING and current.starts_at is None:
+        values["starts_at"] = now
+    if to_status in FINISHED_STATUSES:
+        values["terminated_at"] = now
+    if not Session.objects.filter(pk=current.pk, status=from_status).update(**values):
+        return None
+    for name, value in values.items():
+        setattr(current, name, value)
+        setattr(session, name, value)
+    _record(current, None, SESSION_EVENT_NAMES[to_status], from_status, to_status, reason,
+            actor, None, now)
+    return current
+
+
+@transaction.atomic
+def set_kernel_data(kernel, **fields):
+    """Write non-status columns (last_stat, status_data) without touching the status."""
+    Kernel.objects.filter(pk=kernel.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(kernel, name, value)
+
+
+# Named transitions, in the words of the lifecycle.
+
+def mark_kernel_preparing(kernel, **kw):
+    return transition_kernel(kernel, S.PREPARING, **kw)
+
+
+def mark_kernel_pulling(kernel, *, progress=None, **kw):
+    return transition_kernel(kernel, S.PULLING, from_statuses={S.PREPARING}, data=progress, **kw)
+
+
+def mark_kernel_prepared(kernel, **kw):
+    return transition_kernel(kernel, S.PREPARED, from_statuses={S.PREPARING, S.PULLING}, **kw)
+
+
+def mark_kernel_creating(kernel, **kw):
+    return transition_kernel(kernel, S.CREATING, from_statuses={S.PREPARED}, **kw)
+
+
+def mark_kernel_running(kernel, creation_info, **kw):
+    return transition_kernel(
+        kernel, S.RUNNING, from_statuses={S.CREATING},
+        container_id=creation_info.get("container_id", ""), data=creation_info, **kw,
+    )
+
+
+def mark_kernel_cancelled(kernel, *, reason, **kw):
+    return transition_kernel(kernel, S.CANCELLED, reason=reason, **kw)
+
+
+def mark_kernel_terminating(kernel, *, reason, **kw):
+    return transition_kernel(kernel, S.TERMINATING, reason=reason, **kw)
+
+
+def mark_kernel_terminated(kernel, *, reason, exit_code=None, from_statuses=None, **kw):
+    return transition_kernel(
+        kernel, S.TERMINATED, reason=reason, exit_code=exit_code,
+        from_statuses=from_statuses or (set(Status) - FINISHED_STATUSES - {S.PENDING}), **kw,
+    )
+
+
+def mark_kernel_error(kernel, *, reason, **kw):
+    return transition_kernel(kernel, S.ERROR, reason=reason, **kw)
+
+
+@transaction.atomic
+def set_session_data(session, **fields):
+    """Write non-status session columns (status_data, occupying_slots)."""
+    Session.objects.filter(pk=session.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(session, name, value)

@@ -1,0 +1,58 @@
+"""Session events to the channel layer: one message per change, sent after commit.
+
+Groups: one per session, one per owner, one for admins. A browser's consumer joins the
+groups it may see; Celery workers and web processes share the layer through Redis.
+"""
+
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+
+ADMINS_GROUP = "admins"
+
+
+def session_group(session_id):
+    return f"session.{session_id}"
+
+
+def user_group(user_id):
+    return f"user.{user_id}"
+
+
+def message(session, name, *, kernel_id, status, previous_status, reason, at, data=None):
+    return {
+        "event": name,
+        "session_id": str(session.pk),
+        "session_name": session.name,
+        "kernel_id": str(kernel_id) if kernel_id else None,
+        "status": status or "",
+        "previous_status": previous_status or "",
+        "reason": reason or "",
+        "at": at.isoformat(),
+        "data": data or {},
+    }
+
+
+def publish_on_commit(session, name, **fields):
+    msg = message(session, name, **fields)
+    groups = [session_group(session.pk), user_group(session.user_id), ADMINS_GROUP]
+    transaction.on_commit(lambda: publish(groups, msg))
+
+
+def publish(groups, msg):
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(_send)(layer, groups, {"type": "session.event", "message": msg})
+    except Exception as exc:  # the change is committed; a missed push is caught up on reconnect
+        log.warning("could not publish %s for session %s: %s", msg["event"], msg["session_id"], exc)
+
+
+async def _send(layer, groups, payload):
+    for group in groups:
+        await layer.group_send(group, payload)

@@ -1,0 +1,24 @@
+from django.db import transaction
+
+from scheduling_app.models import ResourcePolicy, default_of
+
+from .models import KeyPair
+
+
+@transaction.atomic
+def main_keypair(user):
+    """The user's main keypair, created with the default resource policy when missing."""
+    keypair = KeyPair.objects.filter(user=user, is_main=True).first()
+    if keypair is None:
+        keypair = KeyPair.objects.create(
+            user=user,
+            is_main=True,
+            is_admin=user.is_staff or user.is_superuser,
+            resource_policy=default_of(ResourcePolicy),
+        )
+    return keypair
+
+
+def is_admin(user, keypair=None):
+    """Admins are superusers, staff, or users acting through an admin keypair."""
+    return bool(user and (user.is_superuser or user.is_staff or (keypair and keypair.is_admin)))

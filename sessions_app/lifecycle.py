@@ -1,0 +1,128 @@
+"""Destroying sessions: the per-status rules of the Backend.AI manager."""
+
+import logging
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import transaction
+from django.utils.module_loading import import_string
+
+from . import engine
+from .keypairs import is_admin
+from .models import Status
+
+log = logging.getLogger(__name__)
+S = Status
+
+FORCE_ONLY = {S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.TERMINATING, S.ERROR}
+
+
+class DestroyRefused(Exception):
+    def __init__(self, message, status_code=409):
+        super().__init__(message)
+        self.message, self.status_code = message, status_code
+
+
+@dataclass
+class DestroyResult:
+    status: str
+    last_stat: dict = field(default_factory=dict)
+
+    def as_dict(self):
+        return {"status": self.status, "stats": self.last_stat}
+
+
+def _refusal(kernel_status, forced):
+    if forced:
+        return None
+    if kernel_status == S.PULLING:
+        return "Cannot destroy kernels in pulling status"
+    if kernel_status in FORCE_ONLY:
+        return "Cannot destroy kernels in scheduled/preparing/terminating/error status"
+    return None
+
+
+def run_hooks(setting_name, *args):
+    for path in getattr(settings, setting_name, []):
+        import_string(path)(*args)
+
+
+def destroy_session(session, *, forced=False, reason="user-requested", actor=None,
+                    keypair=None) -> DestroyResult:
+    """Destroy every kernel of `session` by the rules of its status.
+
+    `actor` is the user asking, or None for the system (handlers, culling).
+    Raises DestroyRefused with the message and HTTP status when the rules refuse.
+    """
+    if actor is not None:
+        admin = is_admin(actor, keypair)
+        if forced and not admin:
+            raise DestroyRefused("You are not allowed to force-terminate", 403)
+        if not admin and session.user_id != actor.pk:
+            raise DestroyRefused("Session not found", 404)
+    if forced:
+        reason = "force-terminated"
+    actor_name = actor.get_username() if actor is not None else "system"
+    run_hooks("PRE_DESTROY_HOOKS", session, forced, reason)
+
+    to_notify = []
+    with transaction.atomic():
+        kernels = list(session.kernels.select_for_update().order_by("cluster_role", "cluster_idx"))
+        for kernel in kernels:
+            refusal = _refusal(kernel.status, forced)
+            if refusal:
+                raise DestroyRefused(refusal)
+        for kernel in kernels:
+            outcome = _destroy_kernel(kernel, forced=forced, reason=reason, actor=actor_name)
+            if outcome:
+                to_notify.append(outcome)
+        session.refresh_from_db()
+        main = next((k for k in kernels if k.is_main), None)
+        result = DestroyResult(status=session.status.lower(),
+                               last_stat=(main.last_stat if main else {}) or {})
+        if forced:
+            transaction.on_commit(reconcile_after_force)
+    for kernel in to_notify:
+        transaction.on_commit(lambda k=kernel: _send_destroy(k, reason))
+    run_hooks("POST_DESTROY_HOOKS", session, forced, reason, result)
+    return result
+
+
+def _destroy_kernel(kernel, *, forced, reason, actor):
+    """Apply the rule for one kernel; return it when its agent must stop a container."""
+    status = kernel.status
+    if status in (S.TERMINATED, S.CANCELLED):
+        return None
+    if status == S.PENDING:
+        engine.mark_kernel_cancelled(kernel, reason=reason, actor=actor)
+        return None
+    if kernel.agent_id is None:
+        engine.mark_kernel_terminated(kernel, reason="missing-agent-allocation", actor=actor)
+        return None
+    if status == S.PULLING:
+        # Never interrupt a pull: the agent finishes it and creates nothing for this kernel.
+        engine.mark_kernel_cancelled(kernel, reason=reason, actor=actor)
+        return None
+    if status == S.RUNNING:
+        engine.mark_kernel_terminating(
+            kernel, reason=reason, actor=actor,
+            status_data={**kernel.status_data, "kernel": {"exit_code": None},
+                         "session": {"status": "terminating"}},
+        )
+        return kernel
+    log.warning("force-terminating kernel %s of session %s in %s", kernel.pk,
+                kernel.session_id, status)
+    engine.mark_kernel_terminated(kernel, reason=reason, actor=actor)
+    return kernel if kernel.container_id else None
+
+
+def _send_destroy(kernel, reason):
+    from agents_app.rpc import send_destroy_kernel
+
+    send_destroy_kernel(kernel, reason)
+
+
+def reconcile_after_force():
+    from .accounting import reconcile_usage
+
+    reconcile_usage()

@@ -1,0 +1,221 @@
+import secrets
+import string
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from scheduling_app.models import Domain, Project, ResourcePolicy, ScalingGroup, SlotsField
+
+
+class Status(models.TextChoices):
+    """Statuses of sessions and kernels alike."""
+
+    PENDING = "PENDING"
+    SCHEDULED = "SCHEDULED"
+    PREPARING = "PREPARING"
+    PULLING = "PULLING"
+    PREPARED = "PREPARED"
+    CREATING = "CREATING"
+    RUNNING = "RUNNING"
+    TERMINATING = "TERMINATING"
+    TERMINATED = "TERMINATED"
+    CANCELLED = "CANCELLED"
+    ERROR = "ERROR"
+
+
+FINISHED_STATUSES = frozenset({Status.TERMINATED, Status.CANCELLED})
+LIVE_STATUSES = frozenset(set(Status) - FINISHED_STATUSES)
+
+
+def generate_access_key():
+    alphabet = string.ascii_uppercase + string.digits
+    return "AKIA" + "".join(secrets.choice(alphabet) for _ in range(16))
+
+
+def generate_secret_key():
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(40))
+
+
+class KeyPair(models.Model):
+    access_key = models.CharField(max_length=20, primary_key=True, default=generate_access_key)
+    secret_key = models.CharField(max_length=40, default=generate_secret_key)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="keypairs"
+    )
+    is_main = models.BooleanField(
+        default=False, help_text="The keypair that browser sessions of this user act through."
+    )
+    is_active = models.BooleanField(default=True)
+    is_admin = models.BooleanField(default=False)
+    resource_policy = models.ForeignKey(ResourcePolicy, on_delete=models.PROTECT)
+    concurrency_used = models.PositiveIntegerField(default=0)
+    rate_limit = models.PositiveIntegerField(default=10000, help_text="Requests per 15 minutes.")
+    last_used = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user"], condition=Q(is_main=True), name="one_main_keypair_per_user"
+            )
+        ]
+
+    def __str__(self):
+        return self.access_key
+
+
+class SessionType(models.TextChoices):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+    INFERENCE = "inference"
+
+
+class ClusterMode(models.TextChoices):
+    SINGLE_NODE = "single-node"
+    MULTI_NODE = "multi-node"
+
+
+class SessionResult(models.TextChoices):
+    UNDEFINED = "undefined"
+    SUCCESS = "success"
+    FAILURE = "failure"
+
+
+class StatusFields(models.Model):
+    """Status columns shared by sessions and kernels; written only by sessions_app.engine."""
+
+    status = models.CharField(max_length=16, choices=Status, default=Status.PENDING)
+    status_info = models.CharField(max_length=255, blank=True, help_text="The reason.")
+    status_data = models.JSONField(default=dict, blank=True)
+    status_history = models.JSONField(default=dict, blank=True)
+    status_changed = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class Session(StatusFields):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=64)
+    keypair = models.ForeignKey(KeyPair, on_delete=models.PROTECT, related_name="sessions")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="compute_sessions"
+    )
+    domain = models.ForeignKey(Domain, on_delete=models.PROTECT)
+    project = models.ForeignKey(Project, on_delete=models.PROTECT)
+    session_type = models.CharField(
+        max_length=16, choices=SessionType, default=SessionType.INTERACTIVE
+    )
+    cluster_mode = models.CharField(
+        max_length=16, choices=ClusterMode, default=ClusterMode.SINGLE_NODE
+    )
+    cluster_size = models.PositiveSmallIntegerField(default=1)
+    image = models.CharField(max_length=255)
+    requested_slots = SlotsField(help_text="Per kernel.")
+    occupying_slots = SlotsField(help_text="All kernels together.")
+    scaling_group = models.ForeignKey(ScalingGroup, on_delete=models.PROTECT)
+    startup_command = models.TextField(blank=True)
+    batch_timeout = models.PositiveIntegerField(null=True, blank=True, help_text="Seconds.")
+    grace_period = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Seconds between SIGTERM and SIGKILL; empty = default."
+    )
+    tag = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    starts_at = models.DateTimeField(null=True, blank=True)
+    terminated_at = models.DateTimeField(null=True, blank=True)
+    result = models.CharField(
+        max_length=16, choices=SessionResult, default=SessionResult.UNDEFINED
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["keypair", "name"],
+                condition=~Q(status__in=[Status.TERMINATED, Status.CANCELLED]),
+                name="session_name_unique_among_live",
+                violation_error_message="You already have a live session with this name.",
+            ),
+            models.CheckConstraint(
+                condition=Q(cluster_size__gte=1), name="session_cluster_size_positive"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["status", "scaling_group"]),
+        ]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def main_kernel(self):
+        return min(self.kernels.all(), key=lambda k: (k.cluster_role != "main", k.cluster_idx))
+
+
+class Kernel(StatusFields):
+    class ClusterRole(models.TextChoices):
+        MAIN = "main"
+        SUB = "sub"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="kernels")
+    cluster_role = models.CharField(max_length=8, choices=ClusterRole, default=ClusterRole.MAIN)
+    cluster_idx = models.PositiveSmallIntegerField(default=1)
+    agent = models.ForeignKey(
+        "agents_app.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="kernels"
+    )
+    agent_addr = models.CharField(max_length=128, blank=True)
+    container_id = models.CharField(max_length=64, blank=True)
+    image = models.CharField(max_length=255)
+    requested_slots = SlotsField()
+    occupied_slots = SlotsField()
+    exit_code = models.IntegerField(null=True, blank=True)
+    last_stat = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    terminated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cluster_role", "cluster_idx"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session", "cluster_role", "cluster_idx"], name="kernel_unique_in_cluster"
+            )
+        ]
+        indexes = [models.Index(fields=["status", "agent"])]
+
+    def __str__(self):
+        return f"{self.session.name}/{self.cluster_hostname}"
+
+    @property
+    def is_main(self):
+        return self.cluster_role == self.ClusterRole.MAIN
+
+    @property
+    def cluster_hostname(self):
+        return f"{self.cluster_role}{self.cluster_idx}"
+
+
+class SessionEvent(models.Model):
+    """Append-only history of a session: its users' timeline and the audit trail."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
+    kernel = models.ForeignKey(
+        Kernel, null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+    )
+    name = models.CharField(max_length=64)
+    from_status = models.CharField(max_length=16, choices=Status, blank=True)
+    to_status = models.CharField(max_length=16, choices=Status, blank=True)
+    reason = models.CharField(max_length=255, blank=True)
+    actor = models.CharField(max_length=150, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["session", "created_at"])]
+
+    def __str__(self):
+        return f"{self.name} {self.from_status}→{self.to_status}"

@@ -1,0 +1,108 @@
+"""Creating sessions: validation of the request, then the PENDING rows, then a scheduler kick."""
+
+import re
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from scheduling_app.models import ScalingGroup, default_project
+from scheduling_app.slots import ResourceSlots, SlotError
+
+from . import clock, engine
+from .models import LIVE_STATUSES, Kernel, Session, SessionType, Status
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+DEFAULT_RESOURCES = {"cpu": "1", "mem": "256m"}
+MAX_CLUSTER_SIZE = 32
+
+
+class SessionRequestError(Exception):
+    """A request that cannot become a session; the message says why, `field` says where."""
+
+    def __init__(self, message, field=None, status_code=400):
+        super().__init__(message)
+        self.message, self.field, self.status_code = message, field, status_code
+
+
+def validate_name(name):
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise SessionRequestError(
+            "A session name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter "
+            "or digit.", "name",
+        )
+    return name
+
+
+def create_session(*, keypair, user, name, image, session_type=SessionType.INTERACTIVE,
+                   resources=None, cluster_size=1, cluster_mode="single-node",
+                   startup_command="", scaling_group="default", grace_period=None,
+                   batch_timeout=None, tag="", project=None, actor=None) -> Session:
+    validate_name(name)
+    if not isinstance(image, str) or not image.strip():
+        raise SessionRequestError("An image name is required, such as "
+                                  f"{settings.DEFAULT_KERNEL_IMAGE}.", "image")
+    if session_type not in SessionType.values:
+        raise SessionRequestError(
+            f"session_type must be one of {', '.join(SessionType.values)}.", "session_type")
+    try:
+        slots = ResourceSlots.parse(resources or DEFAULT_RESOURCES, allow_zero=False)
+    except SlotError as exc:
+        raise SessionRequestError(str(exc), "resources") from None
+    if not isinstance(cluster_size, int) or not 1 <= cluster_size <= MAX_CLUSTER_SIZE:
+        raise SessionRequestError(
+            f"cluster_size must be a whole number from 1 to {MAX_CLUSTER_SIZE}.", "cluster_size")
+    if cluster_mode not in ("single-node", "multi-node"):
+        raise SessionRequestError("cluster_mode must be single-node or multi-node.",
+                                  "cluster_mode")
+    if grace_period is not None and (not isinstance(grace_period, int) or grace_period < 0):
+        raise SessionRequestError("grace_period must be a whole number of seconds.",
+                                  "grace_period")
+    group = ScalingGroup.objects.filter(name=scaling_group, is_active=True).first()
+    if group is None:
+        raise SessionRequestError(f"There is no active scaling group named {scaling_group!r}.",
+                                  "scaling_group")
+    if session_type == SessionType.BATCH and not startup_command:
+        raise SessionRequestError("A batch session needs a startup command.", "startup_command")
+    project = project or default_project()
+    policy = keypair.resource_policy
+    with transaction.atomic():
+        if policy.max_pending_session_count is not None:
+            pending = Session.objects.filter(keypair=keypair, status=Status.PENDING).count()
+            if pending >= policy.max_pending_session_count:
+                raise SessionRequestError(
+                    f"You have {pending} pending sessions, the most your resource policy "
+                    f"{policy.name!r} allows; wait for one to start or cancel one.",
+                    status_code=429,
+                )
+        if Session.objects.filter(keypair=keypair, name=name, status__in=LIVE_STATUSES).exists():
+            raise SessionRequestError(f"You already have a live session named {name!r}.", "name",
+                                      status_code=409)
+        queued = {Status.PENDING: clock.now().isoformat()}
+        try:
+            with transaction.atomic():
+                session = Session.objects.create(
+                    name=name, keypair=keypair, user=user, domain=project.domain,
+                    project=project, session_type=session_type, cluster_mode=cluster_mode,
+                    cluster_size=cluster_size, image=image.strip(),
+                    requested_slots=slots.to_json(), scaling_group=group,
+                    startup_command=startup_command or "", grace_period=grace_period,
+                    batch_timeout=batch_timeout, tag=tag or "", status_history=queued,
+                )
+        except IntegrityError:  # a concurrent create with the same name won
+            raise SessionRequestError(f"You already have a live session named {name!r}.",
+                                      "name", status_code=409) from None
+        Kernel.objects.bulk_create(
+            Kernel(session=session, image=session.image, requested_slots=slots.to_json(),
+                   cluster_role=Kernel.ClusterRole.MAIN if i == 0 else Kernel.ClusterRole.SUB,
+                   cluster_idx=1 if i == 0 else i, status_history=queued)
+            for i in range(cluster_size)
+        )
+        engine.record_enqueued(session, actor=actor or user.get_username())
+        transaction.on_commit(lambda: kick_scheduler(group.name))
+    return session
+
+
+def kick_scheduler(scaling_group_name):
+    from scheduling_app.tasks import schedule
+
+    schedule.delay(scaling_group_name)

@@ -1,0 +1,17 @@
+"""Manager-side tasks that agents send: heartbeats and kernel events (queue `manager`)."""
+
+from celery import shared_task
+
+from agents_app.registry import handle_heartbeat
+
+from .agent_events import handle_kernel_event
+
+
+@shared_task(name="manager.heartbeat", ignore_result=True)
+def heartbeat(info):
+    handle_heartbeat(info)
+
+
+@shared_task(name="manager.kernel_event", ignore_result=True)
+def kernel_event(kernel_id, event, data=None):
+    handle_kernel_event(kernel_id, event, data)
