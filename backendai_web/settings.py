@@ -86,19 +86,21 @@ TEMPLATES = [
 def database_settings(url):
     """DATABASE_URL, or SQLite tuned so that web, workers and beat can all write."""
     if url:
-        return dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
-    return {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": VAR_DIR / "db.sqlite3",
-        "OPTIONS": {
+        config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+    else:
+        config = {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR_DIR / "db.sqlite3"}
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        config["CONN_MAX_AGE"] = 0
+        config["OPTIONS"] = {
             # IMMEDIATE takes the write lock at BEGIN, so two processes never deadlock
-            # upgrading read locks; busy_timeout makes the loser wait instead of failing.
+            # upgrading read locks; the timeout makes the loser wait instead of failing.
             "transaction_mode": "IMMEDIATE",
             "timeout": 20,
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        },
-        "TEST": {"NAME": VAR_DIR / "test.sqlite3"},
-    }
+        }
+        # A file, not memory, so that the workers a test starts see the test database.
+        config["TEST"] = {"NAME": str(Path(config["NAME"]).with_name("test.sqlite3"))}
+    return config
 
 
 DATABASE_URL = env("DATABASE_URL")

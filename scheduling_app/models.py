@@ -109,3 +109,10 @@ def default_of(model):
 
 def default_project():
     return Project.objects.get_or_create(domain=default_of(Domain), name=DEFAULT_NAME)[0]
+
+
+def ensure_defaults():
+    """The `default` domain, project, scaling group and resource policy."""
+    for model in (Domain, ScalingGroup, ResourcePolicy):
+        default_of(model)
+    return default_project()

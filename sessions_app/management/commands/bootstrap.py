@@ -4,7 +4,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from scheduling_app.models import Domain, ResourcePolicy, ScalingGroup, default_of, default_project
+from scheduling_app.models import ensure_defaults
 from sessions_app.keypairs import main_keypair
 
 
@@ -14,9 +14,7 @@ class Command(BaseCommand):
 
     @transaction.atomic
     def handle(self, *args, **options):
-        for model in (Domain, ScalingGroup, ResourcePolicy):
-            default_of(model)
-        default_project()
+        ensure_defaults()
         User = get_user_model()
         if User.objects.filter(username="admin").exists():
             self.stdout.write("defaults present; the admin user exists already")

@@ -1,0 +1,223 @@
+"""Shared fixtures: named users, real services, and a live system of real processes.
+
+A test that needs Docker, PostgreSQL or Redis skips when it is missing on a developer's
+machine and fails under CI=true, where every service must be there.
+"""
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from scheduling_app.models import ensure_defaults
+from sessions_app.keypairs import main_keypair
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE = settings.DEFAULT_KERNEL_IMAGE
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def need(service, problem):
+    """Skip (or, in CI, fail) a test whose service is unavailable."""
+    if problem is None:
+        return
+    message = f"{service} unavailable: {problem}"
+    if IN_CI:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def docker_problem():
+    import docker
+
+    try:
+        docker.from_env(timeout=5).ping()
+    except Exception as exc:
+        return str(exc)
+    return None
+
+
+def redis_problem():
+    import redis
+
+    try:
+        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).ping()
+    except Exception as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    need("Docker", docker_problem())
+    import docker
+
+    client = docker.from_env(timeout=60)
+    if not any(IMAGE in image.tags for image in client.images.list()):
+        subprocess.run([sys.executable, "manage.py", "build_kernel_image"], cwd=ROOT, check=True)
+    return client
+
+
+@pytest.fixture(scope="session")
+def redis_available():
+    need("Redis", redis_problem())
+
+
+@pytest.fixture
+def postgres(db):
+    if connection.vendor != "postgresql":
+        need("PostgreSQL", f"DATABASE_URL names {connection.vendor}, not PostgreSQL")
+
+
+def wait_for(predicate, timeout=30.0, interval=0.1, message="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+@pytest.fixture
+def defaults(db):
+    return ensure_defaults()
+
+
+def make_user(django_user_model, username, **extra):
+    user = django_user_model.objects.create_user(username, f"{username}@example.com",
+                                                 "correct horse", **extra)
+    return user
+
+
+@pytest.fixture
+def alice(defaults, django_user_model):
+    return make_user(django_user_model, "alice")
+
+
+@pytest.fixture
+def bob(defaults, django_user_model):
+    return make_user(django_user_model, "bob")
+
+
+@pytest.fixture
+def carol(defaults, django_user_model):
+    """The admin."""
+    return make_user(django_user_model, "carol", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def alice_keypair(alice):
+    return main_keypair(alice)
+
+
+# The live system: a real manager worker and a real agent, as separate processes.
+
+def database_url_of_test_db():
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        return f"sqlite:///{db['NAME']}"
+    return (f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:"
+            f"{db['PORT'] or 5432}/{db['NAME']}")
+
+
+# Any attempt of the agent to reach a database fails: nothing listens on port 9.
+NO_DATABASE_URL = "postgres://agent-has-no-database@127.0.0.1:9/none"
+
+
+class Process:
+    def __init__(self, name, args, env, log_dir):
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self.log = open(self.log_path, "w")  # noqa: SIM115 (open for the process lifetime)
+        self.args, self.env = args, env
+        self.popen = None
+
+    def start(self):
+        self.popen = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=self.log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def kill(self, sig=9):
+        if self.popen and self.popen.poll() is None:
+            os.killpg(self.popen.pid, sig)
+            self.popen.wait(timeout=30)
+
+    def stop(self):
+        if self.popen and self.popen.poll() is None:
+            os.killpg(self.popen.pid, 15)
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def output(self):
+        return self.log_path.read_text()
+
+
+class LiveSystem:
+    def __init__(self, log_dir):
+        self.log_dir = log_dir
+        self.agent_id = f"test-{uuid.uuid4().hex[:8]}"
+        base_env = {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+                    "REDIS_URL": settings.REDIS_URL, "PYTHONUNBUFFERED": "1"}
+        self.manager_env = {**base_env, "DATABASE_URL": database_url_of_test_db()}
+        self.agent_env = {**base_env, "DATABASE_URL": NO_DATABASE_URL}
+        celery = str(Path(sys.executable).with_name("celery"))
+        self.worker = Process("manager-worker", [
+            celery, "-A", "backendai_web", "worker", "-Q", "manager", "--pool", "threads",
+            "-c", "4", "-n", f"manager-{self.agent_id}@%h", "--without-gossip",
+            "--without-mingle", "-l", "INFO",
+        ], self.manager_env, log_dir)
+        self.agent = self.agent_process()
+
+    def agent_process(self):
+        return Process("agent", [
+            sys.executable, "manage.py", "run_agent", "--id", self.agent_id,
+            "--scaling-group", "default", "--heartbeat-interval", "0.5",
+            "--slots", "cpu=2,mem=2g",
+        ], self.agent_env, self.log_dir)
+
+    def restart_agent(self):
+        self.agent.stop()
+        self.agent = self.agent_process().start()
+
+    def wait_for_agent(self, timeout=60):
+        from agents_app.models import Agent, AgentStatus
+
+        return wait_for(
+            lambda: Agent.objects.filter(pk=self.agent_id, status=AgentStatus.ALIVE).first(),
+            timeout=timeout, message=f"agent {self.agent_id} to heartbeat",
+        )
+
+
+@pytest.fixture(scope="session")
+def live_system(django_db_setup, django_db_blocker, docker_client, redis_available,
+                tmp_path_factory):
+    import redis
+
+    # Messages left in the queues by earlier runs are not for this run's processes.
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+    system = LiveSystem(tmp_path_factory.mktemp("live"))
+    system.worker.start()
+    system.agent.start()
+    yield system
+    system.agent.stop()
+    system.worker.stop()
+    for container in docker_client.containers.list(
+        all=True, filters={"label": f"ai.backend.agent-id={system.agent_id}"}
+    ):
+        container.remove(force=True)
+
+
+@pytest.fixture
+def live(live_system, transactional_db):
+    ensure_defaults()
+    live_system.wait_for_agent()
+    return live_system

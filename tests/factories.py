@@ -1,0 +1,58 @@
+"""Sessions in any status, reached through the engine's own transitions."""
+
+from agents_app.models import Agent
+from scheduling_app.models import ScalingGroup, default_of
+from sessions_app import engine
+from sessions_app.keypairs import main_keypair
+from sessions_app.models import Status
+from sessions_app.services import create_session
+
+S = Status
+# The path a kernel takes to each status.
+PATHS = {
+    S.PENDING: [],
+    S.SCHEDULED: [S.SCHEDULED],
+    S.PREPARING: [S.SCHEDULED, S.PREPARING],
+    S.PULLING: [S.SCHEDULED, S.PREPARING, S.PULLING],
+    S.PREPARED: [S.SCHEDULED, S.PREPARING, S.PREPARED],
+    S.CREATING: [S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING],
+    S.RUNNING: [S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.RUNNING],
+    S.TERMINATING: [S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.RUNNING,
+                    S.TERMINATING],
+    S.ERROR: [S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.RUNNING, S.ERROR],
+    S.TERMINATED: [S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.RUNNING,
+                   S.TERMINATED],
+    S.CANCELLED: [S.CANCELLED],
+}
+
+
+def make_agent(agent_id="agent-1", slots=None, **fields):
+    return Agent.objects.create(
+        id=agent_id, scaling_group=default_of(ScalingGroup),
+        available_slots=slots or {"cpu": "4", "mem": "8g"}, occupied_slots={}, **fields,
+    )
+
+
+def make_session(user, status=S.PENDING, *, agent=None, name="s1", cluster_size=1,
+                 resources=None, **kwargs):
+    session = create_session(keypair=main_keypair(user), user=user, name=name,
+                             image="bai-local/busybox:latest", cluster_size=cluster_size,
+                             resources=resources or {"cpu": "1", "mem": "256m"}, **kwargs)
+    for kernel in session.kernels.all():
+        walk(kernel, status, agent)
+    session.refresh_from_db()
+    return session
+
+
+def walk(kernel, status, agent=None):
+    for step in PATHS[status]:
+        if step == S.SCHEDULED:
+            agent = agent or Agent.objects.first() or make_agent()
+            assert engine.schedule_kernel(kernel, agent)
+            agent.refresh_from_db()
+        elif step == S.RUNNING:
+            assert engine.mark_kernel_running(kernel, {"container_id": f"c-{kernel.pk.hex}"})
+        else:
+            assert engine.transition_kernel(kernel, step, reason="test")
+    kernel.refresh_from_db()
+    return kernel

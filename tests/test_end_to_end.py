@@ -1,0 +1,103 @@
+"""The thin end-to-end path on real processes: a manager worker and an agent on Docker.
+
+The web tier is this test process (DRF through Django's test client); the scheduler,
+agent-event handlers and the agent run as the separate processes of ARCHITECTURE.md.
+"""
+
+import pytest
+
+from agents_app.models import Agent
+from sessions_app.models import KeyPair, Session, SessionEvent, Status
+from tests.conftest import IMAGE, wait_for
+from tests.signing import signed_headers
+
+pytestmark = pytest.mark.docker
+
+
+def session_status(session_id):
+    return Session.objects.get(pk=session_id).status
+
+
+def test_session_runs_on_docker_and_terminates_with_slots_released(live, alice, client,
+                                                                   docker_client):
+    client.force_login(alice)
+    response = client.post("/api/v1/sessions/", {
+        "name": "e2e", "image": IMAGE, "resources": {"cpu": "1", "mem": "256m"},
+    }, content_type="application/json")
+    assert response.status_code == 201, response.content
+    session_id = response.json()["id"]
+    assert "PENDING" in response.json()["status_history"]
+
+    wait_for(lambda: session_status(session_id) == Status.RUNNING, message="RUNNING")
+    detail = client.get(f"/api/v1/sessions/{session_id}/").json()
+    kernel = detail["kernels"][0]
+    assert kernel["status"] == "RUNNING" and kernel["agent"] == live.agent_id
+    container = docker_client.containers.get(kernel["container_id"])
+    assert container.status == "running"
+    assert container.labels["ai.backend.kernel-id"] == kernel["id"]
+    assert container.labels["ai.backend.session-id"] == session_id
+    assert container.labels["ai.backend.agent-id"] == live.agent_id
+    assert container.name == f"kernel.busybox.{kernel['id']}"
+    assert container.attrs["HostConfig"]["NanoCpus"] == 1_000_000_000
+    assert container.attrs["HostConfig"]["Memory"] == 256 * 2**20
+    agent = Agent.objects.get(pk=live.agent_id)
+    assert agent.occupied_slots == {"cpu": "1", "mem": str(256 * 2**20)}
+    assert KeyPair.objects.get(user=alice).concurrency_used == 1
+    assert [e["to_status"] for e in detail["history"] if e["name"].startswith("session_")] == [
+        "PENDING", "SCHEDULED", "PREPARING", "PREPARED", "CREATING", "RUNNING"]
+
+    response = client.delete(f"/api/v1/sessions/{session_id}/")
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "terminating"
+    wait_for(lambda: session_status(session_id) == Status.TERMINATED, message="TERMINATED")
+
+    session = Session.objects.get(pk=session_id)
+    main = session.kernels.get()
+    assert main.exit_code == 0  # the kernel's PID 1 exits cleanly on SIGTERM
+    assert session.terminated_at is not None
+    assert set(session.status_history) >= {"PENDING", "RUNNING", "TERMINATING", "TERMINATED"}
+    assert Agent.objects.get(pk=live.agent_id).free_slots == {"cpu": 2, "mem": 2 * 2**30}
+    assert KeyPair.objects.get(user=alice).concurrency_used == 0
+    assert not docker_client.containers.list(
+        all=True, filters={"label": f"ai.backend.kernel-id={main.pk}"})
+    names = list(SessionEvent.objects.filter(session=session).values_list("name", flat=True))
+    assert names[-2:] == ["kernel_terminated", "session_terminated"]
+
+
+def test_keypair_signed_request_creates_a_session_that_runs(live, alice_keypair, client):
+    path = "/api/v1/sessions/"
+    headers = signed_headers(alice_keypair.access_key, alice_keypair.secret_key, "POST", path,
+                             "testserver")
+    response = client.post(path, {"name": "signed", "image": IMAGE},
+                           content_type="application/json",
+                           headers={k: v for k, v in headers.items() if k != "Content-Type"})
+    assert response.status_code == 201, response.content
+    session_id = response.json()["id"]
+    wait_for(lambda: session_status(session_id) == Status.RUNNING, message="RUNNING")
+    assert Session.objects.get(pk=session_id).keypair == alice_keypair
+
+
+def test_agent_never_opens_a_database_connection(live):
+    # The agent above ran with DATABASE_URL pointing where nothing listens, and with a
+    # guard that raises on any connection; sessions still ran, and nothing tripped it.
+    assert live.agent.env["DATABASE_URL"].endswith(":9/none")
+    assert "ready." in live.agent.output()
+    assert "DatabaseForbidden" not in live.agent.output()
+    assert "connection" not in live.agent.output().lower().replace(
+        "connected to redis", "")
+
+
+def test_session_waits_pending_with_a_reason_when_no_agent_has_room(live, alice, client):
+    client.force_login(alice)
+    response = client.post("/api/v1/sessions/", {
+        "name": "too-big", "image": IMAGE, "resources": {"cpu": "64", "mem": "256m"},
+    }, content_type="application/json")
+    assert response.status_code == 201
+    session_id = response.json()["id"]
+    reason = wait_for(
+        lambda: client.get(f"/api/v1/sessions/{session_id}/").json()["pending_reason"]
+        .startswith("no agent") and client.get(f"/api/v1/sessions/{session_id}/").json(),
+        message="a pending reason")
+    assert reason["pending_reason"] == "no agent with enough free cpu in scaling group default"
+    assert reason["status"] == "PENDING"
+    assert client.delete(f"/api/v1/sessions/{session_id}/").json()["status"] == "cancelled"

@@ -1,0 +1,98 @@
+import pytest
+
+from agents_app.models import Agent
+from sessions_app import engine
+from sessions_app.models import Kernel, KeyPair, SessionEvent, Status
+from tests.factories import make_agent, make_session
+
+S = Status
+
+
+def test_derive_session_status_from_kernels():
+    derive = engine.derive_session_status
+    assert derive([S.RUNNING, S.RUNNING]) == S.RUNNING
+    assert derive([S.RUNNING, S.CREATING]) == S.CREATING
+    assert derive([S.PREPARED, S.PULLING]) == S.PULLING
+    assert derive([S.TERMINATED, S.CANCELLED]) == S.TERMINATED
+    assert derive([S.CANCELLED, S.CANCELLED]) == S.CANCELLED
+    assert derive([S.TERMINATED, S.RUNNING]) == S.TERMINATING
+    assert derive([S.ERROR, S.RUNNING]) == S.ERROR
+    assert derive([S.TERMINATING, S.ERROR]) == S.TERMINATING
+
+
+def test_every_status_has_a_row_and_finished_statuses_are_final():
+    assert set(engine.TRANSITIONS) == set(Status)
+    assert engine.TRANSITIONS[S.TERMINATED] == engine.TRANSITIONS[S.CANCELLED] == set()
+    for status in set(Status) - {S.TERMINATED, S.CANCELLED}:
+        assert S.ERROR in engine.TRANSITIONS[status] or status == S.ERROR
+
+
+def test_illegal_transition_raises_and_changes_nothing(alice):
+    session = make_session(alice, S.PENDING)
+    kernel = session.kernels.get()
+    with pytest.raises(engine.IllegalTransition, match="cannot go from PENDING to RUNNING"):
+        engine.transition_kernel(kernel, S.RUNNING)
+    kernel.refresh_from_db()
+    assert kernel.status == S.PENDING
+    assert SessionEvent.objects.filter(kernel=kernel).count() == 0
+
+
+def test_a_transition_records_history_event_and_timestamps(
+    alice, django_capture_on_commit_callbacks
+):
+    session = make_session(alice, S.PREPARING)
+    kernel = session.kernels.get()
+    with django_capture_on_commit_callbacks() as callbacks:
+        moved = engine.mark_kernel_pulling(kernel, progress={"layers_done": 0}, actor="agent:a")
+    assert moved.status == S.PULLING
+    kernel.refresh_from_db()
+    assert kernel.status == S.PULLING and "PULLING" in kernel.status_history
+    assert kernel.status_changed is not None
+    event = SessionEvent.objects.filter(kernel=kernel).last()
+    assert (event.name, event.from_status, event.to_status, event.actor) == (
+        "kernel_pulling", "PREPARING", "PULLING", "agent:a")
+    assert event.data == {"layers_done": 0}
+    session.refresh_from_db()
+    assert session.status == S.PULLING
+    session_event = SessionEvent.objects.filter(session=session, kernel=None).last()
+    assert session_event.name == "session_pulling"
+    assert len(callbacks) == 2  # one channel-layer message per change: kernel, session
+
+
+def test_the_loser_of_a_race_changes_nothing(alice):
+    session = make_session(alice, S.RUNNING)
+    stale = Kernel.objects.get(session=session)
+    fresh = Kernel.objects.get(session=session)
+    assert engine.mark_kernel_terminating(fresh, reason="user-requested")
+    events_before = SessionEvent.objects.count()
+    # `stale` still believes the kernel is RUNNING: its update finds no such row.
+    assert engine.transition_kernel(stale, S.ERROR, reason="late") is None
+    assert Kernel.objects.get(pk=stale.pk).status == S.TERMINATING
+    assert SessionEvent.objects.count() == events_before
+
+
+def test_slots_and_concurrency_follow_the_kernel_status(alice):
+    agent = make_agent(slots={"cpu": "4", "mem": "4g"})
+    session = make_session(alice, S.RUNNING, agent=agent, cluster_size=2)
+    agent.refresh_from_db()
+    assert agent.occupied_slots == {"cpu": "2", "mem": str(512 * 2**20)}
+    assert KeyPair.objects.get(user=alice).concurrency_used == 1  # one per session
+    kernels = list(session.kernels.all())
+    for kernel in kernels:
+        engine.mark_kernel_terminating(kernel, reason="user-requested")
+    assert KeyPair.objects.get(user=alice).concurrency_used == 0
+    assert Agent.objects.get(pk=agent.pk).occupied_slots["cpu"] == "2"  # still held
+    engine.mark_kernel_terminated(kernels[0], reason="user-requested", exit_code=0)
+    session.refresh_from_db()
+    assert session.status == S.TERMINATING
+    engine.mark_kernel_terminated(kernels[1], reason="user-requested", exit_code=0)
+    session.refresh_from_db()
+    assert session.status == S.TERMINATED and session.terminated_at is not None
+    assert Agent.objects.get(pk=agent.pk).free_slots == {"cpu": 4, "mem": 4 * 2**30}
+
+
+def test_session_starts_at_is_set_when_it_first_runs(alice):
+    session = make_session(alice, S.RUNNING)
+    assert session.starts_at is not None
+    assert list(session.status_history) == ["PENDING", "SCHEDULED", "PREPARING", "PREPARED",
+                                            "CREATING", "RUNNING"]

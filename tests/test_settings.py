@@ -1,0 +1,53 @@
+"""Settings switch between the embedded default and real services by environment alone."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+PRINT = ("from django.conf import settings as s; import json; d = s.DATABASES['default']; "
+         "print(json.dumps({'engine': d['ENGINE'], 'name': str(d['NAME']), "
+         "'options': d.get('OPTIONS', {}), 'broker': s.CELERY_BROKER_URL, "
+         "'layer': s.CHANNEL_LAYERS['default']['CONFIG']['hosts'], 'debug': s.DEBUG, "
+         "'secret': s.SECRET_KEY}))")
+
+
+def settings_with(**env):
+    clean = {k: v for k, v in os.environ.items()
+             if k not in {"DATABASE_URL", "REDIS_URL", "EMBEDDED_REDIS_PORT", "SECRET_KEY"}}
+    out = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {PRINT}"], cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "backendai_web.settings", **env},
+        capture_output=True, text=True, check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_embedded_default_is_sqlite_in_wal_mode_and_the_embedded_redis():
+    s = settings_with()
+    assert s["engine"] == "django.db.backends.sqlite3"
+    assert s["name"].endswith("var/db.sqlite3")
+    assert s["options"]["transaction_mode"] == "IMMEDIATE"
+    assert "journal_mode=WAL" in s["options"]["init_command"]
+    assert s["broker"] == "redis://127.0.0.1:6390/0"
+    assert s["layer"] == ["redis://127.0.0.1:6390/0"]
+
+
+def test_real_services_come_from_database_url_and_redis_url():
+    s = settings_with(DATABASE_URL="postgres://u:p@db.example:5432/bai",
+                      REDIS_URL="redis://cache.example:6379/3")
+    assert s["engine"] == "django.db.backends.postgresql"
+    assert s["name"] == "bai"
+    assert s["broker"] == "redis://cache.example:6379/3"
+    assert s["layer"] == ["redis://cache.example:6379/3"]
+
+
+def test_embedded_redis_port_and_secrets_from_files(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("from-a-file\n")
+    s = settings_with(EMBEDDED_REDIS_PORT="7001", SECRET_KEY_FILE=str(secret), DEBUG="false")
+    assert s["broker"] == "redis://127.0.0.1:7001/0"
+    assert s["secret"] == "from-a-file"
+    assert s["debug"] is False
