@@ -1,10 +1,13 @@
 from django.contrib import admin
 
+from sessions_app import admin_actions
+
 from .models import Agent, Image
 
 
 @admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class AgentAdmin(admin_actions.DestroyActionsMixin, admin.ModelAdmin):
+    sessions_of = staticmethod(admin_actions.sessions_of_agents)
     list_display = ["id", "status", "scaling_group", "schedulable", "available_slots",
                     "occupied_slots", "addr", "last_heartbeat"]
     list_filter = ["status", "scaling_group", "schedulable"]

@@ -163,6 +163,10 @@ AGENT_HEARTBEAT_INTERVAL = float(env("AGENT_HEARTBEAT_INTERVAL", "5"))
 DEFAULT_GRACE_PERIOD = env_int("DEFAULT_GRACE_PERIOD", 10)
 DEFAULT_KERNEL_IMAGE = env("DEFAULT_KERNEL_IMAGE", "bai-local/busybox:latest")
 
+# Sessions: dotted paths of functions called around destroy_session (see sessions_app.hooks).
+PRE_DESTROY_HOOKS = env_list("PRE_DESTROY_HOOKS")
+POST_DESTROY_HOOKS = env_list("POST_DESTROY_HOOKS")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

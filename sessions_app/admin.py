@@ -1,12 +1,27 @@
 from django.contrib import admin
+from django.utils.html import format_html
 
-from .models import Kernel, KeyPair, Session, SessionEvent
+from . import admin_actions
+from .admin_actions import DestroyActionsMixin
+from .models import Kernel, KeyPair, Session, SessionEvent, Status
+
+STATUS_COLORS = {
+    Status.PENDING: "#8a6d3b", Status.RUNNING: "#2e7d32", Status.TERMINATED: "#616161",
+    Status.CANCELLED: "#616161", Status.ERROR: "#c62828", Status.TERMINATING: "#ef6c00",
+}
+
+
+@admin.display(description="status", ordering="status")
+def colored_status(obj):
+    return format_html('<b style="color:{}">{}</b>', STATUS_COLORS.get(obj.status, "#1565c0"),
+                       obj.status)
 
 STATUS_FIELDS = ["status", "status_info", "status_data", "status_history", "status_changed"]
 
 
 @admin.register(KeyPair)
-class KeyPairAdmin(admin.ModelAdmin):
+class KeyPairAdmin(DestroyActionsMixin, admin.ModelAdmin):
+    sessions_of = staticmethod(admin_actions.sessions_of_keypairs)
     list_display = ["access_key", "user", "is_main", "is_active", "is_admin", "resource_policy",
                     "concurrency_used", "last_used"]
     list_filter = ["is_active", "is_admin", "resource_policy"]
@@ -40,8 +55,9 @@ class SessionEventInline(admin.TabularInline):
 
 
 @admin.register(Session)
-class SessionAdmin(admin.ModelAdmin):
-    list_display = ["name", "status", "session_type", "image", "user", "scaling_group",
+class SessionAdmin(DestroyActionsMixin, admin.ModelAdmin):
+    sessions_of = staticmethod(admin_actions.sessions_of_sessions)
+    list_display = ["name", colored_status, "session_type", "image", "user", "scaling_group",
                     "created_at"]
     list_filter = ["status", "session_type", "scaling_group", "kernels__agent"]
     list_select_related = ["user", "scaling_group"]
@@ -53,8 +69,9 @@ class SessionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Kernel)
-class KernelAdmin(admin.ModelAdmin):
-    list_display = ["id", "session", "cluster_role", "status", "agent", "container_id",
+class KernelAdmin(DestroyActionsMixin, admin.ModelAdmin):
+    sessions_of = staticmethod(admin_actions.sessions_of_kernels)
+    list_display = ["id", "session", "cluster_role", colored_status, "agent", "container_id",
                     "exit_code"]
     list_filter = ["status", "agent"]
     list_select_related = ["session", "agent"]
@@ -69,6 +86,8 @@ class SessionEventAdmin(admin.ModelAdmin):
     list_display = ["created_at", "session", "name", "from_status", "to_status", "reason",
                     "actor"]
     list_filter = ["name"]
+    readonly_fields = ["session", "kernel", "name", "from_status", "to_status", "reason",
+                       "actor", "data", "created_at"]
     list_select_related = ["session"]
     search_fields = ["session__name", "session__id"]
     show_full_result_count = False

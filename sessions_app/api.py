@@ -2,9 +2,11 @@
 
 import logging
 
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, NotFound
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -125,6 +127,12 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         if status_filter:
             qs = qs.filter(status__in=status_filter.upper().split(","))
         return qs
+
+    def get_object(self):
+        try:
+            return super().get_object()
+        except (Http404, DjangoValidationError):  # another user's session is not there at all
+            raise NotFound("Session not found.") from None
 
     def get_serializer_class(self):
         if self.action == "retrieve":

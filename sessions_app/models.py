@@ -132,6 +132,7 @@ class Session(StatusFields):
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [("force_terminate_session", "Can force-terminate sessions")]
         constraints = [
             models.UniqueConstraint(
                 fields=["keypair", "name"],

@@ -85,6 +85,11 @@ def wait_for(predicate, timeout=30.0, interval=0.1, message="condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def defaults(db):
     return ensure_defaults()

@@ -1,0 +1,162 @@
+"""destroy_session's rules, through the API, for every kernel status × forced × role."""
+
+import pytest
+
+from agents_app.models import Agent
+from sessions_app.models import KeyPair, Session, SessionEvent, Status
+from tests.factories import make_agent, make_session
+
+S = Status
+PULLING_REFUSAL = "Cannot destroy kernels in pulling status"
+TRANSIT_REFUSAL = "Cannot destroy kernels in scheduled/preparing/terminating/error status"
+SLOT_HOLDING = {S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING, S.RUNNING,
+                S.TERMINATING, S.ERROR}
+CONCURRENCY_HOLDING = SLOT_HOLDING - {S.TERMINATING}
+
+
+def expected_outcome(status, forced, role):
+    """(HTTP code, message or None, kernel status after, reason after, kernel event)."""
+    if role == "other":
+        return 404, "Session not found.", status, None, None
+    if forced and role == "owner":
+        return 403, "You are not allowed to force-terminate", status, None, None
+    reason = "force-terminated" if forced else "user-requested"
+    if status in (S.TERMINATED, S.CANCELLED):
+        return 200, None, status, None, None
+    if status == S.PENDING:
+        return 200, None, S.CANCELLED, reason, "kernel_cancelled"
+    if status == S.PULLING:
+        if not forced:
+            return 409, PULLING_REFUSAL, status, None, None
+        return 200, None, S.CANCELLED, reason, "kernel_cancelled"
+    if status == S.RUNNING:
+        return 200, None, S.TERMINATING, reason, "kernel_terminating"
+    if not forced:
+        return 409, TRANSIT_REFUSAL, status, None, None
+    return 200, None, S.TERMINATED, reason, "kernel_terminated"
+
+
+@pytest.fixture
+def users(alice, bob, carol, django_user_model):
+    dave = django_user_model.objects.create_user("dave", is_staff=True)  # admin, not superuser
+    return {"owner": alice, "other": bob, "admin": dave, "superadmin": carol}
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """Manager → agent calls, recorded instead of sent to a broker."""
+    calls = []
+    monkeypatch.setattr("agents_app.rpc._send",
+                        lambda agent_id, task, **kw: calls.append((agent_id, task, kw)))
+    return calls
+
+
+@pytest.mark.parametrize("role", ["owner", "other", "admin", "superadmin"])
+@pytest.mark.parametrize("forced", [False, True])
+@pytest.mark.parametrize("status", list(Status))
+def test_destroy_rules(status, forced, role, users, client, sent,
+                       django_capture_on_commit_callbacks):
+    agent = make_agent(slots={"cpu": "4", "mem": "4g"})
+    session = make_session(users["owner"], status, agent=agent)
+    kernel = session.kernels.get()
+    before_events = SessionEvent.objects.filter(kernel=kernel).count()
+    before_slots = Agent.objects.get(pk=agent.pk).occupied_slots
+    before_reason = kernel.status_info
+
+    client.force_login(users[role])
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.delete(f"/api/v1/sessions/{session.pk}/"
+                                 + ("?forced=true" if forced else ""))
+
+    code, message, kernel_after, reason, event = expected_outcome(status, forced, role)
+    assert response.status_code == code, response.content
+    kernel.refresh_from_db()
+    session.refresh_from_db()
+    assert kernel.status == kernel_after
+    if message:
+        assert response.json()["msg"] == message
+    if event is None:  # refused or already finished: nothing changed
+        assert SessionEvent.objects.filter(kernel=kernel).count() == before_events
+        assert kernel.status_info == before_reason
+        assert Agent.objects.get(pk=agent.pk).occupied_slots == before_slots
+        assert not sent
+        if code == 200:
+            assert response.json()["status"] == session.status.lower()
+        return
+
+    assert kernel.status_info == reason
+    assert response.json()["status"] == session.status.lower()
+    assert SessionEvent.objects.filter(kernel=kernel).last().name == event
+    keypair = KeyPair.objects.get(user=users["owner"])
+    assert keypair.concurrency_used == (1 if kernel_after in CONCURRENCY_HOLDING else 0)
+    held = Agent.objects.get(pk=agent.pk).free_slots
+    if kernel_after in SLOT_HOLDING:
+        assert held == {"cpu": 3, "mem": 4 * 2**30 - 256 * 2**20}
+    else:
+        assert held == {"cpu": 4, "mem": 4 * 2**30}
+    if kernel_after in (S.CANCELLED, S.TERMINATED):
+        assert kernel.terminated_at is not None
+    if kernel_after == S.TERMINATING:
+        assert kernel.status_data["kernel"] == {"exit_code": None}
+        assert kernel.status_data["session"] == {"status": "terminating"}
+    destroys = [c for c in sent if c[1] == "agent.destroy_kernel"]
+    container_known = status in (S.RUNNING, S.TERMINATING, S.ERROR)
+    if status == S.PULLING:  # never interrupt a pull
+        assert not destroys
+    else:
+        assert len(destroys) == (1 if container_known and status != S.PENDING else 0)
+    if destroys:
+        assert destroys[0][0] == agent.pk
+        assert destroys[0][2]["kernel_id"] == str(kernel.pk)
+
+
+def test_destroy_is_idempotent(alice, client):
+    session = make_session(alice, S.RUNNING)
+    client.force_login(alice)
+    assert client.delete(f"/api/v1/sessions/{session.pk}/").json()["status"] == "terminating"
+    # A second plain destroy of a TERMINATING session is refused by the rules ...
+    assert client.delete(f"/api/v1/sessions/{session.pk}/").status_code == 409
+    finished = make_session(alice, S.CANCELLED, name="gone")
+    for _ in range(2):  # ... and a finished one reports its status and changes nothing
+        assert client.delete(f"/api/v1/sessions/{finished.pk}/").json()["status"] == "cancelled"
+
+
+def test_a_kernel_without_an_agent_is_terminated_as_missing_allocation(carol, alice, client):
+    session = make_session(alice, S.PREPARING)
+    Agent.objects.all().delete()  # the agent row is gone: the kernel's agent is NULL now
+    client.force_login(carol)
+    assert client.delete(f"/api/v1/sessions/{session.pk}/?forced=true").status_code == 200
+    kernel = session.kernels.get()
+    assert (kernel.status, kernel.status_info) == (S.TERMINATED, "missing-agent-allocation")
+
+
+def test_pre_destroy_hook_can_refuse(alice, client, settings):
+    settings.PRE_DESTROY_HOOKS = ["sessions_app.hooks.protect_tagged_sessions"]
+    settings.POST_DESTROY_HOOKS = ["sessions_app.hooks.log_destroyed"]
+    protected = make_session(alice, S.PENDING, name="keep", tag="protected")
+    other = make_session(alice, S.PENDING, name="free")
+    client.force_login(alice)
+    response = client.delete(f"/api/v1/sessions/{protected.pk}/")
+    assert response.status_code == 409
+    assert "is protected" in response.json()["msg"]
+    assert Session.objects.get(pk=protected.pk).status == S.PENDING
+    assert client.delete(f"/api/v1/sessions/{other.pk}/").json()["status"] == "cancelled"
+
+
+def test_destroy_returns_the_main_kernels_last_stat(alice, client):
+    session = make_session(alice, S.RUNNING)
+    session.kernels.update(last_stat={"cpu_util": {"current": "12.5"}})
+    client.force_login(alice)
+    body = client.delete(f"/api/v1/sessions/{session.pk}/").json()
+    assert body == {"status": "terminating", "stats": {"cpu_util": {"current": "12.5"}}}
+
+
+def test_a_multi_kernel_session_is_refused_whole_when_one_kernel_is_in_transit(alice, client):
+    from sessions_app import engine
+
+    session = make_session(alice, S.RUNNING, cluster_size=2)
+    sub = session.kernels.get(cluster_role="sub")
+    engine.transition_kernel(sub, S.ERROR, reason="test")
+    client.force_login(alice)
+    assert client.delete(f"/api/v1/sessions/{session.pk}/").status_code == 409
+    assert session.kernels.get(cluster_role="main").status == S.RUNNING
