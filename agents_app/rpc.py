@@ -6,11 +6,11 @@ status that could still roll back.
 
 from django.conf import settings
 
-from backendai_web.celery import agent_queue, app
+from backendai_web.celery import agent_queue, send_task_safely
 
 
 def _send(agent_id, task, **kwargs):
-    return app.send_task(task, kwargs=kwargs, queue=agent_queue(agent_id))
+    return send_task_safely(task, kwargs=kwargs, queue=agent_queue(agent_id))
 
 
 def send_check_and_pull(kernel):

@@ -8,6 +8,7 @@ import logging
 from django.db import transaction
 
 from agents_app.models import Agent, AgentStatus
+from backendai_web.celery import send_task_safely
 from sessions_app import clock, engine
 from sessions_app.models import Session, Status
 
@@ -122,6 +123,4 @@ def _rpc():
 
 
 def _kick_preconditions():
-    from .tasks import check_preconditions as task
-
-    task.delay()
+    send_task_safely("scheduling.check_preconditions", queue="manager")

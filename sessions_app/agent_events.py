@@ -8,6 +8,8 @@ import logging
 
 from django.db import transaction
 
+from backendai_web.celery import send_task_safely
+
 from . import engine
 from .models import FINISHED_STATUSES, Kernel, Status
 
@@ -52,7 +54,8 @@ def _started(kernel, data, actor):
         if kernel.status in FINISHED_STATUSES | {S.TERMINATING}:
             # Destroyed while its container was being created: the container must go too.
             kernel.container_id = data.get("container_id", "")
-            _destroy_on_agent(kernel, kernel.status_info or "force-terminated")
+            transaction.on_commit(
+                lambda: _destroy_on_agent(kernel, kernel.status_info or "force-terminated"))
     return moved
 
 
@@ -81,6 +84,8 @@ def _fail_session(kernel, reason, actor):
         kernel, reason=reason, actor=actor,
         from_statuses={S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING},
     )
+    if moved is None:  # a stale or repeated report: the kernel is elsewhere already
+        return None
     for sibling in kernel.session.kernels.exclude(pk=kernel.pk).exclude(
         status__in=FINISHED_STATUSES | {S.TERMINATING}
     ):
@@ -102,9 +107,7 @@ def _destroy_on_agent(kernel, reason):
 
 
 def _kick_start():
-    from scheduling_app.tasks import start_sessions
-
-    start_sessions.delay()
+    send_task_safely("scheduling.start_sessions", queue="manager")
 
 
 def _kick_schedule(group_name):

@@ -39,6 +39,11 @@ TRANSITIONS = {
     S.CANCELLED: set(),
 }
 
+# A session is an aggregate: kernels placed one by one can leave it partly placed, and
+# tearing such a session down goes from PENDING straight to TERMINATING or TERMINATED.
+SESSION_TRANSITIONS = {**TRANSITIONS, S.PENDING: TRANSITIONS[S.PENDING] | {S.TERMINATING,
+                                                                          S.TERMINATED}}
+
 # A kernel holds its agent's slots from allocation until its container is gone.
 SLOT_HOLDING = frozenset(_ALLOCATED | {S.RUNNING, S.TERMINATING, S.ERROR})
 # A session counts against its keypair's concurrency from allocation until it is asked
@@ -82,7 +87,8 @@ class IllegalTransition(Exception):
 
 
 def check_transition(obj, from_status, to_status):
-    if to_status not in TRANSITIONS[Status(from_status)]:
+    table = SESSION_TRANSITIONS if isinstance(obj, Session) else TRANSITIONS
+    if to_status not in table[Status(from_status)]:
         raise IllegalTransition(obj, from_status, to_status)
 
 
@@ -94,7 +100,8 @@ def derive_session_status(kernel_statuses):
     if statuses <= FINISHED_STATUSES:
         return S.CANCELLED if statuses == {S.CANCELLED} else S.TERMINATED
     if S.TERMINATING in statuses or statuses & FINISHED_STATUSES:
-        return S.TERMINATING
+        # Only unscheduled kernels left: nothing to tear down, they are being cancelled.
+        return S.PENDING if statuses - FINISHED_STATUSES == {S.PENDING} else S.TERMINATING
     if S.ERROR in statuses:
         return S.ERROR
     return min(statuses, key=_PROGRESS.index)

@@ -5,6 +5,7 @@ import re
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from backendai_web.celery import send_task_safely
 from scheduling_app.models import ScalingGroup, default_project
 from scheduling_app.slots import ResourceSlots, SlotError
 
@@ -103,6 +104,5 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
 
 
 def kick_scheduler(scaling_group_name):
-    from scheduling_app.tasks import schedule
-
-    schedule.delay(scaling_group_name)
+    send_task_safely("scheduling.schedule", queue="manager",
+                     kwargs={"scaling_group_name": scaling_group_name})

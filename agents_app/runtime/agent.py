@@ -59,7 +59,8 @@ class Agent:
 
     # Reports to the manager.
     def report(self, kernel_id, event, **data):
-        app.send_task("manager.kernel_event", queue="manager",
+        # Retried by kombu while the broker is briefly away: a report must not be lost.
+        app.send_task("manager.kernel_event", queue="manager", ignore_result=True,
                       kwargs={"kernel_id": kernel_id, "event": event,
                               "data": {"agent_id": self.id, **data}})
 
@@ -94,7 +95,8 @@ class Agent:
         except (DockerException, OSError) as exc:
             log.warning("heartbeat skipped: %s", exc)
             return False
-        app.send_task("manager.heartbeat", kwargs={"info": info}, queue="manager")
+        app.send_task("manager.heartbeat", kwargs={"info": info}, queue="manager",
+                      ignore_result=True)
         return True
 
     def heartbeat_loop(self):

@@ -1,0 +1,94 @@
+"""On PostgreSQL: two workers race to move the same kernel; exactly one wins."""
+
+import threading
+
+import pytest
+from django.db import connection
+
+from sessions_app.accounting import reconcile_usage
+from sessions_app.agent_events import handle_kernel_event
+from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.models import Kernel, Session, SessionEvent, Status
+from tests.factories import make_agent, make_session
+
+S = Status
+ROUNDS = 15
+
+
+@pytest.fixture
+def no_broker(monkeypatch):
+    """Record what would go to the broker; this test's rows are not for live workers."""
+    sent = []
+    monkeypatch.setattr("backendai_web.celery.app.send_task",
+                        lambda name, **kw: sent.append((name, kw)))
+    return sent
+
+
+def race(*calls):
+    """Run the calls in threads released together; return each one's result or error."""
+    barrier = threading.Barrier(len(calls))
+    results = [None] * len(calls)
+
+    def run(i, call):
+        try:
+            barrier.wait()
+            results[i] = call()
+        except Exception as exc:  # the outcome is what the test looks at
+            results[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_destroy_races_kernel_started_and_exactly_one_moves_it_out_of_creating(
+        postgres, alice, carol, no_broker):
+    agent = make_agent(slots={"cpu": "64", "mem": "64g"})
+    winners = set()
+    for i in range(ROUNDS):
+        session = make_session(alice, S.CREATING, agent=agent, name=f"r{i}")
+        kernel = session.kernels.get()
+        race(
+            lambda s=session: destroy_session(Session.objects.get(pk=s.pk), forced=True,
+                                              actor=carol),
+            lambda k=kernel, i=i: handle_kernel_event(k.pk, "kernel_started",
+                                                      {"container_id": f"c{i}"}),
+        )
+        out_of_creating = SessionEvent.objects.filter(kernel=kernel, from_status=S.CREATING)
+        assert out_of_creating.count() == 1
+        winner = out_of_creating.get().to_status
+        winners.add(winner)
+        kernel.refresh_from_db()
+        if winner == S.TERMINATED:  # started lost: its container must be destroyed
+            assert kernel.status == S.TERMINATED
+            assert any(name == "agent.destroy_kernel" and kw["kwargs"]["container_id"] == f"c{i}"
+                       for name, kw in no_broker)
+        else:  # started won; the destroy then found it RUNNING
+            assert winner == S.RUNNING and kernel.status == S.TERMINATING
+        assert reconcile_usage() == {"agents": [], "keypairs": []}
+    assert winners <= {S.TERMINATED, S.RUNNING}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_destroys_race_and_one_wins(postgres, alice, bob, carol, no_broker):
+    agent = make_agent(slots={"cpu": "64", "mem": "64g"})
+    for i in range(ROUNDS):
+        session = make_session(alice, S.RUNNING, agent=agent, name=f"d{i}")
+        results = race(*[
+            lambda s=session: destroy_session(Session.objects.get(pk=s.pk), actor=alice)
+            for _ in range(2)
+        ])
+        refused = [r for r in results if isinstance(r, DestroyRefused)]
+        accepted = [r for r in results if not isinstance(r, Exception)]
+        assert len(accepted) == 1 and len(refused) == 1, results
+        assert accepted[0].status == "terminating"
+        kernel = Kernel.objects.get(session=session)
+        assert SessionEvent.objects.filter(kernel=kernel, name="kernel_terminating").count() == 1
+        assert [n for n, _ in no_broker].count("agent.destroy_kernel") == i + 1
+        assert reconcile_usage() == {"agents": [], "keypairs": []}
