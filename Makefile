@@ -40,6 +40,10 @@ test: $(STAMP)
 	$(PY) manage.py makemigrations --check --dry-run -v 0; \
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# Figures that issues ask for; record them with the command in BENCHMARKS.md.
+bench: $(STAMP)
+	$(PY) -m bench $(BENCH)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) manage.py makemigrations --check --dry-run
