@@ -6,7 +6,7 @@ from pathlib import Path
 
 def main(argv):
     wanted = argv[1:]
-    names = sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent))
+    names = sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])
                    if m.name.startswith("bench_"))
     selected = [n for n in names if not wanted or any(w in n for w in wanted)]
     if not selected:
