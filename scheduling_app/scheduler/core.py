@@ -104,6 +104,11 @@ class _NoRoomReason:
         if not agents:
             return Failure("no-available-agent",
                            f"no ALIVE agent in scaling group {self.snap.group}")
+        usable = [a for a in agents if a.id not in session.excluded_agents]
+        if not usable:
+            return Failure("no-available-agent",
+                           f"every agent of scaling group {self.snap.group} failed to start this"
+                           f" session (excluded: {', '.join(sorted(session.excluded_agents))})")
         if self.stale:
             self.max_free = ResourceSlots()
             for agent in agents:
@@ -113,12 +118,8 @@ class _NoRoomReason:
         need = session.total if session.cluster_mode == "single-node" else max(
             (k.slots for k in session.kernels), key=lambda s: sorted(s.items()))
         short = need.shortfall(self.max_free) or sorted(k for k, v in need.items() if v)
-        if session.excluded_agents:
-            short_msg = "/".join(short) + " (agents that failed this session are excluded)"
-        else:
-            short_msg = "/".join(short)
         return Failure("agent-resources",
-                       f"no agent with enough free {short_msg} in scaling group "
+                       f"no agent with enough free {'/'.join(short)} in scaling group "
                        f"{self.snap.group}")
 
 
