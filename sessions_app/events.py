@@ -4,6 +4,7 @@ Groups: one per session, one per owner, one for admins. A browser's consumer joi
 groups it may see; Celery workers and web processes share the layer through Redis.
 """
 
+import asyncio
 import logging
 
 from asgiref.sync import async_to_sync
@@ -68,8 +69,22 @@ def publish_batch(batch):
         log.warning("could not publish %d session events: %s", len(batch), exc)
 
 
-async def _send(layer, batch):
-    for groups, msg in batch:
-        payload = {"type": "session.event", "message": msg}
-        for group in groups:
+async def _send(layer, batch, concurrency=64):
+    """Sends in order per group, up to `concurrency` group_sends in flight at once."""
+    sends = [(group, {"type": "session.event", "message": msg})
+             for groups, msg in batch for group in groups]
+    if len(sends) <= 3:
+        for group, payload in sends:
             await layer.group_send(group, payload)
+        return
+    by_group = {}
+    for group, payload in sends:
+        by_group.setdefault(group, []).append(payload)
+
+    async def drain(group, payloads):
+        for payload in payloads:  # one group's messages keep their order
+            await layer.group_send(group, payload)
+
+    groups = list(by_group.items())
+    for start in range(0, len(groups), concurrency):
+        await asyncio.gather(*(drain(g, p) for g, p in groups[start:start + concurrency]))

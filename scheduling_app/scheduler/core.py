@@ -149,7 +149,7 @@ def _record_waits(waiting):
             "failed_predicates": [{"name": f.name, "msg": f.msg} for f in failures],
             "passed_predicates": [{"name": n} for n in passed],
         }}
-        rows.append(Session(pk=session_id, status_data=data))
+        rows.append((session_id, data))
     engine.set_sessions_status_data(rows)
 
 
