@@ -51,10 +51,11 @@ def race(*calls, names=None):
 @pytest.mark.django_db(transaction=True)
 def test_destroy_races_kernel_started_and_exactly_one_moves_it_out_of_creating(
         postgres, alice, carol, no_broker):
-    agent = make_agent(slots={"cpu": "64", "mem": "64g"})
+    agent = make_agent(slots={"cpu": "64", "mem": "64g"}, group="race")
     winners = set()
     for i in range(ROUNDS):
-        session = make_session(alice, S.CREATING, agent=agent, name=f"r{i}")
+        session = make_session(alice, S.CREATING, agent=agent, name=f"r{i}",
+                               scaling_group="race")
         kernel = session.kernels.get()
         race(
             lambda s=session: destroy_session(Session.objects.get(pk=s.pk), forced=True,
@@ -79,9 +80,10 @@ def test_destroy_races_kernel_started_and_exactly_one_moves_it_out_of_creating(
 
 @pytest.mark.django_db(transaction=True)
 def test_two_destroys_race_and_one_wins(postgres, alice, bob, carol, no_broker):
-    agent = make_agent(slots={"cpu": "64", "mem": "64g"})
+    agent = make_agent(slots={"cpu": "64", "mem": "64g"}, group="race")
     for i in range(ROUNDS):
-        session = make_session(alice, S.RUNNING, agent=agent, name=f"d{i}")
+        session = make_session(alice, S.RUNNING, agent=agent, name=f"d{i}",
+                               scaling_group="race")
         results = race(*[
             lambda s=session: destroy_session(Session.objects.get(pk=s.pk), actor=alice)
             for _ in range(2)
@@ -107,12 +109,15 @@ def test_racing_scheduler_passes_never_over_allocate(postgres, alice, no_broker,
     from scheduling_app.models import ScalingGroup
     from scheduling_app.scheduler import core, run_pass, schedule
 
-    agents = [make_agent(f"a{i}", slots={"cpu": "5", "mem": "50g"}) for i in range(2)]
+    # A group of its own: the live system's agent heartbeats into `default` meanwhile.
+    agents = [make_agent(f"a{i}", slots={"cpu": "5", "mem": "50g"}, group="race")
+              for i in range(2)]
     for i in range(40):
-        make_session(alice, name=f"p{i}", resources={"cpu": "1", "mem": "1g"})
-    group = ScalingGroup.objects.get(name="default")
+        make_session(alice, name=f"p{i}", resources={"cpu": "1", "mem": "1g"},
+                     scaling_group="race")
+    group = ScalingGroup.objects.get(name="race")
     if locked:
-        call = lambda: schedule("default")  # noqa: E731
+        call = lambda: schedule("race")  # noqa: E731
     else:
         load = core.load_pending
 
