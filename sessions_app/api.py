@@ -14,6 +14,7 @@ from .keypairs import is_admin, main_keypair
 from .lifecycle import DestroyRefused, destroy_session
 from .models import Kernel, Session, SessionEvent, SessionType
 from .services import SessionRequestError, create_session
+from .tools import execute_in_session, session_logs
 
 log = logging.getLogger(__name__)
 TRUE_WORDS = {"1", "true", "yes", "on"}
@@ -114,6 +115,12 @@ class SessionCreateSerializer(serializers.Serializer):
     grace_period = serializers.IntegerField(required=False, allow_null=True, min_value=0)
     batch_timeout = serializers.IntegerField(required=False, allow_null=True, min_value=1)
     tag = serializers.CharField(required=False, allow_blank=True, default="", max_length=64)
+    pre_stop_command = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class ExecuteSerializer(serializers.Serializer):
+    command = serializers.CharField()
+    timeout = serializers.IntegerField(default=30, min_value=1, max_value=600)
 
 
 class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -166,6 +173,18 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         except DestroyRefused as exc:
             raise RequestFailed(exc.message, exc.status_code) from None
         return Response(result.as_dict())
+
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """The main container's log, from its agent; the kept tail once it is gone."""
+        return Response(session_logs(self.get_object()))
+
+    @action(detail=True, methods=["post"])
+    def execute(self, request, pk=None):
+        """Run a command in the main container (docker exec) and return its output."""
+        body = ExecuteSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return Response(execute_in_session(self.get_object(), **body.validated_data))
 
     @action(detail=True, methods=["get"])
     def events(self, request, pk=None):

@@ -117,27 +117,6 @@ def resource_limits(slots):
     return limits
 
 
-def create_kernel_container(client, agent_id, spec):
-    """Create and start the container; on a failed start the container is removed."""
-    container = client.containers.create(
-        spec["image"],
-        command=kernel_command(spec),
-        name=container_name(spec["image"], spec["kernel_id"]),
-        hostname=spec["cluster_hostname"],
-        labels=kernel_labels(agent_id, spec),
-        environment=kernel_environment(spec),
-        init=True,
-        detach=True,
-        **resource_limits(spec["slots"]),
-    )
-    try:
-        container.start()
-    except Exception:
-        container.remove(force=True)
-        raise
-    return container
-
-
 def find_kernel_container(client, agent_id, kernel_id, container_id=""):
     if container_id:
         try:
