@@ -44,13 +44,13 @@ def send_create_kernel(kernel):
     return _send(kernel.agent_id, "agent.create_kernel", spec=kernel_spec(kernel))
 
 
-def call(agent_id, task, timeout, **kwargs):
-    """A manager → agent call that waits for the answer (logs, execute)."""
+def call(agent_id, task, wait, **kwargs):
+    """A manager → agent call that waits up to `wait` seconds for the answer."""
     from backendai_web.celery import app
 
     result = app.send_task(task, kwargs=kwargs, queue=agent_queue(agent_id))
     try:
-        return result.get(timeout=timeout)
+        return result.get(timeout=wait)
     finally:
         result.forget()
 

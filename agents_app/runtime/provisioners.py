@@ -10,6 +10,7 @@ import contextlib
 import io
 import logging
 import tarfile
+import threading
 import time
 
 from docker.errors import APIError, NotFound
@@ -46,20 +47,23 @@ class ClusterNetwork:
     def __init__(self, client):
         self.client = client
 
+    # Sibling kernels start at the same time; Docker may accept two networks of one name.
+    _creating = threading.Lock()
+
     def setup(self, session_id, cluster_size):
         if cluster_size <= 1:
             return None
         name = f"bai-session-{session_id}"
-        found = self.client.networks.list(names=[name])
-        if found:
-            return found[0].name
-        try:
-            return self.client.networks.create(
-                name, driver="bridge", labels={backend.SESSION_ID: session_id}).name
-        except APIError as exc:  # a sibling kernel created it meanwhile
-            if exc.status_code == 409:
+        with self._creating:
+            if self.client.networks.list(names=[name]):
                 return name
-            raise
+            try:
+                self.client.networks.create(name, driver="bridge", check_duplicate=True,
+                                            labels={backend.SESSION_ID: session_id})
+            except APIError as exc:  # made by another agent process meanwhile
+                if exc.status_code != 409:
+                    raise
+        return name
 
     def teardown(self, name):
         if not name:
