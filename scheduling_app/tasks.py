@@ -7,7 +7,10 @@ from . import handlers, scheduler
 
 @shared_task(name="scheduling.schedule", ignore_result=True)
 def schedule(scaling_group_name=None):
-    return len(scheduler.schedule(scaling_group_name))
+    placed = scheduler.schedule(scaling_group_name)
+    if placed:  # the next step at once, in this worker, rather than one more task away
+        handlers.check_preconditions()
+    return len(placed)
 
 
 def _periodic(function):

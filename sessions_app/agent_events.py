@@ -8,8 +8,6 @@ import logging
 
 from django.db import transaction
 
-from backendai_web.celery import send_task_safely
-
 from . import clock, engine
 from . import events as events_module
 from .models import FINISHED_STATUSES, Kernel, Session, SessionResult, Status
@@ -38,8 +36,10 @@ def _pulling(kernel, data, actor):
 
 def _pulled(kernel, data, actor):
     moved = engine.mark_kernel_prepared(kernel, actor=actor)
-    if moved:
-        transaction.on_commit(_kick_start)
+    if moved:  # the next step at once, in this worker, rather than one more task away
+        from scheduling_app.handlers import start_sessions
+
+        transaction.on_commit(start_sessions)
     return moved
 
 
@@ -141,10 +141,6 @@ def _destroy_on_agent(kernel, reason):
 
     if kernel.agent_id:
         send_destroy_kernel(kernel, reason)
-
-
-def _kick_start():
-    send_task_safely("scheduling.start_sessions", queue="manager")
 
 
 def _kick_schedule(group_name):

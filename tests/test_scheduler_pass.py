@@ -50,7 +50,20 @@ def test_a_pass_places_sessions_and_records_everything(
     assert "SCHEDULED" in two.status_history and "PENDING" in two.status_history
     assert SessionEvent.objects.filter(name="kernel_scheduled").count() == 3
     assert SessionEvent.objects.filter(name="session_scheduled").count() == 2
-    assert ("scheduling.check_preconditions", {}) in sent
+
+
+def test_the_schedule_task_moves_placed_sessions_on_to_their_image_check(
+        alice, django_capture_on_commit_callbacks, sent):
+    from scheduling_app.tasks import schedule as schedule_task
+
+    make_agent()
+    session = make_session(alice, name="one")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert schedule_task("default") == 1
+    session.refresh_from_db()
+    assert session.status == S.PREPARING
+    assert sent == [("agent.check_and_pull", {"kernel_id": str(session.kernels.get().pk),
+                                              "image": "bai-local/busybox:latest"})]
 
 
 def test_one_session_that_cannot_be_placed_never_blocks_the_ones_after_it(alice):

@@ -195,7 +195,8 @@ class Agent:
 
     def create_kernel(self, spec):
         kernel_id = spec["kernel_id"]
-        existing = backend.find_kernel_container(self.docker, self.id, kernel_id)
+        existing = backend.find_kernel_container(self.docker, self.id, kernel_id,
+                                                 image=spec["image"])
         if existing is not None and existing.status == "running":
             # A redelivered or retried task: the kernel already has its container.
             self.report(kernel_id, "kernel_started", container_id=existing.id)

@@ -117,12 +117,15 @@ def resource_limits(slots):
     return limits
 
 
-def find_kernel_container(client, agent_id, kernel_id, container_id=""):
-    if container_id:
-        try:
-            return client.containers.get(container_id)
-        except NotFound:
-            pass
+def find_kernel_container(client, agent_id, kernel_id, container_id="", image=""):
+    """The kernel's container: by id, by its name (when the image is known), else by
+    labels. Looked up by the cheapest key first."""
+    for key in (container_id, container_name(image, kernel_id) if image else ""):
+        if key:
+            try:
+                return client.containers.get(key)
+            except NotFound:
+                pass
     found = client.containers.list(
         all=True, filters={"label": [f"{KERNEL_ID}={kernel_id}", f"{AGENT_ID}={agent_id}"]}
     )

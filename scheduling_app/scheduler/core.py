@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import transaction
 
-from backendai_web.celery import send_task_safely
 from sessions_app import clock, engine
 from sessions_app.models import Kernel, Session, Status
 
@@ -86,9 +85,6 @@ def run_pass(group) -> PassResult:
     _cancel(result.cancelled, group.name)
     if group.agent_selection_strategy == "roundrobin" and index.cursor != snap.roundrobin_cursor:
         ScalingGroup.objects.filter(pk=group.pk).update(roundrobin_cursor=index.cursor)
-    if result.scheduled:
-        transaction.on_commit(
-            lambda: send_task_safely("scheduling.check_preconditions", queue="manager"))
     return result
 
 
