@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
 
+from scheduling_app.idle import add_sample
 from scheduling_app.models import ScalingGroup
 from sessions_app import clock, engine
 from sessions_app.bulk import update_rows
@@ -89,9 +90,12 @@ def reconcile_containers(agent, reported, taken_at=None):
             engine.mark_kernel_running(kernel, {"container_id": container["container_id"],
                                                 "adopted": True}, actor=f"agent:{agent.pk}")
         elif container.get("stat") and kernel.status == S.RUNNING:
-            stats.append((kernel.pk, container["stat"]))
+            stat = container["stat"]
+            sample = [stat.get("at", snapshot_at.timestamp()), stat.get("cpu_percent"),
+                      _mem_percent(stat)]
+            stats.append((kernel.pk, stat, add_sample(kernel.stat_history, sample)))
     if stats:
-        update_rows(Kernel, ["last_stat"], stats)
+        update_rows(Kernel, ["last_stat", "stat_history"], stats)
     gone = Kernel.objects.filter(
         agent=agent, status__in=[S.RUNNING, S.TERMINATING],
         status_changed__lt=snapshot_at - SNAPSHOT_MARGIN,
@@ -99,6 +103,12 @@ def reconcile_containers(agent, reported, taken_at=None):
     for kernel in gone:
         reason = kernel.status_info if kernel.status == S.TERMINATING else "self-terminated"
         engine.mark_kernel_terminated(kernel, reason=reason, actor=f"agent:{agent.pk}")
+
+
+def _mem_percent(stat):
+    if not stat.get("mem_limit"):
+        return None
+    return round(100 * stat.get("mem_bytes", 0) / stat["mem_limit"], 2)
 
 
 def _is_uuid(text):

@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from . import handlers, scheduler
+from . import handlers, idle, scheduler
 
 
 @shared_task(name="scheduling.schedule", ignore_result=True)
@@ -17,6 +17,7 @@ def _periodic(function):
     return shared_task(name=f"scheduling.{function.__name__}", ignore_result=True)(function)
 
 
+check_idle = _periodic(idle.check_idle)
 check_preconditions = _periodic(handlers.check_preconditions)
 check_pulling_progress = _periodic(handlers.check_pulling_progress)
 start_sessions = _periodic(handlers.start_sessions)

@@ -10,6 +10,7 @@ from rest_framework.exceptions import APIException, NotFound
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from . import activity
 from .keypairs import is_admin, main_keypair
 from .lifecycle import DestroyRefused, destroy_session
 from .models import Kernel, Session, SessionEvent, SessionType
@@ -137,9 +138,12 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     def get_object(self):
         try:
-            return super().get_object()
+            session = super().get_object()
         except (Http404, DjangoValidationError):  # another user's session is not there at all
             raise NotFound("Session not found.") from None
+        if self.action != "destroy":
+            activity.touch(session.pk, self.request.user)  # the owner's use keeps it alive
+        return session
 
     def get_serializer_class(self):
         if self.action == "retrieve":

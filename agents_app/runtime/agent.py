@@ -111,6 +111,9 @@ class Agent:
         memory = stats.get("memory_stats", {})
         stat = {"mem_bytes": memory.get("usage", 0), "mem_limit": memory.get("limit", 0),
                 "at": time.time()}
+        app = backend.app_activity(container)
+        if app is not None:
+            stat["app"] = app
         if previous and system > previous[1]:
             cpus = cpu.get("online_cpus") or 1
             stat["cpu_percent"] = round((total - previous[0]) / (system - previous[1])
