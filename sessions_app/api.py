@@ -10,7 +10,9 @@ from rest_framework.exceptions import APIException, NotFound
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from . import activity
+from scheduling_app.idle import remaining_for
+
+from . import activity, clock
 from .keypairs import is_admin, main_keypair
 from .lifecycle import DestroyRefused, destroy_session
 from .models import Kernel, Session, SessionEvent, SessionType
@@ -80,6 +82,7 @@ class SessionSerializer(serializers.ModelSerializer):
     owner_access_key = serializers.CharField(source="keypair_id")
     owner = serializers.CharField(source="user.username")
     pending_reason = serializers.SerializerMethodField()
+    idle_checks = serializers.SerializerMethodField()
     kernels = KernelSerializer(many=True)
 
     class Meta:
@@ -88,7 +91,16 @@ class SessionSerializer(serializers.ModelSerializer):
                   "pending_reason", "session_type", "image", "cluster_mode", "cluster_size",
                   "requested_slots", "occupying_slots", "scaling_group", "owner",
                   "owner_access_key", "startup_command", "grace_period", "batch_timeout", "tag",
-                  "created_at", "starts_at", "terminated_at", "result", "kernels"]
+                  "created_at", "starts_at", "terminated_at", "result", "last_activity",
+                  "idle_exempt", "idle_checks", "kernels"]
+
+    def get_idle_checks(self, session) -> dict:
+        """Every idle checker's report with the seconds left (`remaining`)."""
+        if session.status != "RUNNING":
+            return {}
+        now = clock.now()
+        return {name: remaining_for(report, now)
+                for name, report in session.status_data.get("idle_checks", {}).items()}
 
     def get_pending_reason(self, session) -> str:
         if session.status != "PENDING":
