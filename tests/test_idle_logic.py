@@ -130,12 +130,6 @@ def test_app_activity_busy_is_activity_now_idle_uses_its_last_activity():
 
 # The pass, on the database
 
-@pytest.fixture
-def sent(monkeypatch):
-    calls = []
-    monkeypatch.setattr("backendai_web.celery.app.send_task",
-                        lambda name, **kw: calls.append((name, kw.get("kwargs"))))
-    return calls
 
 
 def test_the_pass_warns_records_reports_and_culls_through_destroy(alice, settings, sent):

@@ -17,14 +17,9 @@ from sessions_app.services import SessionRequestError
 from tests.factories import make_agent, make_session
 
 S = Status
+pytestmark = pytest.mark.usefixtures("sent")  # no broker: what would be sent is recorded
 
 
-@pytest.fixture(autouse=True)
-def sent(monkeypatch):
-    calls = []
-    monkeypatch.setattr("backendai_web.celery.app.send_task",
-                        lambda name, **kw: calls.append((name, kw.get("kwargs"))))
-    return calls
 
 
 def statuses():
