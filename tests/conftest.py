@@ -203,13 +203,15 @@ class LiveSystem:
         self.agent.stop()
         self.agent = self.agent_process().start()
 
-    def wait_for_agent(self, timeout=60):
+    def wait_for_agent(self, timeout=60, since=None):
+        """The agent ALIVE, with a heartbeat after `since` (a restarted agent is up)."""
         from agents_app.models import Agent, AgentStatus
 
-        return wait_for(
-            lambda: Agent.objects.filter(pk=self.agent_id, status=AgentStatus.ALIVE).first(),
-            timeout=timeout, message=f"agent {self.agent_id} to heartbeat",
-        )
+        agents = Agent.objects.filter(pk=self.agent_id, status=AgentStatus.ALIVE)
+        if since is not None:
+            agents = agents.filter(last_heartbeat__gt=since)
+        return wait_for(agents.first, timeout=timeout,
+                        message=f"agent {self.agent_id} to heartbeat")
 
 
 @pytest.fixture(scope="session")
