@@ -108,13 +108,13 @@ def derive_session_status(kernel_statuses):
 
 
 def _record(session, kernel, name, from_status, to_status, reason, actor, data, now):
-    SessionEvent.objects.create(
+    row = SessionEvent.objects.create(
         session=session, kernel=kernel, name=name, from_status=from_status or "",
         to_status=to_status or "", reason=reason, actor=actor, data=data or {}, created_at=now,
     )
     events.publish_on_commit(
         session, name, kernel_id=kernel.pk if kernel else None, status=to_status,
-        previous_status=from_status, reason=reason, at=now, data=data,
+        previous_status=from_status, reason=reason, at=now, data=data, event_id=row.pk,
     )
 
 

@@ -23,8 +23,10 @@ def user_group(user_id):
     return f"user.{user_id}"
 
 
-def message(session, name, *, kernel_id, status, previous_status, reason, at, data=None):
+def message(session, name, *, kernel_id, status, previous_status, reason, at, data=None,
+            event_id=None):
     return {
+        "id": event_id,
         "event": name,
         "session_id": str(session.pk),
         "session_name": session.name,
@@ -35,6 +37,13 @@ def message(session, name, *, kernel_id, status, previous_status, reason, at, da
         "at": at.isoformat(),
         "data": data or {},
     }
+
+
+def message_of(event):
+    """The message of a stored SessionEvent, as it was published (for catching up)."""
+    return message(event.session, event.name, kernel_id=event.kernel_id,
+                   status=event.to_status, previous_status=event.from_status,
+                   reason=event.reason, at=event.created_at, data=event.data, event_id=event.pk)
 
 
 def publish_on_commit(session, name, **fields):
