@@ -89,10 +89,7 @@ class SessionSerializer(serializers.ModelSerializer):
                   "created_at", "starts_at", "terminated_at", "result", "kernels"]
 
     def get_pending_reason(self, session) -> str:
-        if session.status != "PENDING":
-            return ""
-        failed = session.status_data.get("scheduler", {}).get("failed_predicates", [])
-        return "; ".join(p["msg"] for p in failed) or "waiting for the scheduler"
+        return session.pending_reason
 
 
 class SessionDetailSerializer(SessionSerializer):

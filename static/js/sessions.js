@@ -1,0 +1,24 @@
+// /sessions/: status badges change as events arrive; the table follows from the server.
+import { EventStream, applyStatus, formatDuration, refresher } from "./live.js";
+
+const table = document.getElementById("sessions");
+const scope = table.dataset.scope;
+const refresh = refresher(["session-rows", "tabs"]);
+
+new EventStream({
+  query: scope === "all" ? "" : "?scope=mine",
+  onEvent(message) {
+    applyStatus(message);
+    // New sessions, finished ones leaving the live tab, agents, reasons: re-rendered.
+    if (message.event.startsWith("session_")) refresh();
+  },
+});
+
+function tickAges() {
+  for (const age of document.querySelectorAll("time.age")) {
+    age.textContent = formatDuration((Date.now() - Date.parse(age.dateTime)) / 1000);
+  }
+}
+tickAges();
+setInterval(tickAges, 5000);
+document.addEventListener("fragments:refreshed", tickAges);
