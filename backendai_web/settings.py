@@ -170,6 +170,11 @@ AGENT_HEARTBEAT_INTERVAL = float(env("AGENT_HEARTBEAT_INTERVAL", "5"))
 DEFAULT_GRACE_PERIOD = env_int("DEFAULT_GRACE_PERIOD", 10)
 DEFAULT_KERNEL_IMAGE = env("DEFAULT_KERNEL_IMAGE", "bai-local/busybox:latest")
 
+# Scheduler
+DEFAULT_BATCH_TIMEOUT = env_int("DEFAULT_BATCH_TIMEOUT", 0)  # seconds; 0 = none
+SCHEDULER_CHUNK_SIZE = env_int("SCHEDULER_CHUNK_SIZE", 1000)  # sessions per allocator write
+RETRY_LIMIT = env_int("RETRY_LIMIT", 3)  # tries at one stage before rescheduling elsewhere
+
 # Sessions: dotted paths of functions called around destroy_session (see sessions_app.hooks).
 PRE_DESTROY_HOOKS = env_list("PRE_DESTROY_HOOKS")
 POST_DESTROY_HOOKS = env_list("POST_DESTROY_HOOKS")

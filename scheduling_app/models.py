@@ -80,6 +80,21 @@ class ScalingGroup(models.Model):
     pending_timeout = models.PositiveIntegerField(
         default=0, help_text="Seconds a session may stay PENDING; 0 means no limit."
     )
+    pull_timeout = models.PositiveIntegerField(
+        default=600, help_text="Seconds a kernel may stay PULLING before a retry.")
+    create_timeout = models.PositiveIntegerField(
+        default=120, help_text="Seconds a kernel may stay CREATING before a retry.")
+    terminate_timeout = models.PositiveIntegerField(
+        default=300, help_text="Seconds a kernel may stay TERMINATING before it is "
+                               "force-terminated.")
+    validators = models.JSONField(
+        default=list, blank=True,
+        help_text="Names of the scheduler's validators to run; empty means all of them "
+                  "(keypair-resources, project-resources, domain-resources, concurrency, "
+                  "dependencies).")
+    roundrobin_cursor = models.CharField(
+        max_length=64, blank=True, editable=False,
+        help_text="The agent the round-robin selector placed a kernel on last.")
 
     def __str__(self):
         return self.name

@@ -1,8 +1,8 @@
-"""Thin Celery tasks over scheduling_app.scheduler; beat fires them periodically."""
+"""Thin Celery tasks over the scheduler and its handlers; beat fires them periodically."""
 
 from celery import shared_task
 
-from . import scheduler
+from . import handlers, scheduler
 
 
 @shared_task(name="scheduling.schedule", ignore_result=True)
@@ -10,11 +10,14 @@ def schedule(scaling_group_name=None):
     return len(scheduler.schedule(scaling_group_name))
 
 
-@shared_task(name="scheduling.check_preconditions", ignore_result=True)
-def check_preconditions():
-    return scheduler.check_preconditions()
+def _periodic(function):
+    return shared_task(name=f"scheduling.{function.__name__}", ignore_result=True)(function)
 
 
-@shared_task(name="scheduling.start_sessions", ignore_result=True)
-def start_sessions():
-    return scheduler.start_sessions()
+check_preconditions = _periodic(handlers.check_preconditions)
+check_pulling_progress = _periodic(handlers.check_pulling_progress)
+start_sessions = _periodic(handlers.start_sessions)
+terminate_sessions = _periodic(handlers.terminate_sessions)
+check_progress = _periodic(handlers.check_progress)
+sweep_pending = _periodic(handlers.sweep_pending)
+sweep_lost_agents = _periodic(handlers.sweep_lost_agents)

@@ -10,7 +10,8 @@ from django.db import transaction
 
 from backendai_web.celery import send_task_safely
 
-from . import engine
+from . import clock, engine
+from . import events as events_module
 from .models import FINISHED_STATUSES, Kernel, Status
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,9 @@ def _pulled(kernel, data, actor):
 
 
 def _pull_failed(kernel, data, actor):
-    reason = f"image pull failed: {data.get('error', 'unknown error')}"[:255]
-    return _fail_session(kernel, reason, actor)
+    from scheduling_app.handlers import retry_stage
+
+    return retry_stage(kernel, "preparing", f"image pull failed: {data.get('error', '?')}")
 
 
 def _started(kernel, data, actor):
@@ -60,8 +62,9 @@ def _started(kernel, data, actor):
 
 
 def _creation_failed(kernel, data, actor):
-    reason = f"failed-to-start: {data.get('error', 'unknown error')}"[:255]
-    return _fail_session(kernel, reason, actor)
+    from scheduling_app.handlers import retry_stage
+
+    return retry_stage(kernel, "creating", f"failed-to-start: {data.get('error', '?')}")
 
 
 def _terminated(kernel, data, actor):
@@ -77,8 +80,15 @@ def _terminated(kernel, data, actor):
     return moved
 
 
+def _pull_progress(kernel, data, actor):
+    """Progress of a running pull: pushed to the browser, not stored."""
+    events_module.publish_on_commit(
+        kernel.session, "kernel_pull_progress", kernel_id=kernel.pk, status=kernel.status,
+        previous_status=kernel.status, reason="", at=clock.now(), data=data)
+
+
 @transaction.atomic
-def _fail_session(kernel, reason, actor):
+def fail_session(kernel, reason, actor):
     """A kernel that cannot start takes its whole session down."""
     moved = engine.mark_kernel_terminated(
         kernel, reason=reason, actor=actor,
@@ -118,6 +128,7 @@ def _kick_schedule(group_name):
 
 HANDLERS = {
     "image_pulling": _pulling,
+    "pull_progress": _pull_progress,
     "image_pulled": _pulled,
     "pull_failed": _pull_failed,
     "kernel_started": _started,

@@ -5,3 +5,10 @@ from django.utils import timezone
 
 def now():
     return timezone.now()
+
+
+def parse(text):
+    """An ISO time written by now().isoformat()."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(text)

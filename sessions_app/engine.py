@@ -7,14 +7,16 @@ that follows from a status (an agent's occupied slots, a keypair's concurrency) 
 here too, so that no caller can forget it.
 """
 
+import json
 import logging
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Func, JSONField, Value
 
 from scheduling_app.slots import ResourceSlots
 
-from . import clock, events
+from . import clock
+from . import events as events_module
 from .models import FINISHED_STATUSES, Kernel, Session, SessionEvent, Status
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,7 @@ def _record(session, kernel, name, from_status, to_status, reason, actor, data, 
         session=session, kernel=kernel, name=name, from_status=from_status or "",
         to_status=to_status or "", reason=reason, actor=actor, data=data or {}, created_at=now,
     )
-    events.publish_on_commit(
+    events_module.publish_on_commit(
         session, name, kernel_id=kernel.pk if kernel else None, status=to_status,
         previous_status=from_status, reason=reason, at=now, data=data, event_id=row.pk,
     )
@@ -159,9 +161,10 @@ def transition_kernel(kernel, to_status, *, reason="", actor="system", from_stat
     updated = Kernel.objects.filter(pk=kernel.pk, status=from_status).update(**values)
     if not updated:
         return None
+    held_on = current.agent_id  # the agent whose slots it held before this update
     for name, value in values.items():
         setattr(current, name, value)
-    _account_kernel(current, from_status, to_status)
+    _account_kernel(current, held_on, from_status, to_status)
     session = current.session
     _record(session, current, KERNEL_EVENT_NAMES[to_status], from_status, to_status, reason,
             actor, data, now)
@@ -171,9 +174,9 @@ def transition_kernel(kernel, to_status, *, reason="", actor="system", from_stat
     return current
 
 
-def _account_kernel(kernel, from_status, to_status):
-    if kernel.agent_id and from_status in SLOT_HOLDING and to_status not in SLOT_HOLDING:
-        release_agent_slots(kernel.agent_id, kernel.occupied_slots)
+def _account_kernel(kernel, held_on, from_status, to_status):
+    if held_on and from_status in SLOT_HOLDING and to_status not in SLOT_HOLDING:
+        release_agent_slots(held_on, kernel.occupied_slots)
     if kernel.is_main:
         held_before = from_status in CONCURRENCY_HOLDING
         held_after = to_status in CONCURRENCY_HOLDING
@@ -309,3 +312,118 @@ def set_session_data(session, **fields):
     Session.objects.filter(pk=session.pk).update(**fields)
     for name, value in fields.items():
         setattr(session, name, value)
+
+
+class JSONMerge(Func):
+    """`column || value` on PostgreSQL, json_patch(column, value) on SQLite: adds keys to a
+    JSON object column inside an UPDATE, so history is written without reading rows."""
+
+    output_field = JSONField()
+
+    def __init__(self, column, value):
+        super().__init__(F(column), Value(json.dumps(value)))
+
+    def as_postgresql(self, compiler, connection, **extra):
+        column, value = (compiler.compile(e) for e in self.source_expressions)
+        return f"({column[0]} || {value[0]}::jsonb)", column[1] + value[1]
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, function="json_patch", **extra)
+
+
+@transaction.atomic
+def schedule_sessions(placements, *, actor="scheduler"):
+    """The allocator's write: PENDING → SCHEDULED for many sessions in one transaction.
+
+    `placements` is a list of (session id, {kernel id: agent id}). Agents and kernels are
+    locked and re-read; a session whose kernels are no longer all PENDING, or that no
+    longer fits its agents' fresh free slots, is left out. Returns the placed session ids.
+    """
+    from agents_app.models import Agent
+
+    from .models import KeyPair
+
+    if not placements:
+        return []
+    agent_ids = sorted({a for _, placement in placements for a in placement.values()})
+    agents = {a.pk: a for a in Agent.objects.select_for_update().filter(pk__in=agent_ids)
+              .order_by("pk")}
+    free = {pk: a.free_slots for pk, a in agents.items()}
+    kernel_rows = {
+        row[0]: row for row in Kernel.objects.select_for_update()
+        .filter(session_id__in=[sid for sid, _ in placements], status=S.PENDING)
+        .values_list("id", "session_id", "requested_slots", "cluster_role")
+    }
+    placed, by_agent, main_counts = [], {}, {}
+    for session_id, placement in placements:
+        rows = [kernel_rows.get(kid) for kid in placement]
+        if None in rows or placement.keys() != {r[0] for r in rows}:
+            continue  # cancelled or changed since the snapshot
+        need = {}
+        for kernel_id, agent_id in placement.items():
+            slots = ResourceSlots.parse(kernel_rows[kernel_id][2])
+            need[agent_id] = need.get(agent_id, ResourceSlots()) + slots
+        if any(a not in free or not n.fits_in(free[a]) for a, n in need.items()):
+            continue  # the agent changed since the snapshot: next pass
+        for agent_id, slots in need.items():
+            free[agent_id] = free[agent_id] - slots
+            agents[agent_id].occupied_slots = (
+                ResourceSlots.parse(agents[agent_id].occupied_slots) + slots).to_json()
+        for kernel_id, agent_id in placement.items():
+            by_agent.setdefault(agent_id, []).append(kernel_id)
+        placed.append(session_id)
+    if not placed:
+        return []
+
+    placement_of = dict(placements)
+    now = clock.now()
+    stamp = {S.SCHEDULED: now.isoformat()}
+    for agent_id, kernel_ids in by_agent.items():
+        Kernel.objects.filter(pk__in=kernel_ids, status=S.PENDING).update(
+            status=S.SCHEDULED, status_info="", status_changed=now, agent_id=agent_id,
+            agent_addr=agents[agent_id].addr, occupied_slots=F("requested_slots"),
+            status_history=JSONMerge("status_history", stamp),
+        )
+    Agent.objects.bulk_update([agents[a] for a in by_agent], ["occupied_slots"])
+    sessions = {s.pk: s for s in Session.objects.filter(pk__in=placed).select_related("user")}
+    Session.objects.filter(pk__in=placed, status=S.PENDING).update(
+        status=S.SCHEDULED, status_info="", status_changed=now,
+        status_history=JSONMerge("status_history", stamp),
+    )
+    occupying = []
+    for session_id in placed:
+        session = sessions[session_id]
+        total = ResourceSlots()
+        for kernel_id in placement_of[session_id]:
+            total = total + ResourceSlots.parse(kernel_rows[kernel_id][2])
+        session.occupying_slots = total.to_json()
+        occupying.append(session)
+        main_counts[session.keypair_id] = main_counts.get(session.keypair_id, 0) + 1
+    Session.objects.bulk_update(occupying, ["occupying_slots"], batch_size=500)
+    keypairs = list(KeyPair.objects.select_for_update().filter(pk__in=main_counts))
+    for keypair in keypairs:
+        keypair.concurrency_used += main_counts[keypair.pk]
+    KeyPair.objects.bulk_update(keypairs, ["concurrency_used"])
+
+    events = []
+    for session_id in placed:
+        session = sessions[session_id]
+        for kernel_id in placement_of[session_id]:
+            events.append(SessionEvent(session=session, kernel_id=kernel_id,
+                                       name=KERNEL_EVENT_NAMES[S.SCHEDULED],
+                                       from_status=S.PENDING, to_status=S.SCHEDULED,
+                                       actor=actor, created_at=now))
+        events.append(SessionEvent(session=session, name=SESSION_EVENT_NAMES[S.SCHEDULED],
+                                   from_status=S.PENDING, to_status=S.SCHEDULED, actor=actor,
+                                   created_at=now))
+    SessionEvent.objects.bulk_create(events, batch_size=1000)
+    events_module.publish_many_on_commit(
+        [(sessions[e.session_id], e.name,
+          {"kernel_id": e.kernel_id, "status": e.to_status, "previous_status": e.from_status,
+           "reason": "", "at": now}) for e in events])
+    return placed
+
+
+def set_sessions_status_data(sessions, batch_size=500):
+    """Bulk write of status_data (the scheduler's pending reasons), not touching status."""
+    Session.objects.bulk_update(sessions, ["status_data"], batch_size=batch_size)

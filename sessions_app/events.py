@@ -52,16 +52,33 @@ def publish_on_commit(session, name, **fields):
     transaction.on_commit(lambda: publish(groups, msg))
 
 
+def publish_many_on_commit(items):
+    """Many (session, name, fields) messages, sent together after commit."""
+    batch = []
+    for session, name, fields in items:
+        msg = message(session, name, **fields)
+        batch.append(([session_group(session.pk), user_group(session.user_id), ADMINS_GROUP],
+                      msg))
+    if batch:
+        transaction.on_commit(lambda: publish_batch(batch))
+
+
 def publish(groups, msg):
+    publish_batch([(groups, msg)])
+
+
+def publish_batch(batch):
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        async_to_sync(_send)(layer, groups, {"type": "session.event", "message": msg})
+        async_to_sync(_send)(layer, batch)
     except Exception as exc:  # the change is committed; a missed push is caught up on reconnect
-        log.warning("could not publish %s for session %s: %s", msg["event"], msg["session_id"], exc)
+        log.warning("could not publish %d session events: %s", len(batch), exc)
 
 
-async def _send(layer, groups, payload):
-    for group in groups:
-        await layer.group_send(group, payload)
+async def _send(layer, batch):
+    for groups, msg in batch:
+        payload = {"type": "session.event", "message": msg}
+        for group in groups:
+            await layer.group_send(group, payload)

@@ -123,6 +123,10 @@ class Session(StatusFields):
         null=True, blank=True, help_text="Seconds between SIGTERM and SIGKILL; empty = default."
     )
     tag = models.CharField(max_length=64, blank=True)
+    dependencies = models.ManyToManyField(
+        "self", symmetrical=False, blank=True, related_name="dependents",
+        help_text="Sessions that must be RUNNING (or, if batch, finished with success) "
+                  "before this one is scheduled.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     starts_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)

@@ -87,17 +87,35 @@ def test_agent_never_opens_a_database_connection(live):
         "connected to redis", "")
 
 
-def test_session_waits_pending_with_a_reason_when_no_agent_has_room(live, alice, client):
+def test_a_session_no_agent_could_ever_hold_is_cancelled_with_the_reason(live, alice, client):
     client.force_login(alice)
     response = client.post("/api/v1/sessions/", {
         "name": "too-big", "image": IMAGE, "resources": {"cpu": "64", "mem": "256m"},
     }, content_type="application/json")
-    assert response.status_code == 201
     session_id = response.json()["id"]
-    reason = wait_for(
-        lambda: client.get(f"/api/v1/sessions/{session_id}/").json()["pending_reason"]
-        .startswith("no agent") and client.get(f"/api/v1/sessions/{session_id}/").json(),
-        message="a pending reason")
-    assert reason["pending_reason"] == "no agent with enough free cpu in scaling group default"
-    assert reason["status"] == "PENDING"
-    assert client.delete(f"/api/v1/sessions/{session_id}/").json()["status"] == "cancelled"
+    wait_for(lambda: session_status(session_id) == Status.CANCELLED, message="CANCELLED")
+    assert Session.objects.get(pk=session_id).status_info == (
+        "scheduler: asks for more cpu than any agent of scaling group default has")
+
+
+def test_session_waits_pending_with_a_reason_while_the_agent_is_full(live, alice, client):
+    client.force_login(alice)
+    create = {"image": IMAGE, "resources": {"cpu": "2", "mem": "256m"}}
+    first = client.post("/api/v1/sessions/", {**create, "name": "fills-it"},
+                        content_type="application/json").json()["id"]
+    wait_for(lambda: session_status(first) == Status.RUNNING, message="RUNNING")
+    second = client.post("/api/v1/sessions/", {**create, "name": "waits"},
+                         content_type="application/json").json()["id"]
+
+    def reason():
+        body = client.get(f"/api/v1/sessions/{second}/").json()
+        return body["pending_reason"].startswith("no agent") and body
+
+    body = wait_for(reason, message="a pending reason")
+    assert body["pending_reason"] == "no agent with enough free cpu in scaling group default"
+    assert body["status"] == "PENDING"
+    assert body["status_data"]["scheduler"]["failed_predicates"] == [
+        {"name": "agent-resources", "msg": body["pending_reason"]}]
+    client.delete(f"/api/v1/sessions/{first}/")  # frees the agent: the waiting one starts
+    wait_for(lambda: session_status(second) == Status.RUNNING, message="the second RUNNING")
+    client.delete(f"/api/v1/sessions/{second}/")

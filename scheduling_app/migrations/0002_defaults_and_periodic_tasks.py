@@ -8,7 +8,12 @@ DEFAULTS = ["Domain", "ScalingGroup", "ResourcePolicy"]
 PERIODIC_TASKS = {
     "schedule": ("scheduling.schedule", 10),
     "check preconditions": ("scheduling.check_preconditions", 10),
+    "check pulling progress": ("scheduling.check_pulling_progress", 15),
     "start sessions": ("scheduling.start_sessions", 10),
+    "terminate sessions": ("scheduling.terminate_sessions", 15),
+    "check progress (timeouts)": ("scheduling.check_progress", 10),
+    "sweep pending": ("scheduling.sweep_pending", 30),
+    "sweep lost agents": ("scheduling.sweep_lost_agents", 5),
 }
 
 

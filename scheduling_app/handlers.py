@@ -1,0 +1,205 @@
+"""The periodic handlers: each a plain function; scheduling_app.tasks wraps each in a thin
+Celery task that beat fires (intervals editable in the admin). Together they make sure no
+session stays in a transitional status: a lost message is re-sent, a stage that fails or
+hangs is retried, then rescheduled elsewhere, and what cannot succeed is cancelled."""
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+
+from agents_app import rpc
+from agents_app.models import Agent, AgentStatus
+from backendai_web.celery import send_task_safely
+from sessions_app import clock, engine
+from sessions_app.agent_events import fail_session
+from sessions_app.models import Kernel, Status
+
+from .models import ScalingGroup
+
+log = logging.getLogger(__name__)
+S = Status
+RESEND_AFTER = timedelta(seconds=30)  # a request unanswered this long was probably lost
+
+# Errors that no retry can fix: the session is cancelled with the error as its reason.
+PERMANENT_ERRORS = ("manifest unknown", "not found", "repository does not exist",
+                    "pull access denied", "invalid reference format",
+                    "executable file not found", "no command specified")
+
+
+def is_permanent(error: str) -> bool:
+    error = (error or "").lower()
+    return any(marker in error for marker in PERMANENT_ERRORS)
+
+
+def _kernels(status, **filters):
+    return list(Kernel.objects.filter(status=status, **filters)
+                .select_related("session", "session__scaling_group")
+                .order_by("session__created_at", "cluster_role", "cluster_idx"))
+
+
+# Lifecycle
+
+def check_preconditions():
+    """SCHEDULED → PREPARING; each kernel's agent checks (and pulls) its image."""
+    sent = 0
+    for kernel in _kernels(S.SCHEDULED, session__status=S.SCHEDULED):
+        with transaction.atomic():
+            if engine.mark_kernel_preparing(kernel):
+                transaction.on_commit(lambda k=kernel: rpc.send_check_and_pull(k))
+                sent += 1
+    return sent
+
+
+def check_pulling_progress():
+    """Ask again for PREPARING kernels whose image check went unanswered."""
+    stale = clock.now() - RESEND_AFTER
+    asked = 0
+    for kernel in _kernels(S.PREPARING, status_changed__lt=stale):
+        last = kernel.status_data.get("last_check")
+        if last and clock.parse(last) > stale:
+            continue
+        engine.set_kernel_data(kernel, status_data={**kernel.status_data,
+                                                    "last_check": clock.now().isoformat()})
+        rpc.send_check_and_pull(kernel)
+        asked += 1
+    return asked
+
+
+def start_sessions():
+    """PREPARED → CREATING once every kernel of the session is prepared."""
+    sent = 0
+    for kernel in _kernels(S.PREPARED, session__status=S.PREPARED):
+        with transaction.atomic():
+            if engine.mark_kernel_creating(kernel):
+                transaction.on_commit(lambda k=kernel: rpc.send_create_kernel(k))
+                sent += 1
+    return sent
+
+
+def terminate_sessions():
+    """Re-send the destroy request of TERMINATING kernels that got no answer."""
+    stale = clock.now() - RESEND_AFTER
+    sent = 0
+    for kernel in _kernels(S.TERMINATING, status_changed__lt=stale):
+        last = kernel.status_data.get("last_destroy_request")
+        if last and clock.parse(last) > stale:
+            continue
+        engine.set_kernel_data(kernel, status_data={
+            **kernel.status_data, "last_destroy_request": clock.now().isoformat()})
+        rpc.send_destroy_kernel(kernel, kernel.status_info)
+        sent += 1
+    return sent
+
+
+# Progress
+
+def check_progress():
+    """Timeouts per scaling group: PULLING and CREATING are retried, TERMINATING is
+    force-terminated."""
+    now = clock.now()
+    moved = 0
+    for group in ScalingGroup.objects.filter(is_active=True):
+        for kernel in _kernels(S.PULLING, session__scaling_group=group,
+                               status_changed__lt=now - timedelta(seconds=group.pull_timeout)):
+            moved += bool(retry_stage(kernel, "preparing", "image pull timed out"))
+        for kernel in _kernels(S.CREATING, session__scaling_group=group,
+                               status_changed__lt=now - timedelta(seconds=group.create_timeout)):
+            moved += bool(retry_stage(kernel, "creating", "container creation timed out"))
+        for kernel in _kernels(S.TERMINATING, session__scaling_group=group,
+                               status_changed__lt=now - timedelta(
+                                   seconds=group.terminate_timeout)):
+            with transaction.atomic():
+                if engine.mark_kernel_terminated(kernel, reason="force-terminated",
+                                                 from_statuses={S.TERMINATING}):
+                    log.warning("kernel %s TERMINATING past %ss: force-terminated", kernel.pk,
+                                group.terminate_timeout)
+                    transaction.on_commit(
+                        lambda k=kernel: rpc.send_destroy_kernel(k, "force-terminated"))
+                    moved += 1
+    return moved
+
+
+# Recovery
+
+@transaction.atomic
+def retry_stage(kernel, stage, error):
+    """Another try at `stage` (preparing or creating) on the same agent, up to
+    RETRY_LIMIT tries; then back to PENDING with this agent excluded. Errors that cannot
+    succeed on retry cancel the session with the error as reason."""
+    kernel = Kernel.objects.select_for_update().select_related("session").get(pk=kernel.pk)
+    expected = {"preparing": {S.PREPARING, S.PULLING}, "creating": {S.CREATING}}[stage]
+    if kernel.status not in expected:
+        return None  # moved on meanwhile
+    if is_permanent(error):
+        return fail_session(kernel, f"{stage} failed: {error}"[:255], "scheduler")
+    retries = {**kernel.status_data.get("retries", {})}
+    retries[stage] = retries.get(stage, 0) + 1
+    if retries[stage] < settings.RETRY_LIMIT:
+        engine.set_kernel_data(kernel, status_data={**kernel.status_data, "retries": retries,
+                                                    "last_error": error[:500]})
+        engine.record_event(kernel.session, f"kernel_retry_{stage}", kernel=kernel,
+                            reason=error[:255], actor="scheduler",
+                            data={"try": retries[stage] + 1, "error": error[:500]})
+        send = rpc.send_check_and_pull if stage == "preparing" else rpc.send_create_kernel
+        transaction.on_commit(lambda: send(kernel))
+        return "retried"
+    return reschedule_elsewhere(kernel.session, kernel.agent_id,
+                                f"{stage} failed {retries[stage]} times on agent "
+                                f"{kernel.agent_id}: {error}"[:255])
+
+
+def reschedule_elsewhere(session, agent_id, reason):
+    """Every kernel of the session back to PENDING; the failing agent is excluded."""
+    kernels = list(session.kernels.select_for_update())
+    if any(k.status in (S.RUNNING, S.TERMINATING) for k in kernels):
+        return fail_session(next(k for k in kernels if k.agent_id == agent_id), reason,
+                            "scheduler")
+    for kernel in kernels:
+        if kernel.status != S.PENDING:
+            engine.transition_kernel(kernel, S.PENDING, reason=reason, actor="scheduler",
+                                     status_data={}, agent=None, agent_addr="",
+                                     container_id="")
+    session.refresh_from_db()
+    scheduler_data = session.status_data.get("scheduler", {})
+    excluded = sorted(set(scheduler_data.get("excluded_agents", [])) | {agent_id})
+    engine.set_session_data(session, status_data={
+        **session.status_data, "scheduler": {**scheduler_data, "excluded_agents": excluded}})
+    group = session.scaling_group.name
+    transaction.on_commit(lambda: send_task_safely("scheduling.schedule", queue="manager",
+                                                   kwargs={"scaling_group_name": group}))
+    return "rescheduled"
+
+
+# Maintenance
+
+def sweep_pending():
+    """PENDING longer than the group's pending_timeout → CANCELLED (pending-timeout)."""
+    now = clock.now()
+    cancelled = 0
+    for group in ScalingGroup.objects.filter(pending_timeout__gt=0):
+        cutoff = now - timedelta(seconds=group.pending_timeout)
+        for kernel in _kernels(S.PENDING, session__scaling_group=group,
+                               session__created_at__lt=cutoff):
+            if engine.mark_kernel_cancelled(kernel, reason="pending-timeout"):
+                cancelled += 1
+    return cancelled
+
+
+def sweep_lost_agents():
+    """No heartbeat for 3 intervals → LOST; its kernels end (agent-lost), slots freed."""
+    cutoff = clock.now() - timedelta(seconds=3 * settings.AGENT_HEARTBEAT_INTERVAL)
+    lost = []
+    for agent in Agent.objects.filter(status=AgentStatus.ALIVE, last_heartbeat__lt=cutoff):
+        with transaction.atomic():
+            if not Agent.objects.filter(pk=agent.pk, status=AgentStatus.ALIVE,
+                                        last_heartbeat__lt=cutoff).update(
+                    status=AgentStatus.LOST, lost_at=clock.now()):
+                continue
+            log.warning("agent %s lost: no heartbeat since %s", agent.pk, agent.last_heartbeat)
+            for kernel in Kernel.objects.filter(agent=agent, status__in=engine.SLOT_HOLDING):
+                engine.mark_kernel_terminated(kernel, reason="agent-lost", actor="system")
+            lost.append(agent.pk)
+    return lost
+

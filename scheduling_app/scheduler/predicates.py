@@ -1,0 +1,170 @@
+"""Validators: small classes with one method, `check(session, snapshot)`.
+
+A check returns None when the session passes, or a Failure. A temporary failure keeps the
+session PENDING (and tells its owner why); a permanent one cancels it.
+"""
+
+from dataclasses import dataclass
+
+from .state import PendingSession, Snapshot
+
+
+@dataclass(frozen=True)
+class Failure:
+    name: str
+    msg: str
+    permanent: bool = False
+
+
+def _slots(names):
+    return "/".join(names)
+
+
+class KeypairResourceLimit:
+    name = "keypair-resources"
+
+    def check(self, session: PendingSession, snap: Snapshot):
+        limit = snap.keypair_limits.get(session.keypair_id)
+        if limit is None or not limit.total:
+            return None
+        beyond = [k for k in session.total.shortfall(limit.total) if k in limit.total]
+        if beyond:
+            return Failure(self.name, f"asks for more {_slots(beyond)} than the resource "
+                                      "policy allows in total", permanent=True)
+        short = limit.exceeded_by(session.total)
+        if short:
+            return Failure(self.name, f"your resource policy's limit of {_slots(short)} is in "
+                                      "use by your other sessions")
+        return None
+
+
+class _GroupLimit:
+    name = ""
+    label = ""
+
+    def limit_for(self, session, snap):
+        raise NotImplementedError
+
+    def check(self, session: PendingSession, snap: Snapshot):
+        limit = self.limit_for(session, snap)
+        short = limit.exceeded_by(session.total) if limit else []
+        if short:
+            return Failure(self.name, f"the {self.label}'s limit of {_slots(short)} is in use")
+        return None
+
+
+class ProjectResourceLimit(_GroupLimit):
+    name, label = "project-resources", "project"
+
+    def limit_for(self, session, snap):
+        return snap.project_limits.get(session.project_id)
+
+
+class DomainResourceLimit(_GroupLimit):
+    name, label = "domain-resources", "domain"
+
+    def limit_for(self, session, snap):
+        return snap.domain_limits.get(session.domain_id)
+
+
+class Concurrency:
+    name = "concurrency"
+
+    def check(self, session: PendingSession, snap: Snapshot):
+        allowed = snap.max_concurrency.get(session.keypair_id)
+        used = snap.concurrency_used.get(session.keypair_id, 0)
+        if allowed is not None and used >= allowed:
+            return Failure(self.name, f"you run {used} sessions, the most your resource policy "
+                                      f"allows at once ({allowed})")
+        return None
+
+
+class Dependencies:
+    name = "dependencies"
+
+    def check(self, session: PendingSession, snap: Snapshot):
+        waiting = []
+        for dep_id in session.dependencies:
+            dep = snap.dependencies.get(dep_id)
+            if dep is None:
+                return Failure(self.name, f"dependency {dep_id} does not exist", permanent=True)
+            if dep.session_type == "batch":
+                if dep.status == "TERMINATED" and dep.result == "success":
+                    continue
+                if dep.status in ("TERMINATED", "CANCELLED"):
+                    return Failure(self.name, f"dependency {dep_id} did not succeed",
+                                   permanent=True)
+            elif dep.status == "RUNNING":
+                continue
+            elif dep.status in ("TERMINATED", "CANCELLED", "TERMINATING"):
+                return Failure(self.name, f"dependency {dep_id} has ended", permanent=True)
+            waiting.append(str(dep_id))
+        if waiting:
+            return Failure(self.name, f"waiting for dependencies: {', '.join(waiting)}")
+        return None
+
+
+class KnownImage:
+    """Permanent: the image is registered, and some agent of the group can run it."""
+
+    name = "image"
+
+    def check(self, session: PendingSession, snap: Snapshot):
+        architectures = snap.image_architectures.get(session.image)
+        if not architectures:
+            return Failure(self.name, f"unknown image {session.image}", permanent=True)
+        if snap.agents and not any(a.architecture in architectures
+                                   for a in snap.agents.values()):
+            return Failure(self.name, f"no agent of the image's architecture "
+                                      f"({', '.join(sorted(architectures))}) in scaling group "
+                                      f"{snap.group}", permanent=True)
+        return None
+
+
+class FitsSomeAgent:
+    """Permanent: no agent of the group could ever hold the session, even empty."""
+
+    name = "agent-capacity"
+
+    def check(self, session: PendingSession, snap: Snapshot):
+        if not snap.agents:
+            return None  # no agent yet is temporary: the selector says so
+        if session.cluster_mode == "single-node":
+            needs = [session.total]
+        else:
+            needs = [k.slots for k in session.kernels]
+        for need in needs:
+            if not any(need.fits_in(a.capacity) for a in snap.agents.values()):
+                short = sorted({n for a in snap.agents.values()
+                                for n in need.shortfall(a.capacity)})
+                return Failure(self.name, f"asks for more {_slots(short)} than any agent of "
+                                          f"scaling group {snap.group} has", permanent=True)
+        return None
+
+
+# Always run, in this order, before the configurable ones.
+PERMANENT = [KnownImage(), FitsSomeAgent()]
+CONFIGURABLE = {v.name: v for v in (KeypairResourceLimit(), ProjectResourceLimit(),
+                                    DomainResourceLimit(), Concurrency(), Dependencies())}
+
+
+def validators_for(names):
+    """The configured validators of a scaling group (all when none are named)."""
+    unknown = set(names or ()) - set(CONFIGURABLE)
+    if unknown:
+        raise ValueError(f"unknown validators: {', '.join(sorted(unknown))}")
+    return PERMANENT + [CONFIGURABLE[n] for n in (names or CONFIGURABLE)]
+
+
+def evaluate(session, snap, validators):
+    """(failures, passed names): permanent failures first, stopping at the first one."""
+    failures, passed = [], []
+    for validator in validators:
+        failure = validator.check(session, snap)
+        if failure is None:
+            passed.append(validator.name)
+        else:
+            failures.append(failure)
+            if failure.permanent:
+                return [failure], passed
+    return failures, passed

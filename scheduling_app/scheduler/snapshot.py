@@ -1,0 +1,110 @@
+"""Loading one pass's Snapshot from the database, in a fixed number of queries."""
+
+from django.db.models import Q
+
+from agents_app.models import Agent, AgentStatus, Image
+from sessions_app.engine import CONCURRENCY_HOLDING
+from sessions_app.models import Kernel, KeyPair, Session, Status
+
+from ..models import Domain, Project
+from ..slots import ResourceSlots
+from .state import (
+    AgentState,
+    DependencyState,
+    Limit,
+    PendingKernel,
+    PendingSession,
+    Snapshot,
+)
+
+# Sessions whose slots count against their keypair's, project's and domain's limits.
+OCCUPYING = CONCURRENCY_HOLDING | {Status.TERMINATING}
+
+
+def _slots(cache, value):
+    """Parse slot JSON once per distinct value: a pass sees few distinct sizes."""
+    key = tuple(sorted(value.items()))
+    if key not in cache:
+        cache[key] = ResourceSlots.parse(value)
+    return cache[key]
+
+
+def load_pending(group, limit=None):
+    cache = {}
+    rows = (Session.objects.filter(scaling_group=group, status=Status.PENDING)
+            .order_by("created_at")
+            .values_list("id", "name", "keypair_id", "project_id", "domain_id", "created_at",
+                         "image", "session_type", "cluster_mode", "status_data",
+                         "batch_timeout"))
+    if limit:
+        rows = rows[:limit]
+    sessions = {}
+    for (pk, name, kp, project, domain, created, image, stype, mode, data, timeout) in rows:
+        sessions[pk] = PendingSession(
+            id=pk, name=name, keypair_id=kp, project_id=project, domain_id=domain,
+            created_at=created, image=image, session_type=stype, cluster_mode=mode,
+            kernels=[], status_data=data, batch_timeout=timeout,
+            excluded_agents=frozenset(data.get("scheduler", {}).get("excluded_agents", [])),
+        )
+    for pk, session_id, slots in (Kernel.objects.filter(session_id__in=sessions,
+                                                        status=Status.PENDING)
+                                  .order_by("cluster_role", "cluster_idx")
+                                  .values_list("id", "session_id", "requested_slots")):
+        sessions[session_id].kernels.append(PendingKernel(pk, _slots(cache, slots)))
+    through = Session.dependencies.through
+    for from_id, to_id in through.objects.filter(from_session_id__in=sessions).values_list(
+            "from_session_id", "to_session_id"):
+        sessions[from_id].dependencies.append(to_id)
+    return [s for s in sessions.values() if s.kernels]
+
+
+def load_snapshot(group, pending):
+    cache = {}
+    agents = {}
+    for pk, status, schedulable, available, occupied, addr, arch in (
+        Agent.objects.filter(scaling_group=group).exclude(status=AgentStatus.TERMINATED)
+        .values_list("id", "status", "schedulable", "available_slots", "occupied_slots",
+                     "addr", "architecture")
+    ):
+        agents[pk] = AgentState(
+            id=pk, capacity=_slots(cache, available), occupied=_slots(cache, occupied),
+            addr=addr, architecture=arch,
+            schedulable=schedulable and status == AgentStatus.ALIVE,
+        )
+    keypairs = {s.keypair_id for s in pending}
+    projects = {s.project_id for s in pending}
+    domains = {s.domain_id for s in pending}
+    snap = Snapshot(group=group.name, agents=agents, roundrobin_cursor=group.roundrobin_cursor)
+
+    for pk, total, used, allowed in KeyPair.objects.filter(pk__in=keypairs).values_list(
+            "access_key", "resource_policy__total_resource_slots", "concurrency_used",
+            "resource_policy__max_concurrent_sessions"):
+        snap.keypair_limits[pk] = Limit(_slots(cache, total or {}))
+        snap.concurrency_used[pk] = used
+        snap.max_concurrency[pk] = allowed
+    for pk, total in Project.objects.filter(pk__in=projects).values_list(
+            "id", "total_resource_slots"):
+        snap.project_limits[pk] = Limit(_slots(cache, total or {}))
+    for pk, total in Domain.objects.filter(pk__in=domains).values_list(
+            "id", "total_resource_slots"):
+        snap.domain_limits[pk] = Limit(_slots(cache, total or {}))
+
+    # One query: every occupying session of a pending session's keypair, project or domain.
+    for kp, project, domain, slots in Session.objects.filter(
+        Q(keypair_id__in=keypairs) | Q(project_id__in=projects) | Q(domain_id__in=domains),
+        status__in=OCCUPYING,
+    ).values_list("keypair_id", "project_id", "domain_id", "occupying_slots"):
+        amount = _slots(cache, slots or {})
+        for limits, key in ((snap.keypair_limits, kp), (snap.project_limits, project),
+                            (snap.domain_limits, domain)):
+            if key in limits:
+                limits[key].occupied = limits[key].occupied + amount
+
+    dependency_ids = {d for s in pending for d in s.dependencies}
+    for pk, status, stype, result in Session.objects.filter(pk__in=dependency_ids).values_list(
+            "id", "status", "session_type", "result"):
+        snap.dependencies[pk] = DependencyState(status, stype, result)
+    for name, arch in Image.objects.filter(name__in={s.image for s in pending}).values_list(
+            "name", "architecture"):
+        snap.image_architectures.setdefault(name, set()).add(arch)
+    return snap

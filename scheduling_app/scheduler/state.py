@@ -1,0 +1,124 @@
+"""Plain data the scheduler's plugins work on: one snapshot per pass, no database access.
+
+The pass updates the snapshot as it places sessions, so that every decision sees the
+occupancy left by the ones before it.
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ..slots import ResourceSlots
+
+
+@dataclass
+class PendingKernel:
+    id: object
+    slots: ResourceSlots
+
+
+@dataclass
+class PendingSession:
+    id: object
+    name: str
+    keypair_id: str
+    project_id: int
+    domain_id: int
+    created_at: datetime
+    image: str
+    kernels: list[PendingKernel]
+    session_type: str = "interactive"
+    cluster_mode: str = "single-node"
+    batch_timeout: int | None = None
+    dependencies: list = field(default_factory=list)
+    excluded_agents: frozenset = frozenset()
+    status_data: dict = field(default_factory=dict)
+
+    @property
+    def total(self) -> ResourceSlots:
+        result = ResourceSlots()
+        for kernel in self.kernels:
+            result = result + kernel.slots
+        return result
+
+
+@dataclass
+class AgentState:
+    id: str
+    capacity: ResourceSlots
+    occupied: ResourceSlots
+    addr: str = ""
+    architecture: str = "x86_64"
+    schedulable: bool = True  # ALIVE and schedulable
+
+    @property
+    def free(self) -> ResourceSlots:
+        return self.capacity - self.occupied
+
+    @property
+    def utilization(self) -> float:
+        """Mean of occupied/capacity over the agent's resource types."""
+        shares = [float(self.occupied.get(k, 0) / v) for k, v in self.capacity.items() if v > 0]
+        return sum(shares) / len(shares) if shares else 1.0
+
+    @property
+    def size(self) -> float:
+        """Capacity, for tie-breaks: the sum of the agent's shares of cpu and mem."""
+        return float(self.capacity.get("cpu", 0)) + float(self.capacity.get("mem", 0)) / 2**30
+
+
+@dataclass
+class Limit:
+    """Current occupancy against a total; an empty total means unlimited."""
+
+    total: ResourceSlots
+    occupied: ResourceSlots = field(default_factory=ResourceSlots)
+
+    def exceeded_by(self, request: ResourceSlots) -> list[str]:
+        if not self.total:
+            return []
+        capped = ResourceSlots({k: v for k, v in request.items() if k in self.total})
+        return capped.shortfall(self.total - self.occupied)
+
+
+@dataclass
+class DependencyState:
+    status: str
+    session_type: str
+    result: str
+
+
+@dataclass
+class Snapshot:
+    group: str
+    agents: dict[str, AgentState]
+    keypair_limits: dict[str, Limit] = field(default_factory=dict)
+    project_limits: dict[int, Limit] = field(default_factory=dict)
+    domain_limits: dict[int, Limit] = field(default_factory=dict)
+    concurrency_used: dict[str, int] = field(default_factory=dict)
+    max_concurrency: dict[str, int] = field(default_factory=dict)
+    dependencies: dict[object, DependencyState] = field(default_factory=dict)
+    image_architectures: dict[str, set] = field(default_factory=dict)
+    roundrobin_cursor: str = ""
+
+    @property
+    def capacity(self) -> ResourceSlots:
+        """What the group's schedulable agents hold in all, for DRF shares."""
+        result = ResourceSlots()
+        for agent in self.agents.values():
+            if agent.schedulable:
+                result = result + agent.capacity
+        return result
+
+    def commit(self, session: PendingSession, placement: dict) -> None:
+        """Account for a placed session: placement maps kernel id → agent id."""
+        for kernel in session.kernels:
+            agent = self.agents[placement[kernel.id]]
+            agent.occupied = agent.occupied + kernel.slots
+        total = session.total
+        for limits, key in ((self.keypair_limits, session.keypair_id),
+                            (self.project_limits, session.project_id),
+                            (self.domain_limits, session.domain_id)):
+            if key in limits:
+                limits[key].occupied = limits[key].occupied + total
+        self.concurrency_used[session.keypair_id] = (
+            self.concurrency_used.get(session.keypair_id, 0) + 1)
