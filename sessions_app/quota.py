@@ -2,9 +2,9 @@
 
 from dataclasses import dataclass
 
+from scheduling_app.scheduler.snapshot import OCCUPYING
 from scheduling_app.slots import ResourceSlots
 
-from .engine import SLOT_HOLDING
 from .models import Session
 
 
@@ -38,10 +38,10 @@ def session_slots(session):
 
 
 def quota_of(keypair):
-    """The keypair's policy against the slots its sessions hold on agents now."""
+    """The keypair's policy against its sessions' slots, counted as the scheduler counts."""
     policy = keypair.resource_policy
     held = ResourceSlots()
-    for session in Session.objects.filter(keypair=keypair, status__in=SLOT_HOLDING):
+    for session in Session.objects.filter(keypair=keypair, status__in=OCCUPYING):
         held = held + session_slots(session)
     total = ResourceSlots.parse(policy.total_resource_slots) or None
     return Quota(policy_name=policy.name, total=total, held=held,

@@ -59,6 +59,7 @@ export class EventStream {
 function showConnection(state) {
   const badge = document.getElementById("connection");
   if (!badge) return;
+  badge.hidden = false;
   badge.dataset.state = state;
   badge.textContent = state;
 }
