@@ -143,9 +143,13 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "sessions_app.api.exception_handler",
 }
 
+# Redis pub/sub: a group message is published once and each web process hands it to its
+# own consumers, where the list-based layer pushes one copy per consumer through Redis
+# (see BENCHMARKS.md, websocket fan-out). Delivery is at most once; browsers catch up
+# from the stored history when they reconnect.
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         "CONFIG": {"hosts": [REDIS_URL], "prefix": "bai-ws"},
     }
 }

@@ -1,8 +1,9 @@
 """Websocket of session events: a user gets their own sessions' events, admins all.
 
-Connect to /ws/events/ (optionally ?session=ID to narrow to one session, or, for an
-admin, ?scope=mine for only their own sessions). The server sends one JSON message per
-event, in the form of sessions_app.events.message. The client may send:
+Connect to /ws/events/ (optionally ?session=ID to narrow to one session, for an admin
+?scope=mine for only their own sessions, and ?events=session to leave out kernel_*
+events). The server sends one JSON message per event, in the form of
+sessions_app.events.message. The client may send:
 
 - {"since": "<ISO time>"}: replay the stored events since then that this connection may
   see, then {"event": "caught_up"}; a browser sends it after every (re)connect, so a
@@ -60,6 +61,8 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         self.session_id = None
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.mine_only = not self.admin or query.get("scope") == ["mine"]
+        # A list of sessions needs no kernel events: fewer messages to send to each page.
+        self.session_events_only = query.get("events") == ["session"]
         await self.accept()
         if query.get("session"):
             await self.narrow(query["session"][0])
@@ -119,10 +122,24 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
             sessions = visible_sessions(self.user, self.admin).filter(pk=self.session_id)
         else:
             sessions = visible_sessions(self.user, not self.mine_only)
-        rows = (SessionEvent.objects.filter(session__in=sessions,
-                                            created_at__gte=since - CATCH_UP_OVERLAP)
+        rows = SessionEvent.objects.filter(session__in=sessions,
+                                           created_at__gte=since - CATCH_UP_OVERLAP)
+        if self.session_events_only:
+            rows = rows.filter(kernel=None)
+        rows = (rows
                 .select_related("session").order_by("created_at", "id")[:CATCH_UP_LIMIT + 1])
         return [message_of(row) for row in rows]
 
+    async def dispatch(self, message):
+        # Channels closes stale database connections in a worker thread before every
+        # handler. A pushed event touches no database, and that thread hop, once per event
+        # per client, was most of the fan-out's cost (BENCHMARKS.md).
+        if message["type"] == "session.event":
+            await self.session_event(message)
+        else:
+            await super().dispatch(message)
+
     async def session_event(self, event):
-        await self.send_json(event["message"])
+        if self.session_events_only and event["message"]["event"].startswith("kernel_"):
+            return
+        await self.send(text_data=event["text"])

@@ -420,7 +420,7 @@ def schedule_sessions(placements, *, actor="scheduler"):
     events_module.publish_many_on_commit(
         [(sessions[e.session_id], e.name,
           {"kernel_id": e.kernel_id, "status": e.to_status, "previous_status": e.from_status,
-           "reason": "", "at": now}) for e in events])
+           "reason": "", "at": now, "event_id": e.pk}) for e in events])
     return placed
 
 

@@ -4,6 +4,7 @@ Groups: one per session, one per owner, one for admins. A browser's consumer joi
 groups it may see; Celery workers and web processes share the layer through Redis.
 """
 
+import json
 import logging
 
 from asgiref.sync import async_to_sync
@@ -79,6 +80,7 @@ def publish_batch(batch):
 
 async def _send(layer, batch):
     for groups, msg in batch:
-        payload = {"type": "session.event", "message": msg}
+        # Serialized once here rather than once per receiving browser.
+        payload = {"type": "session.event", "message": msg, "text": json.dumps(msg)}
         for group in groups:
             await layer.group_send(group, payload)

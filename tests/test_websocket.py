@@ -8,10 +8,13 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 from django.utils import timezone
 
+from agents_app.models import Agent, Image
 from backendai_web.asgi import application
+from scheduling_app.models import ScalingGroup
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import SessionEvent, Status
-from tests.factories import make_session
+from tests.conftest import IMAGE
+from tests.factories import make_agent, make_session
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 S = Status
@@ -30,6 +33,26 @@ def login(redis_available, alice, bob, carol):
     """Session cookies by user, made before the test's event loop runs."""
     cookies = {user.pk: cookie_of(user) for user in (alice, bob, carol)}
     return lambda user: cookies[user.pk]
+
+
+@pytest.fixture(autouse=True)
+def out_of_the_live_schedulers_way(defaults, monkeypatch):
+    """No scheduler pass for the tests' sessions, which could not be placed anyway.
+
+    These tests commit (transaction=True): a manager worker still running from a `live`
+    test would otherwise schedule (or, with the image not registered yet, cancel) their
+    PENDING sessions and add events of its own.
+    """
+    monkeypatch.setattr("sessions_app.services.kick_scheduler", lambda group_name: None)
+    ScalingGroup.objects.create(name="no-agents")
+    Image.objects.get_or_create(name=IMAGE)
+    make_agent("ws-agent", schedulable=False)
+
+
+async def new_session(user, status=S.PENDING, name="s1"):
+    agent = await database_sync_to_async(lambda: Agent.objects.get(pk="ws-agent"))()
+    return await database_sync_to_async(make_session)(user, status, name=name, agent=agent,
+                                                      scaling_group="no-agents")
 
 
 async def connect(cookie=None, path="/ws/events/", origin="http://testserver"):
@@ -62,7 +85,7 @@ async def test_a_connection_from_another_origin_is_refused(alice, login):
 async def test_a_user_receives_their_sessions_events_in_the_documented_form(alice, login):
     communicator, connected, _ = await connect(login(alice))
     assert connected
-    session = await database_sync_to_async(make_session)(alice, S.SCHEDULED)
+    session = await new_session(alice, S.SCHEDULED)
     first, second, third = [await communicator.receive_json_from(timeout=5) for _ in range(3)]
     assert set(first) == MESSAGE_KEYS
     assert first == {
@@ -84,8 +107,8 @@ async def test_a_user_receives_their_sessions_events_in_the_documented_form(alic
 async def test_users_do_not_see_each_others_events(alice, bob, login):
     alices, _, _ = await connect(login(alice))
     bobs, _, _ = await connect(login(bob))
-    await database_sync_to_async(make_session)(alice, name="alices")
-    await database_sync_to_async(make_session)(bob, name="bobs")
+    await new_session(alice, name="alices")
+    await new_session(bob, name="bobs")
     assert {m["session_name"] for m in await receive_all(alices)} == {"alices"}
     assert {m["session_name"] for m in await receive_all(bobs)} == {"bobs"}
     await alices.disconnect()
@@ -97,7 +120,7 @@ async def test_admins_receive_every_users_events_unless_they_ask_for_their_own(
     everything, _, _ = await connect(login(carol))
     mine, _, _ = await connect(login(carol), path="/ws/events/?scope=mine")
     for user, name in ((alice, "alices"), (bob, "bobs"), (carol, "carols")):
-        await database_sync_to_async(make_session)(user, name=name)
+        await new_session(user, name=name)
     assert {m["session_name"] for m in await receive_all(everything)} == {
         "alices", "bobs", "carols"}
     assert {m["session_name"] for m in await receive_all(mine)} == {"carols"}
@@ -112,18 +135,18 @@ async def test_a_user_with_an_admin_keypair_is_an_admin(alice, bob, login):
         keypair.save()
     await database_sync_to_async(promote)()
     communicator, _, _ = await connect(login(bob))
-    await database_sync_to_async(make_session)(alice)
+    await new_session(alice)
     assert [m["event"] for m in await receive_all(communicator)] == ["session_enqueued"]
     await communicator.disconnect()
 
 
 async def test_a_client_narrows_to_one_session(alice, bob, login):
-    one = await database_sync_to_async(make_session)(alice, name="one")
-    bobs = await database_sync_to_async(make_session)(bob, name="bobs")
+    one = await new_session(alice, name="one")
+    bobs = await new_session(bob, name="bobs")
     communicator, _, _ = await connect(login(alice), path=f"/ws/events/?session={one.pk}")
     assert await communicator.receive_json_from() == {"event": "subscribed",
                                                       "session_id": str(one.pk)}
-    await database_sync_to_async(make_session)(alice, name="two")
+    await new_session(alice, name="two")
     await database_sync_to_async(cancel)(one)
     assert {m["session_name"] for m in await receive_all(communicator)} == {"one"}
 
@@ -143,8 +166,8 @@ def cancel(session):
 
 async def test_a_reconnecting_client_catches_up_on_what_it_missed(alice, bob, login):
     before = timezone.now()
-    session = await database_sync_to_async(make_session)(alice, S.RUNNING)
-    await database_sync_to_async(make_session)(bob, S.RUNNING, name="bobs")
+    session = await new_session(alice, S.RUNNING)
+    await new_session(bob, S.RUNNING, name="bobs")
     communicator, _, _ = await connect(login(alice))
     await communicator.send_json_to({"since": before.isoformat()})
     replayed = await receive_all(communicator)
@@ -165,8 +188,8 @@ async def test_a_reconnecting_client_catches_up_on_what_it_missed(alice, bob, lo
 
 async def test_a_narrowed_catch_up_replays_only_that_session(alice, login):
     before = timezone.now()
-    one = await database_sync_to_async(make_session)(alice, name="one")
-    await database_sync_to_async(make_session)(alice, name="two")
+    one = await new_session(alice, name="one")
+    await new_session(alice, name="two")
     communicator, _, _ = await connect(login(alice), path=f"/ws/events/?session={one.pk}")
     await communicator.receive_json_from()  # subscribed
     await communicator.send_json_to({"since": before.isoformat()})
@@ -182,4 +205,17 @@ async def test_bad_requests_are_answered_with_an_error(alice, login):
         "since must be an ISO 8601 time with a time zone.")
     await communicator.send_json_to({"hello": 1})
     assert (await communicator.receive_json_from())["event"] == "error"
+    await communicator.disconnect()
+
+
+async def test_a_list_page_can_leave_out_kernel_events(alice, login):
+    before = timezone.now()
+    communicator, _, _ = await connect(login(alice), path="/ws/events/?events=session")
+    await new_session(alice, S.SCHEDULED)
+    live = await receive_all(communicator)
+    assert [m["event"] for m in live] == ["session_enqueued", "session_scheduled"]
+    await communicator.send_json_to({"since": before.isoformat()})
+    replayed = await receive_all(communicator)
+    assert [m["event"] for m in replayed] == ["session_enqueued", "session_scheduled",
+                                              "caught_up"]
     await communicator.disconnect()

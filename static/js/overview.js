@@ -2,5 +2,5 @@
 import { EventStream, refresher } from "./live.js";
 
 const refresh = refresher(["overview"], 500);
-new EventStream({ onEvent: refresh });
+new EventStream({ query: "?events=session", onEvent: refresh });
 setInterval(refresh, 10000);

@@ -6,7 +6,8 @@ const scope = table.dataset.scope;
 const refresh = refresher(["session-rows", "tabs"]);
 
 new EventStream({
-  query: scope === "all" ? "" : "?scope=mine",
+  // A list needs no kernel_* events: fewer messages for the server to send to every page.
+  query: scope === "all" ? "?events=session" : "?scope=mine&events=session",
   onEvent(message) {
     applyStatus(message);
     // New sessions, finished ones leaving the live tab, agents, reasons: re-rendered.
