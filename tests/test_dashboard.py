@@ -221,6 +221,12 @@ def test_progress_follows_the_start(alice):
     assert timeline.start_progress(make_session(alice, S.RUNNING, name="s2")) is None
 
 
+def test_a_pulling_session_has_a_line_for_the_pull_progress(as_alice, alice):
+    session = make_session(alice, S.PULLING)
+    page = text_of(as_alice.get(f"/sessions/{session.pk}/"))
+    assert "Step 4 of 7: Pulling the image" in page and 'id="pull-progress"' in page
+
+
 def test_another_users_session_is_not_found(as_alice, bob):
     session = make_session(bob)
     assert as_alice.get(f"/sessions/{session.pk}/").status_code == 404

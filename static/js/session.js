@@ -16,10 +16,22 @@ setStatus(root.dataset.status);
 new EventStream({
   query: `?session=${sessionId}`,
   onEvent(message) {
+    if (message.event === "kernel_pull_progress") {
+      showPullProgress(message.data);  // not stored and changes no status: no re-render
+      return;
+    }
     if (applyStatus(message)) setStatus(message.status);
     refresh();
   },
 });
+
+function showPullProgress(progress) {
+  const line = document.getElementById("pull-progress");
+  if (!line || !progress) return;
+  const mib = (bytes) => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+  line.textContent = `Layers ${progress.layers_done} of ${progress.layers_total}` +
+    (progress.bytes_total ? `, ${mib(progress.bytes_current)} of ${mib(progress.bytes_total)}` : "");
+}
 
 // The re-rendered panel is the database's word: the header follows it too.
 document.addEventListener("fragments:refreshed", () => {
