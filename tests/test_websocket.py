@@ -3,8 +3,10 @@
 import datetime
 
 import pytest
+import pytest_asyncio
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
@@ -47,6 +49,14 @@ def out_of_the_live_schedulers_way(defaults, monkeypatch):
     ScalingGroup.objects.create(name="no-agents")
     Image.objects.get_or_create(name=IMAGE)
     make_agent("ws-agent", schedulable=False)
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def close_worker_thread_connections():
+    """database_sync_to_async runs in a worker thread whose connection outlives the test
+    (CONN_MAX_AGE); left open, PostgreSQL refuses to drop the test database at the end."""
+    yield
+    await database_sync_to_async(connections.close_all)()
 
 
 async def new_session(user, status=S.PENDING, name="s1"):
