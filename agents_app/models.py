@@ -27,6 +27,9 @@ class Agent(models.Model):
     first_contact = models.DateTimeField(null=True, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     lost_at = models.DateTimeField(null=True, blank=True)
+    docker_error = models.CharField(
+        max_length=500, blank=True,
+        help_text="The agent's last word on its Docker engine; empty when it answers.")
 
     class Meta:
         indexes = [models.Index(fields=["scaling_group", "status"])]

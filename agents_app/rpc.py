@@ -35,11 +35,28 @@ def kernel_spec(kernel):
         "cluster_idx": kernel.cluster_idx,
         "cluster_hostname": kernel.cluster_hostname,
         "cluster_size": session.cluster_size,
+        "pre_stop_command": session.pre_stop_command,
+        "ssh_keypair": session.cluster_ssh or None,
     }
 
 
 def send_create_kernel(kernel):
     return _send(kernel.agent_id, "agent.create_kernel", spec=kernel_spec(kernel))
+
+
+def call(agent_id, task, wait, **kwargs):
+    """A manager → agent call that waits up to `wait` seconds for the answer."""
+    from backendai_web.celery import app
+
+    result = app.send_task(task, kwargs=kwargs, queue=agent_queue(agent_id))
+    try:
+        return result.get(timeout=wait)
+    finally:
+        result.forget()
+
+
+def send_remove_dangling(agent_id, container_id):
+    return _send(agent_id, "agent.remove_dangling", container_id=container_id)
 
 
 def send_destroy_kernel(kernel, reason):

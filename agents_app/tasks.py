@@ -21,3 +21,18 @@ def create_kernel(spec):
 @shared_task(name="agent.destroy_kernel", ignore_result=True)
 def destroy_kernel(kernel_id, container_id="", reason=""):
     current().destroy_kernel(kernel_id, container_id, reason)
+
+
+@shared_task(name="agent.remove_dangling", ignore_result=True)
+def remove_dangling(container_id):
+    current().remove_dangling(container_id)
+
+
+@shared_task(name="agent.logs")
+def logs(kernel_id, container_id="", tail=2000):
+    return current().logs(kernel_id, container_id, tail)
+
+
+@shared_task(name="agent.execute")
+def execute(kernel_id, container_id, command, timeout=30):
+    return current().execute(kernel_id, container_id, command, timeout)

@@ -182,6 +182,21 @@ DEFAULT_BATCH_TIMEOUT = env_int("DEFAULT_BATCH_TIMEOUT", 0)  # seconds; 0 = none
 SCHEDULER_CHUNK_SIZE = env_int("SCHEDULER_CHUNK_SIZE", 1000)  # sessions per allocator write
 RETRY_LIMIT = env_int("RETRY_LIMIT", 3)  # tries at one stage before rescheduling elsewhere
 
+# Idle culling (per-policy limits: ResourcePolicy.idle_timeout, max_session_lifetime)
+IDLE_CHECK_INTERVAL = env_int("IDLE_CHECK_INTERVAL", 15)  # seconds between passes (beat)
+IDLE_WARNING_BEFORE = env_int("IDLE_WARNING_BEFORE", 300)  # or half the limit if shorter
+# Checkers of scaling groups that name none. Utilization is left out: it would cull every
+# quiet shell, so a group opts in by naming it.
+IDLE_DEFAULT_CHECKERS = env_list(
+    "IDLE_DEFAULT_CHECKERS", "network-timeout,session-lifetime,app-activity,batch-timeout")
+IDLE_UTILIZATION = {
+    "window": env_int("IDLE_UTILIZATION_WINDOW", 600),  # seconds averaged
+    "initial_grace_period": env_int("IDLE_UTILIZATION_GRACE", 600),
+    "thresholds": {"cpu": float(env("IDLE_UTILIZATION_CPU", "1")),  # percent
+                   "mem": float(env("IDLE_UTILIZATION_MEM", "1"))},
+    "combine": env("IDLE_UTILIZATION_COMBINE", "and"),  # "and": every resource idle
+}
+
 # Sessions: dotted paths of functions called around destroy_session (see sessions_app.hooks).
 PRE_DESTROY_HOOKS = env_list("PRE_DESTROY_HOOKS")
 POST_DESTROY_HOOKS = env_list("POST_DESTROY_HOOKS")

@@ -92,7 +92,7 @@ def run_changes(env, changes, interval, prefix, ready, results):
 
     from agents_app.models import Agent
     from scheduling_app.models import ScalingGroup, default_of
-    from sessions_app import engine
+    from sessions_app import engine, events
     from sessions_app.keypairs import main_keypair
     from sessions_app.models import Status
     from sessions_app.services import create_session
@@ -119,6 +119,7 @@ def run_changes(env, changes, interval, prefix, ready, results):
                 moved = engine.transition_kernel(kernel, Status(status))
             assert moved, f"{session.name} did not move to {status}"
         time.sleep(interval)
+    events.flush()  # the publisher thread sends after commit; let it finish
     results.put(commits)
 
 

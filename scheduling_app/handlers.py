@@ -43,52 +43,49 @@ def _kernels(status, **filters):
 
 def check_preconditions():
     """SCHEDULED → PREPARING; each kernel's agent checks (and pulls) its image."""
+    return _advance(S.SCHEDULED, engine.mark_kernel_preparing, rpc.send_check_and_pull)
+
+
+def start_sessions():
+    """PREPARED → CREATING once every kernel of the session is prepared."""
+    return _advance(S.PREPARED, engine.mark_kernel_creating, rpc.send_create_kernel)
+
+
+def _advance(status, mark, send):
+    """Move the kernels of sessions wholly in `status` on, and send each to its agent
+    after commit."""
     sent = 0
-    for kernel in _kernels(S.SCHEDULED, session__status=S.SCHEDULED):
+    for kernel in _kernels(status, session__status=status):
         with transaction.atomic():
-            if engine.mark_kernel_preparing(kernel):
-                transaction.on_commit(lambda k=kernel: rpc.send_check_and_pull(k))
+            if mark(kernel):
+                transaction.on_commit(lambda k=kernel: send(k))
                 sent += 1
     return sent
 
 
 def check_pulling_progress():
     """Ask again for PREPARING kernels whose image check went unanswered."""
-    stale = clock.now() - RESEND_AFTER
-    asked = 0
-    for kernel in _kernels(S.PREPARING, status_changed__lt=stale):
-        last = kernel.status_data.get("last_check")
-        if last and clock.parse(last) > stale:
-            continue
-        engine.set_kernel_data(kernel, status_data={**kernel.status_data,
-                                                    "last_check": clock.now().isoformat()})
-        rpc.send_check_and_pull(kernel)
-        asked += 1
-    return asked
-
-
-def start_sessions():
-    """PREPARED → CREATING once every kernel of the session is prepared."""
-    sent = 0
-    for kernel in _kernels(S.PREPARED, session__status=S.PREPARED):
-        with transaction.atomic():
-            if engine.mark_kernel_creating(kernel):
-                transaction.on_commit(lambda k=kernel: rpc.send_create_kernel(k))
-                sent += 1
-    return sent
+    return _resend_stale(S.PREPARING, "last_check", rpc.send_check_and_pull)
 
 
 def terminate_sessions():
     """Re-send the destroy request of TERMINATING kernels that got no answer."""
+    return _resend_stale(S.TERMINATING, "last_destroy_request",
+                         lambda k: rpc.send_destroy_kernel(k, k.status_info))
+
+
+def _resend_stale(status, marker, send):
+    """Send again the request of kernels in `status` for RESEND_AFTER, at most once per
+    RESEND_AFTER (the time of the last resend is kept in status_data[marker])."""
     stale = clock.now() - RESEND_AFTER
     sent = 0
-    for kernel in _kernels(S.TERMINATING, status_changed__lt=stale):
-        last = kernel.status_data.get("last_destroy_request")
+    for kernel in _kernels(status, status_changed__lt=stale):
+        last = kernel.status_data.get(marker)
         if last and clock.parse(last) > stale:
             continue
-        engine.set_kernel_data(kernel, status_data={
-            **kernel.status_data, "last_destroy_request": clock.now().isoformat()})
-        rpc.send_destroy_kernel(kernel, kernel.status_info)
+        engine.set_kernel_data(kernel, status_data={**kernel.status_data,
+                                                    marker: clock.now().isoformat()})
+        send(kernel)
         sent += 1
     return sent
 

@@ -92,6 +92,11 @@ class ScalingGroup(models.Model):
         help_text="Names of the scheduler's validators to run; empty means all of them "
                   "(keypair-resources, project-resources, domain-resources, concurrency, "
                   "dependencies).")
+    idle_checkers = models.JSONField(
+        default=list, blank=True,
+        help_text="Idle checkers to run for this group's sessions, among network-timeout, "
+                  "session-lifetime, utilization, app-activity and batch-timeout; empty "
+                  "means the IDLE_DEFAULT_CHECKERS setting (all but utilization).")
     roundrobin_cursor = models.CharField(
         max_length=64, blank=True, editable=False,
         help_text="The agent the round-robin selector placed a kernel on last.")

@@ -72,17 +72,17 @@ class ResourceSlots(dict):
     def to_json(self) -> dict:
         return {name: str(_normalize(value)) for name, value in sorted(self.items())}
 
+    # Arithmetic keeps exact Decimals and normalizes only in to_json: the scheduler adds
+    # and subtracts slots hundreds of thousands of times a pass.
     def __add__(self, other):
         other = _coerce(other)
-        return ResourceSlots(
-            {k: _normalize(self.get(k, 0) + other.get(k, 0)) for k in self.keys() | other.keys()}
-        )
+        return ResourceSlots({k: self.get(k, 0) + other.get(k, 0)
+                              for k in self.keys() | other.keys()})
 
     def __sub__(self, other):
         other = _coerce(other)
-        return ResourceSlots(
-            {k: _normalize(self.get(k, 0) - other.get(k, 0)) for k in self.keys() | other.keys()}
-        )
+        return ResourceSlots({k: self.get(k, 0) - other.get(k, 0)
+                              for k in self.keys() | other.keys()})
 
     def fits_in(self, capacity) -> bool:
         """True when every requested slot is at most what capacity offers (missing = 0)."""

@@ -2,18 +2,22 @@
 
 from celery import shared_task
 
-from . import handlers, scheduler
+from . import handlers, idle, scheduler
 
 
 @shared_task(name="scheduling.schedule", ignore_result=True)
 def schedule(scaling_group_name=None):
-    return len(scheduler.schedule(scaling_group_name))
+    placed = scheduler.schedule(scaling_group_name)
+    if placed:  # the next step at once, in this worker, rather than one more task away
+        handlers.check_preconditions()
+    return len(placed)
 
 
 def _periodic(function):
     return shared_task(name=f"scheduling.{function.__name__}", ignore_result=True)(function)
 
 
+check_idle = _periodic(idle.check_idle)
 check_preconditions = _periodic(handlers.check_preconditions)
 check_pulling_progress = _periodic(handlers.check_pulling_progress)
 start_sessions = _periodic(handlers.start_sessions)

@@ -8,11 +8,9 @@ import logging
 
 from django.db import transaction
 
-from backendai_web.celery import send_task_safely
-
 from . import clock, engine
 from . import events as events_module
-from .models import FINISHED_STATUSES, Kernel, Status
+from .models import FINISHED_STATUSES, Kernel, Session, SessionResult, Status
 
 log = logging.getLogger(__name__)
 S = Status
@@ -38,8 +36,10 @@ def _pulling(kernel, data, actor):
 
 def _pulled(kernel, data, actor):
     moved = engine.mark_kernel_prepared(kernel, actor=actor)
-    if moved:
-        transaction.on_commit(_kick_start)
+    if moved:  # the next step at once, in this worker, rather than one more task away
+        from scheduling_app.handlers import start_sessions
+
+        transaction.on_commit(start_sessions)
     return moved
 
 
@@ -67,17 +67,37 @@ def _creation_failed(kernel, data, actor):
     return retry_stage(kernel, "creating", f"failed-to-start: {data.get('error', '?')}")
 
 
+@transaction.atomic
 def _terminated(kernel, data, actor):
-    reason = data.get("reason") or "self-terminated"
-    if kernel.status == S.RUNNING:
+    if kernel.status == S.TERMINATING:
+        reason = kernel.status_info or data.get("reason") or "user-requested"
+    else:  # it ended without being asked to
         reason = "self-terminated"
-    moved = engine.mark_kernel_terminated(kernel, reason=reason,
-                                          exit_code=data.get("exit_code"), actor=actor)
-    if moved is None and kernel.exit_code is None and data.get("exit_code") is not None:
-        engine.set_kernel_data(kernel, exit_code=data["exit_code"])
+    exit_code = data.get("exit_code")
+    if data.get("log_tail"):
+        engine.set_kernel_data(kernel, log_tail=data["log_tail"][-65536:])
+    if kernel.is_main and kernel.session.session_type == "batch" and \
+            kernel.status == S.RUNNING and exit_code is not None:
+        _record_batch_result(kernel, exit_code, actor)
+    moved = engine.mark_kernel_terminated(kernel, reason=reason, exit_code=exit_code,
+                                          actor=actor)
+    if moved is None and kernel.exit_code is None and exit_code is not None:
+        engine.set_kernel_data(kernel, exit_code=exit_code)
     if moved:
         transaction.on_commit(lambda: _kick_schedule(kernel.session.scaling_group.name))
+    elif kernel.status in (S.RUNNING, S.TERMINATING):
+        # A report for a kernel that was not in a live status we expected: nothing to do.
+        log.info("kernel_terminated for %s in %s ignored", kernel.pk, kernel.status)
     return moved
+
+
+def _record_batch_result(kernel, exit_code, actor):
+    """A batch session ends when its command exits: 0 is success, anything else failure."""
+    result = SessionResult.SUCCESS if exit_code == 0 else SessionResult.FAILURE
+    Session.objects.filter(pk=kernel.session_id).update(result=result)
+    kernel.session.result = result
+    engine.record_event(kernel.session, f"session_{result}", kernel=kernel, actor=actor,
+                        reason=f"exit code {exit_code}", data={"exit_code": exit_code})
 
 
 def _pull_progress(kernel, data, actor):
@@ -85,6 +105,13 @@ def _pull_progress(kernel, data, actor):
     events_module.publish_on_commit(
         kernel.session, "kernel_pull_progress", kernel_id=kernel.pk, status=kernel.status,
         previous_status=kernel.status, reason="", at=clock.now(), data=data)
+
+
+def _health(kernel, data, actor):
+    """Docker health checks: recorded on the session; the kernel is not killed for it."""
+    status = data.get("status", "unknown")
+    engine.record_event(kernel.session, f"kernel_{status}", kernel=kernel, actor=actor,
+                        reason=f"health check: {status}", data={"health": status})
 
 
 @transaction.atomic
@@ -116,10 +143,6 @@ def _destroy_on_agent(kernel, reason):
         send_destroy_kernel(kernel, reason)
 
 
-def _kick_start():
-    send_task_safely("scheduling.start_sessions", queue="manager")
-
-
 def _kick_schedule(group_name):
     from .services import kick_scheduler
 
@@ -134,4 +157,5 @@ HANDLERS = {
     "kernel_started": _started,
     "creation_failed": _creation_failed,
     "kernel_terminated": _terminated,
+    "kernel_health": _health,
 }

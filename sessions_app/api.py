@@ -10,10 +10,14 @@ from rest_framework.exceptions import APIException, NotFound
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from scheduling_app.idle import remaining_for
+
+from . import activity, clock
 from .keypairs import is_admin, main_keypair
 from .lifecycle import DestroyRefused, destroy_session
 from .models import Kernel, Session, SessionEvent, SessionType
 from .services import SessionRequestError, create_session
+from .tools import execute_in_session, session_logs
 
 log = logging.getLogger(__name__)
 TRUE_WORDS = {"1", "true", "yes", "on"}
@@ -78,6 +82,7 @@ class SessionSerializer(serializers.ModelSerializer):
     owner_access_key = serializers.CharField(source="keypair_id")
     owner = serializers.CharField(source="user.username")
     pending_reason = serializers.SerializerMethodField()
+    idle_checks = serializers.SerializerMethodField()
     kernels = KernelSerializer(many=True)
 
     class Meta:
@@ -86,7 +91,16 @@ class SessionSerializer(serializers.ModelSerializer):
                   "pending_reason", "session_type", "image", "cluster_mode", "cluster_size",
                   "requested_slots", "occupying_slots", "scaling_group", "owner",
                   "owner_access_key", "startup_command", "grace_period", "batch_timeout", "tag",
-                  "created_at", "starts_at", "terminated_at", "result", "kernels"]
+                  "created_at", "starts_at", "terminated_at", "result", "last_activity",
+                  "idle_exempt", "idle_checks", "kernels"]
+
+    def get_idle_checks(self, session) -> dict:
+        """Every idle checker's report with the seconds left (`remaining`)."""
+        if session.status != "RUNNING":
+            return {}
+        now = clock.now()
+        return {name: remaining_for(report, now)
+                for name, report in session.status_data.get("idle_checks", {}).items()}
 
     def get_pending_reason(self, session) -> str:
         return session.pending_reason
@@ -111,6 +125,12 @@ class SessionCreateSerializer(serializers.Serializer):
     grace_period = serializers.IntegerField(required=False, allow_null=True, min_value=0)
     batch_timeout = serializers.IntegerField(required=False, allow_null=True, min_value=1)
     tag = serializers.CharField(required=False, allow_blank=True, default="", max_length=64)
+    pre_stop_command = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class ExecuteSerializer(serializers.Serializer):
+    command = serializers.CharField()
+    timeout = serializers.IntegerField(default=30, min_value=1, max_value=600)
 
 
 class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -127,9 +147,12 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     def get_object(self):
         try:
-            return super().get_object()
+            session = super().get_object()
         except (Http404, DjangoValidationError):  # another user's session is not there at all
             raise NotFound("Session not found.") from None
+        if self.action != "destroy":
+            activity.touch(session.pk, self.request.user)  # the owner's use keeps it alive
+        return session
 
     def get_serializer_class(self):
         if self.action == "retrieve":
@@ -163,6 +186,18 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         except DestroyRefused as exc:
             raise RequestFailed(exc.message, exc.status_code) from None
         return Response(result.as_dict())
+
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """The main container's log, from its agent; the kept tail once it is gone."""
+        return Response(session_logs(self.get_object()))
+
+    @action(detail=True, methods=["post"])
+    def execute(self, request, pk=None):
+        """Run a command in the main container (docker exec) and return its output."""
+        body = ExecuteSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return Response(execute_in_session(self.get_object(), **body.validated_data))
 
     @action(detail=True, methods=["get"])
     def events(self, request, pk=None):

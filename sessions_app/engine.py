@@ -17,6 +17,7 @@ from scheduling_app.slots import ResourceSlots
 
 from . import clock
 from . import events as events_module
+from .bulk import insert_rows, update_rows
 from .models import FINISHED_STATUSES, Kernel, Session, SessionEvent, Status
 
 log = logging.getLogger(__name__)
@@ -345,6 +346,14 @@ def schedule_sessions(placements, *, actor="scheduler"):
 
     if not placements:
         return []
+    parsed = {}
+
+    def slots_of(value):  # a pass sees few distinct sizes: parse each once
+        key = tuple(sorted(value.items()))
+        if key not in parsed:
+            parsed[key] = ResourceSlots.parse(value)
+        return parsed[key]
+
     agent_ids = sorted({a for _, placement in placements for a in placement.values()})
     agents = {a.pk: a for a in Agent.objects.select_for_update().filter(pk__in=agent_ids)
               .order_by("pk")}
@@ -352,78 +361,84 @@ def schedule_sessions(placements, *, actor="scheduler"):
     kernel_rows = {
         row[0]: row for row in Kernel.objects.select_for_update()
         .filter(session_id__in=[sid for sid, _ in placements], status=S.PENDING)
-        .values_list("id", "session_id", "requested_slots", "cluster_role")
+        .values_list("id", "session_id", "requested_slots", "status_history")
     }
-    placed, by_agent, main_counts = [], {}, {}
+    placed, kernel_updates, occupying = [], [], {}
+    occupied = {}
     for session_id, placement in placements:
-        rows = [kernel_rows.get(kid) for kid in placement]
-        if None in rows or placement.keys() != {r[0] for r in rows}:
+        if any(kid not in kernel_rows for kid in placement):
             continue  # cancelled or changed since the snapshot
         need = {}
         for kernel_id, agent_id in placement.items():
-            slots = ResourceSlots.parse(kernel_rows[kernel_id][2])
-            need[agent_id] = need.get(agent_id, ResourceSlots()) + slots
+            need[agent_id] = need.get(agent_id, ResourceSlots()) + slots_of(
+                kernel_rows[kernel_id][2])
         if any(a not in free or not n.fits_in(free[a]) for a, n in need.items()):
             continue  # the agent changed since the snapshot: next pass
+        total = ResourceSlots()
         for agent_id, slots in need.items():
             free[agent_id] = free[agent_id] - slots
-            agents[agent_id].occupied_slots = (
-                ResourceSlots.parse(agents[agent_id].occupied_slots) + slots).to_json()
-        for kernel_id, agent_id in placement.items():
-            by_agent.setdefault(agent_id, []).append(kernel_id)
+            occupied[agent_id] = occupied.get(agent_id, ResourceSlots.parse(
+                agents[agent_id].occupied_slots)) + slots
+            total = total + slots
+        occupying[session_id] = total.to_json()
+        kernel_updates += [(kernel_id, agent_id) for kernel_id, agent_id in placement.items()]
         placed.append(session_id)
     if not placed:
         return []
 
-    placement_of = dict(placements)
     now = clock.now()
     stamp = {S.SCHEDULED: now.isoformat()}
-    for agent_id, kernel_ids in by_agent.items():
-        Kernel.objects.filter(pk__in=kernel_ids, status=S.PENDING).update(
-            status=S.SCHEDULED, status_info="", status_changed=now, agent_id=agent_id,
-            agent_addr=agents[agent_id].addr, occupied_slots=F("requested_slots"),
-            status_history=JSONMerge("status_history", stamp),
-        )
-    Agent.objects.bulk_update([agents[a] for a in by_agent], ["occupied_slots"])
-    sessions = {s.pk: s for s in Session.objects.filter(pk__in=placed).select_related("user")}
+    # The kernels are locked and PENDING (checked above): one bulk UPDATE writes them all.
+    update_rows(Kernel, ["status", "status_info", "status_changed", "agent", "agent_addr",
+                         "occupied_slots", "status_history"], [
+        (kernel_id, S.SCHEDULED, "", now, agent_id, agents[agent_id].addr,
+         kernel_rows[kernel_id][2], {**kernel_rows[kernel_id][3], **stamp})
+        for kernel_id, agent_id in kernel_updates
+    ])
+    update_rows(Agent, ["occupied_slots"],
+                [(agent_id, slots.to_json()) for agent_id, slots in occupied.items()])
     Session.objects.filter(pk__in=placed, status=S.PENDING).update(
         status=S.SCHEDULED, status_info="", status_changed=now,
         status_history=JSONMerge("status_history", stamp),
     )
-    occupying = []
-    for session_id in placed:
-        session = sessions[session_id]
-        total = ResourceSlots()
-        for kernel_id in placement_of[session_id]:
-            total = total + ResourceSlots.parse(kernel_rows[kernel_id][2])
-        session.occupying_slots = total.to_json()
-        occupying.append(session)
-        main_counts[session.keypair_id] = main_counts.get(session.keypair_id, 0) + 1
-    Session.objects.bulk_update(occupying, ["occupying_slots"], batch_size=500)
-    keypairs = list(KeyPair.objects.select_for_update().filter(pk__in=main_counts))
+    update_rows(Session, ["occupying_slots"], list(occupying.items()))
+    rows = list(Session.objects.filter(pk__in=placed).values_list("id", "name", "user_id",
+                                                                   "keypair_id"))
+    sessions = {pk: _SessionRef(pk, name, user_id) for pk, name, user_id, _ in rows}
+    per_keypair = {}
+    for _, _, _, keypair_id in rows:
+        per_keypair[keypair_id] = per_keypair.get(keypair_id, 0) + 1
+    keypairs = list(KeyPair.objects.select_for_update().filter(pk__in=per_keypair))
     for keypair in keypairs:
-        keypair.concurrency_used += main_counts[keypair.pk]
-    KeyPair.objects.bulk_update(keypairs, ["concurrency_used"])
+        keypair.concurrency_used += per_keypair[keypair.pk]
+    update_rows(KeyPair, ["concurrency_used"], [(k.pk, k.concurrency_used) for k in keypairs])
 
-    events = []
-    for session_id in placed:
-        session = sessions[session_id]
-        for kernel_id in placement_of[session_id]:
-            events.append(SessionEvent(session=session, kernel_id=kernel_id,
-                                       name=KERNEL_EVENT_NAMES[S.SCHEDULED],
-                                       from_status=S.PENDING, to_status=S.SCHEDULED,
-                                       actor=actor, created_at=now))
-        events.append(SessionEvent(session=session, name=SESSION_EVENT_NAMES[S.SCHEDULED],
-                                   from_status=S.PENDING, to_status=S.SCHEDULED, actor=actor,
-                                   created_at=now))
-    SessionEvent.objects.bulk_create(events, batch_size=1000)
+    kernel_event, session_event = KERNEL_EVENT_NAMES[S.SCHEDULED], SESSION_EVENT_NAMES[S.SCHEDULED]
+    events = [(kernel_rows[kernel_id][1], kernel_id, kernel_event)
+              for kernel_id, _ in kernel_updates]
+    events += [(session_id, None, session_event) for session_id in placed]
+    ids = insert_rows(SessionEvent, ["session", "kernel", "name", "from_status", "to_status",
+                                     "reason", "actor", "data", "created_at"],
+                      [(sid, kid, name, S.PENDING, S.SCHEDULED, "", actor, {}, now)
+                       for sid, kid, name in events], returning="id")
     events_module.publish_many_on_commit(
-        [(sessions[e.session_id], e.name,
-          {"kernel_id": e.kernel_id, "status": e.to_status, "previous_status": e.from_status,
-           "reason": "", "at": now, "event_id": e.pk}) for e in events])
+        [(sessions[sid], name, {"kernel_id": kid, "status": S.SCHEDULED,
+                                "previous_status": S.PENDING, "reason": "", "at": now,
+                                "event_id": event_id})
+         for (sid, kid, name), event_id in zip(events, ids, strict=True)])
     return placed
 
 
-def set_sessions_status_data(sessions, batch_size=500):
-    """Bulk write of status_data (the scheduler's pending reasons), not touching status."""
-    Session.objects.bulk_update(sessions, ["status_data"], batch_size=batch_size)
+class _SessionRef:
+    """What a published message needs of a session."""
+
+    __slots__ = ("pk", "name", "user_id")
+
+    def __init__(self, pk, name, user_id):
+        self.pk, self.name, self.user_id = pk, name, user_id
+
+
+def set_sessions_status_data(rows):
+    """Bulk write of (session id, status_data): the scheduler's pending reasons, the idle
+    checkers' reports."""
+    update_rows(Session, ["status_data"], rows, batch_size=5000)

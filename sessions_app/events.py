@@ -4,10 +4,11 @@ Groups: one per session, one per owner, one for admins. A browser's consumer joi
 groups it may see; Celery workers and web processes share the layer through Redis.
 """
 
+import asyncio
 import json
 import logging
+import threading
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
@@ -69,18 +70,88 @@ def publish(groups, msg):
 
 
 def publish_batch(batch):
-    layer = get_channel_layer()
-    if layer is None:
+    """Hand the messages to the publisher thread; never blocks the caller on Redis."""
+    if get_channel_layer() is None:
         return
-    try:
-        async_to_sync(_send)(layer, batch)
-    except Exception as exc:  # the change is committed; a missed push is caught up on reconnect
-        log.warning("could not publish %d session events: %s", len(batch), exc)
+    _publisher().submit(batch)
 
 
-async def _send(layer, batch):
-    for groups, msg in batch:
-        # Serialized once here rather than once per receiving browser.
-        payload = {"type": "session.event", "message": msg, "text": json.dumps(msg)}
-        for group in groups:
+class _Publisher:
+    """One event loop in a daemon thread, one channel-layer connection pool, one queue:
+    messages leave in the order they were committed, and a worker thread that commits a
+    change does not wait for the fan-out."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.queue = None
+        self.idle = threading.Event()
+        self.idle.set()
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), name="event-publisher",
+                         daemon=True).start()
+        ready.wait()
+
+    def _run(self, ready):
+        asyncio.set_event_loop(self.loop)
+        self.queue = asyncio.Queue()
+        self.loop.call_soon(ready.set)
+        self.loop.run_until_complete(self._consume())
+
+    def submit(self, batch):
+        self.idle.clear()
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, batch)
+
+    async def _consume(self):
+        layer = get_channel_layer()
+        while True:
+            batch = await self.queue.get()
+            try:
+                await _send(layer, batch)
+            except Exception as exc:  # committed already; a browser catches up on reconnect
+                log.warning("could not publish %d session events: %s", len(batch), exc)
+            if self.queue.empty():
+                self.idle.set()
+
+    def flush(self, timeout=10):
+        """Wait until everything submitted has been sent (for tests and benchmarks)."""
+        return self.idle.wait(timeout)
+
+
+_instance = None
+_instance_lock = threading.Lock()
+
+
+def _publisher():
+    global _instance
+    with _instance_lock:
+        if _instance is None:
+            _instance = _Publisher()
+        return _instance
+
+
+def flush(timeout=10):
+    if _instance is not None:
+        _instance.flush(timeout)
+
+
+async def _send(layer, batch, concurrency=64):
+    """Sends in order per group, up to `concurrency` group_sends in flight at once."""
+    # Each message is serialized once here rather than once per receiving browser.
+    payloads = [(groups, {"type": "session.event", "message": msg, "text": json.dumps(msg)})
+                for groups, msg in batch]
+    sends = [(group, payload) for groups, payload in payloads for group in groups]
+    if len(sends) <= 3:
+        for group, payload in sends:
             await layer.group_send(group, payload)
+        return
+    by_group = {}
+    for group, payload in sends:
+        by_group.setdefault(group, []).append(payload)
+
+    async def drain(group, payloads):
+        for payload in payloads:  # one group's messages keep their order
+            await layer.group_send(group, payload)
+
+    groups = list(by_group.items())
+    for start in range(0, len(groups), concurrency):
+        await asyncio.gather(*(drain(g, p) for g, p in groups[start:start + concurrency]))

@@ -80,7 +80,9 @@ class SessionForm(forms.Form):
 
     @staticmethod
     def describe(slot, value):
-        return format_bytes(value) if slot == "mem" else f"{value}"
+        if slot == "mem":
+            return format_bytes(value)
+        return ResourceSlots({slot: value}).to_json()[slot]  # 3, not 3.0
 
     @staticmethod
     def requested_slots(data):

@@ -122,12 +122,23 @@ class Session(StatusFields):
     grace_period = models.PositiveIntegerField(
         null=True, blank=True, help_text="Seconds between SIGTERM and SIGKILL; empty = default."
     )
+    pre_stop_command = models.TextField(
+        blank=True, help_text="Run in each container before it is stopped (within the grace "
+                              "period).")
+    cluster_ssh = models.JSONField(
+        default=dict, blank=True, editable=False,
+        help_text="The SSH keypair the kernels of a cluster session share.")
     tag = models.CharField(max_length=64, blank=True)
     dependencies = models.ManyToManyField(
         "self", symmetrical=False, blank=True, related_name="dependents",
         help_text="Sessions that must be RUNNING (or, if batch, finished with success) "
                   "before this one is scheduled.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    last_activity = models.DateTimeField(
+        null=True, blank=True,
+        help_text="The owner's last use: API calls on it, commands, dashboard and websocket.")
+    idle_exempt = models.BooleanField(
+        default=False, help_text="Never culled for idleness or lifetime.")
     starts_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
     result = models.CharField(
@@ -191,6 +202,11 @@ class Kernel(StatusFields):
     occupied_slots = SlotsField()
     exit_code = models.IntegerField(null=True, blank=True)
     last_stat = models.JSONField(default=dict, blank=True)
+    log_tail = models.TextField(blank=True, help_text="The last 64 KiB of the container's log, "
+                                                      "kept when it was removed.")
+    stat_history = models.JSONField(
+        default=list, blank=True, editable=False,
+        help_text="Recent samples [time, cpu %, mem %] for utilization-based idle checks.")
     created_at = models.DateTimeField(auto_now_add=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
 

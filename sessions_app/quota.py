@@ -20,7 +20,8 @@ class Quota:
     def remaining(self):
         if self.total is None:
             return None
-        return (self.total - self.held).clamp_negative()
+        # Through to_json: slot arithmetic keeps exact Decimals such as 3.0; a page shows 3.
+        return ResourceSlots.parse((self.total - self.held).clamp_negative().to_json())
 
     @property
     def sessions_remaining(self):

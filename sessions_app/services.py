@@ -37,7 +37,8 @@ def validate_name(name):
 def create_session(*, keypair, user, name, image, session_type=SessionType.INTERACTIVE,
                    resources=None, cluster_size=1, cluster_mode="single-node",
                    startup_command="", scaling_group="default", grace_period=None,
-                   batch_timeout=None, tag="", project=None, actor=None) -> Session:
+                   batch_timeout=None, tag="", project=None, actor=None,
+                   pre_stop_command="") -> Session:
     validate_name(name)
     if not isinstance(image, str) or not image.strip():
         raise SessionRequestError("An image name is required, such as "
@@ -88,6 +89,8 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
                     requested_slots=slots.to_json(), scaling_group=group,
                     startup_command=startup_command or "", grace_period=grace_period,
                     batch_timeout=batch_timeout, tag=tag or "", status_history=queued,
+                    pre_stop_command=pre_stop_command or "",
+                    cluster_ssh=cluster_keypair() if cluster_size > 1 else {},
                 )
         except IntegrityError:  # a concurrent create with the same name won
             raise SessionRequestError(f"You already have a live session named {name!r}.",
@@ -101,6 +104,20 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
         engine.record_enqueued(session, actor=actor or user.get_username())
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return session
+
+
+def cluster_keypair():
+    """An SSH keypair for the kernels of one cluster session to reach one another."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM,
+                                serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption()).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH).decode()
+    return {"private": private, "public": public + " backendai-cluster\n"}
 
 
 def kick_scheduler(scaling_group_name):

@@ -85,6 +85,16 @@ def wait_for(predicate, timeout=30.0, interval=0.1, message="condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
 
 
+@pytest.fixture
+def sent(monkeypatch):
+    """Messages this process would send to the broker, recorded instead: (task, kwargs).
+    Rows made by such a test are not for the live system's workers."""
+    calls = []
+    monkeypatch.setattr("backendai_web.celery.app.send_task",
+                        lambda name, **kw: calls.append((name, kw.get("kwargs"))))
+    return calls
+
+
 @pytest.fixture(autouse=True)
 def fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,8 +1,8 @@
 """Sessions in any status, reached through the engine's own transitions."""
 
-from agents_app.models import Agent
-from scheduling_app.models import ScalingGroup, default_of
-from sessions_app import engine
+from agents_app.models import Agent, Image
+from scheduling_app.models import ScalingGroup
+from sessions_app import clock, engine
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import Status
 from sessions_app.services import create_session
@@ -26,9 +26,12 @@ PATHS = {
 }
 
 
-def make_agent(agent_id="agent-1", slots=None, **fields):
+def make_agent(agent_id="agent-1", slots=None, group="default", **fields):
+    """An ALIVE agent, which reports the default kernel image as installed."""
+    Image.objects.get_or_create(name="bai-local/busybox:latest")
+    fields.setdefault("last_heartbeat", clock.now())
     return Agent.objects.create(
-        id=agent_id, scaling_group=default_of(ScalingGroup),
+        id=agent_id, scaling_group=ScalingGroup.objects.get_or_create(name=group)[0],
         available_slots=slots or {"cpu": "4", "mem": "8g"}, occupied_slots={}, **fields,
     )
 

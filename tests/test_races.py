@@ -24,7 +24,7 @@ def no_broker(monkeypatch):
     return sent
 
 
-def race(*calls):
+def race(*calls, names=None):
     """Run the calls in threads released together; return each one's result or error."""
     barrier = threading.Barrier(len(calls))
     results = [None] * len(calls)
@@ -38,7 +38,9 @@ def race(*calls):
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    threads = [threading.Thread(target=run, args=(i, c),
+                                name=f"race-{names[i] if names else i}")
+               for i, c in enumerate(calls)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -49,10 +51,11 @@ def race(*calls):
 @pytest.mark.django_db(transaction=True)
 def test_destroy_races_kernel_started_and_exactly_one_moves_it_out_of_creating(
         postgres, alice, carol, no_broker):
-    agent = make_agent(slots={"cpu": "64", "mem": "64g"})
+    agent = make_agent(slots={"cpu": "64", "mem": "64g"}, group="race")
     winners = set()
     for i in range(ROUNDS):
-        session = make_session(alice, S.CREATING, agent=agent, name=f"r{i}")
+        session = make_session(alice, S.CREATING, agent=agent, name=f"r{i}",
+                               scaling_group="race")
         kernel = session.kernels.get()
         race(
             lambda s=session: destroy_session(Session.objects.get(pk=s.pk), forced=True,
@@ -77,9 +80,10 @@ def test_destroy_races_kernel_started_and_exactly_one_moves_it_out_of_creating(
 
 @pytest.mark.django_db(transaction=True)
 def test_two_destroys_race_and_one_wins(postgres, alice, bob, carol, no_broker):
-    agent = make_agent(slots={"cpu": "64", "mem": "64g"})
+    agent = make_agent(slots={"cpu": "64", "mem": "64g"}, group="race")
     for i in range(ROUNDS):
-        session = make_session(alice, S.RUNNING, agent=agent, name=f"d{i}")
+        session = make_session(alice, S.RUNNING, agent=agent, name=f"d{i}",
+                               scaling_group="race")
         results = race(*[
             lambda s=session: destroy_session(Session.objects.get(pk=s.pk), actor=alice)
             for _ in range(2)
@@ -92,3 +96,43 @@ def test_two_destroys_race_and_one_wins(postgres, alice, bob, carol, no_broker):
         assert SessionEvent.objects.filter(kernel=kernel, name="kernel_terminating").count() == 1
         assert [n for n, _ in no_broker].count("agent.destroy_kernel") == i + 1
         assert reconcile_usage() == {"agents": [], "keypairs": []}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("locked", [True, False], ids=["schedule", "run_pass-unlocked"])
+def test_racing_scheduler_passes_never_over_allocate(postgres, alice, no_broker, locked,
+                                                     monkeypatch):
+    """Two passes at once: with the group lock they take turns. Without it (run_pass), each
+    pass here sees a different half of the pending sessions, so both snapshots promise the
+    same free slots to different sessions; the allocator's row locks and re-check keep
+    every agent within its capacity."""
+    from scheduling_app.models import ScalingGroup
+    from scheduling_app.scheduler import core, run_pass, schedule
+
+    # A group of its own: the live system's agent heartbeats into `default` meanwhile.
+    agents = [make_agent(f"a{i}", slots={"cpu": "5", "mem": "50g"}, group="race")
+              for i in range(2)]
+    for i in range(40):
+        make_session(alice, name=f"p{i}", resources={"cpu": "1", "mem": "1g"},
+                     scaling_group="race")
+    group = ScalingGroup.objects.get(name="race")
+    if locked:
+        call = lambda: schedule("race")  # noqa: E731
+    else:
+        load = core.load_pending
+
+        def half(group):
+            pending = load(group)
+            odd = threading.current_thread().name.endswith("odd")
+            return [p for p in pending if int(p.name[1:]) % 2 == odd]
+
+        monkeypatch.setattr(core, "load_pending", half)
+        call = lambda: run_pass(group).scheduled  # noqa: E731
+    first, second = race(call, call, names=["even", "odd"])
+    assert not isinstance(first, Exception) and not isinstance(second, Exception)
+    assert len(first) + len(second) == 10
+    for agent in agents:
+        agent.refresh_from_db()
+        assert agent.occupied_slots["cpu"] == "5"
+        assert Kernel.objects.filter(agent=agent, status=S.SCHEDULED).count() == 5
+    assert reconcile_usage() == {"agents": [], "keypairs": []}

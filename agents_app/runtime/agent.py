@@ -1,20 +1,25 @@
-"""The agent process: kernel operations on the local Docker engine and a heartbeat.
+"""The agent process: kernels in the local Docker engine, a heartbeat, and a watch on
+Docker's event stream.
 
 It reports to the manager through Celery tasks on the `manager` queue and never opens a
-database connection (run_agent installs a guard that fails any attempt).
+database connection (run_agent installs a guard that fails any attempt). It keeps no state
+of its own that matters: the labels on its containers are the record of its kernels, so
+it may be killed at any moment and started again.
 """
 
 import logging
 import platform
 import socket
 import threading
+import time
 
-from docker.errors import DockerException
+from docker.errors import DockerException, NotFound
 
 from backendai_web import __version__
 from backendai_web.celery import app
 
 from . import docker_backend as backend
+from .provisioners import KernelRunner
 
 log = logging.getLogger("agent")
 
@@ -31,6 +36,8 @@ class Agent:
         self._client = None
         self._docker_error = None
         self._lock = threading.Lock()
+        self._destroying = set()  # kernel ids this agent is stopping itself
+        self._cpu_samples = {}  # container id → (container cpu ns, system cpu ns)
         self.stopping = threading.Event()
 
     # Docker connection, re-established after the engine comes back.
@@ -50,7 +57,7 @@ class Agent:
             if self._docker_error is None:
                 log.error("Docker engine unreachable (%s); this agent takes no kernels until it "
                           "answers again", exc)
-            self._docker_error = str(exc)
+            self._docker_error = str(exc)[:500]
             return False
         if self._docker_error is not None:
             log.info("Docker engine reachable again")
@@ -71,33 +78,59 @@ class Agent:
         return {"cpu": str(info["NCPU"]), "mem": str(info["MemTotal"])}
 
     def heartbeat_info(self):
+        info = {"id": self.id, "addr": self.addr, "scaling_group": self.scaling_group,
+                "region": self.region, "architecture": platform.machine(),
+                "version": __version__, "taken_at": time.time()}
+        if not self.docker_available():
+            # Still alive, but without Docker: no slots, no kernel list to reconcile.
+            return {**info, "docker_error": self._docker_error, "slots": {}, "images": []}
+        containers = backend.list_kernel_containers(self.docker, self.id)
         return {
-            "id": self.id,
-            "addr": self.addr,
-            "scaling_group": self.scaling_group,
-            "region": self.region,
-            "architecture": platform.machine(),
-            "version": __version__,
+            **info,
+            "docker_error": None,
             "slots": self.slots(),
             "images": backend.kernelspec_images(self.docker),
             "kernels": [
                 {"kernel_id": c.labels.get(backend.KERNEL_ID), "container_id": c.id,
-                 "state": c.status}
-                for c in backend.list_kernel_containers(self.docker, self.id)
+                 "state": c.status, "stat": self.sample(c) if c.status == "running" else {}}
+                for c in containers
             ],
         }
 
+    def sample(self, container):
+        """cpu % (since the previous sample) and memory of a running container."""
+        try:
+            stats = container.stats(stream=False, one_shot=True)
+        except (DockerException, OSError):
+            return {}
+        cpu = stats.get("cpu_stats", {})
+        total = cpu.get("cpu_usage", {}).get("total_usage", 0)
+        system = cpu.get("system_cpu_usage", 0)
+        previous = self._cpu_samples.get(container.id)
+        self._cpu_samples[container.id] = (total, system)
+        memory = stats.get("memory_stats", {})
+        stat = {"mem_bytes": memory.get("usage", 0), "mem_limit": memory.get("limit", 0),
+                "at": time.time()}
+        app = backend.app_activity(container)
+        if app is not None:
+            stat["app"] = app
+        if previous and system > previous[1]:
+            cpus = cpu.get("online_cpus") or 1
+            stat["cpu_percent"] = round((total - previous[0]) / (system - previous[1])
+                                        * cpus * 100, 2)
+        return stat
+
     def heartbeat_once(self):
-        if not self.docker_available():
-            return False
         try:
             info = self.heartbeat_info()
         except (DockerException, OSError) as exc:
-            log.warning("heartbeat skipped: %s", exc)
-            return False
+            log.warning("heartbeat without Docker details: %s", exc)
+            info = {"id": self.id, "addr": self.addr, "scaling_group": self.scaling_group,
+                    "docker_error": str(exc)[:500], "slots": {}, "images": [],
+                    "taken_at": time.time()}
         app.send_task("manager.heartbeat", kwargs={"info": info}, queue="manager",
                       ignore_result=True)
-        return True
+        return info.get("docker_error") is None
 
     def heartbeat_loop(self):
         while not self.stopping.is_set():
@@ -106,6 +139,46 @@ class Agent:
             except Exception:  # a broker hiccup must not end the heartbeat thread
                 log.exception("heartbeat failed")
             self.stopping.wait(self.heartbeat_interval)
+
+    # Docker's event stream: containers that die by themselves, health changes.
+    def watch_events(self):
+        while not self.stopping.is_set():
+            try:
+                since = time.time()
+                stream = self.docker.events(decode=True, since=since, filters={
+                    "type": "container", "label": f"{backend.AGENT_ID}={self.id}"})
+                for event in stream:
+                    self.on_event(event)
+                    if self.stopping.is_set():
+                        break
+            except Exception as exc:  # the engine went away: retry when it answers
+                log.warning("Docker event stream interrupted: %s", exc)
+                self.stopping.wait(2)
+
+    def on_event(self, event):
+        action = event.get("Action") or event.get("status") or ""
+        attributes = event.get("Actor", {}).get("Attributes", {})
+        kernel_id = attributes.get(backend.KERNEL_ID)
+        if not kernel_id:
+            return
+        if action == "die" and kernel_id not in self._destroying:
+            threading.Thread(target=self.reap, args=(kernel_id, event.get("id")),
+                             daemon=True).start()
+        elif action.startswith("health_status"):
+            status = action.split(":", 1)[-1].strip()
+            self.report(kernel_id, "kernel_health", status=status)
+
+    def reap(self, kernel_id, container_id):
+        """A container that ended by itself: keep its log tail, remove everything it
+        held, report the exit."""
+        try:
+            container = self.docker.containers.get(container_id)
+        except NotFound:
+            return  # removed by a destroy meanwhile, which reported
+        exit_code = container.attrs.get("State", {}).get("ExitCode")
+        _, logs = KernelRunner.from_container(self.docker, self.id, container).teardown()
+        self.report(kernel_id, "kernel_terminated", exit_code=exit_code,
+                    reason="self-terminated", log_tail=logs)
 
     # Kernel operations, called by the agent's Celery tasks.
     def check_and_pull(self, kernel_id, image):
@@ -125,12 +198,20 @@ class Agent:
 
     def create_kernel(self, spec):
         kernel_id = spec["kernel_id"]
-        existing = backend.find_kernel_container(self.docker, self.id, kernel_id)
-        if existing is not None:  # a redelivered task: the kernel already has its container
+        existing = backend.find_kernel_container(self.docker, self.id, kernel_id,
+                                                 image=spec["image"])
+        if existing is not None and existing.status == "running":
+            # A redelivered or retried task: the kernel already has its container.
             self.report(kernel_id, "kernel_started", container_id=existing.id)
             return
+        if existing is not None:  # half made by an agent that died: start over
+            self._destroying.add(kernel_id)
+            try:
+                KernelRunner.from_container(self.docker, self.id, existing).teardown()
+            finally:
+                self._destroying.discard(kernel_id)
         try:
-            container = backend.create_kernel_container(self.docker, self.id, spec)
+            _, container = KernelRunner.start(self.docker, self.id, spec)
         except (DockerException, OSError) as exc:
             log.warning("kernel %s failed to start: %s", kernel_id, exc)
             self.report(kernel_id, "creation_failed", error=str(exc)[:500])
@@ -138,14 +219,48 @@ class Agent:
         self.report(kernel_id, "kernel_started", container_id=container.id)
 
     def destroy_kernel(self, kernel_id, container_id="", reason=""):
-        container = backend.find_kernel_container(self.docker, self.id, kernel_id, container_id)
-        if container is None:
-            self.report(kernel_id, "kernel_terminated", exit_code=None, reason=reason)
+        self._destroying.add(kernel_id)
+        try:
+            container = backend.find_kernel_container(self.docker, self.id, kernel_id,
+                                                      container_id)
+            if container is None:
+                self.report(kernel_id, "kernel_terminated", exit_code=None, reason=reason)
+                return
+            exit_code, logs = KernelRunner.from_container(self.docker, self.id,
+                                                          container).teardown()
+            self.report(kernel_id, "kernel_terminated", exit_code=exit_code, reason=reason,
+                        log_tail=logs)
+        finally:
+            self._destroying.discard(kernel_id)
+
+    def remove_dangling(self, container_id):
+        """A container with this agent's labels whose kernel the manager does not know."""
+        try:
+            container = self.docker.containers.get(container_id)
+        except NotFound:
             return
-        grace = int(container.labels.get(backend.GRACE_PERIOD, "10"))
-        exit_code, logs = backend.stop_and_remove(container, grace)
-        self.report(kernel_id, "kernel_terminated", exit_code=exit_code, reason=reason,
-                    log_tail=logs)
+        log.warning("removing dangling container %s (%s)", container.name, container_id[:12])
+        self._destroying.add(container.labels.get(backend.KERNEL_ID, ""))
+        KernelRunner.from_container(self.docker, self.id, container).teardown()
+
+    def logs(self, kernel_id, container_id="", tail=2000):
+        container = backend.find_kernel_container(self.docker, self.id, kernel_id,
+                                                  container_id)
+        if container is None:
+            return None
+        return container.logs(tail=tail).decode("utf-8", "replace")
+
+    def execute(self, kernel_id, container_id, command, timeout=30):
+        container = backend.find_kernel_container(self.docker, self.id, kernel_id,
+                                                  container_id)
+        if container is None:
+            return {"error": "the kernel has no container on this agent"}
+        result = container.exec_run(["timeout", str(int(timeout)), "/bin/sh", "-c", command],
+                                    demux=True)
+        stdout, stderr = result.output or (b"", b"")
+        return {"exit_code": result.exit_code,
+                "stdout": (stdout or b"").decode("utf-8", "replace")[-65536:],
+                "stderr": (stderr or b"").decode("utf-8", "replace")[-65536:]}
 
 
 _current = None

@@ -4,8 +4,11 @@ Labels on a container are the whole record of its kernel (no pickle, no local st
 so that an agent that restarts, or one that never saw the container start, can stop it.
 """
 
+import json
 import logging
 import time
+import urllib.request
+from datetime import datetime
 
 import docker
 from docker.errors import APIError, ImageNotFound, NotFound
@@ -117,33 +120,15 @@ def resource_limits(slots):
     return limits
 
 
-def create_kernel_container(client, agent_id, spec):
-    """Create and start the container; on a failed start the container is removed."""
-    container = client.containers.create(
-        spec["image"],
-        command=kernel_command(spec),
-        name=container_name(spec["image"], spec["kernel_id"]),
-        hostname=spec["cluster_hostname"],
-        labels=kernel_labels(agent_id, spec),
-        environment=kernel_environment(spec),
-        init=True,
-        detach=True,
-        **resource_limits(spec["slots"]),
-    )
-    try:
-        container.start()
-    except Exception:
-        container.remove(force=True)
-        raise
-    return container
-
-
-def find_kernel_container(client, agent_id, kernel_id, container_id=""):
-    if container_id:
-        try:
-            return client.containers.get(container_id)
-        except NotFound:
-            pass
+def find_kernel_container(client, agent_id, kernel_id, container_id="", image=""):
+    """The kernel's container: by id, by its name (when the image is known), else by
+    labels. Looked up by the cheapest key first."""
+    for key in (container_id, container_name(image, kernel_id) if image else ""):
+        if key:
+            try:
+                return client.containers.get(key)
+            except NotFound:
+                pass
     found = client.containers.list(
         all=True, filters={"label": [f"{KERNEL_ID}={kernel_id}", f"{AGENT_ID}={agent_id}"]}
     )
@@ -182,3 +167,39 @@ def kernelspec_images(client):
         for tag in image.tags:
             images.append({"name": tag, "labels": image.labels})
     return images
+
+
+SERVICE_PORTS = "ai.backend.service-ports"
+
+
+def jupyter_port(labels):
+    """The port of a Jupyter-style service the image declares, as Backend.AI labels do:
+    ai.backend.service-ports = "jupyter:http:8888,...". None when there is none."""
+    for entry in (labels.get(SERVICE_PORTS) or "").split(","):
+        parts = entry.strip().split(":")
+        if len(parts) == 3 and parts[0].startswith("jupyter") and parts[2].isdigit():
+            return int(parts[2])
+    return None
+
+
+def app_activity(container, timeout=1.0):
+    """Ask the app's /api/kernels (as Kubeflow's culler does): any kernel busy, and the
+    newest last_activity. None when the image declares no such app or it does not answer."""
+    port = jupyter_port(container.labels)
+    if port is None:
+        return None
+    networks = container.attrs.get("NetworkSettings", {}).get("Networks", {})
+    address = next((n.get("IPAddress") for n in networks.values() if n.get("IPAddress")), "")
+    if not address:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{address}:{port}/api/kernels",
+                                    timeout=timeout) as response:
+            kernels = json.loads(response.read() or b"[]")
+    except (OSError, ValueError):
+        return None
+    busy = any(k.get("execution_state") == "busy" for k in kernels)
+    times = [datetime.fromisoformat(k["last_activity"]) for k in kernels
+             if k.get("last_activity")]
+    last = max(times).isoformat() if times else None
+    return {"busy": busy, "last_activity": last, "kernels": len(kernels)}

@@ -14,6 +14,7 @@ PERIODIC_TASKS = {
     "check progress (timeouts)": ("scheduling.check_progress", 10),
     "sweep pending": ("scheduling.sweep_pending", 30),
     "sweep lost agents": ("scheduling.sweep_lost_agents", 5),
+    "check idle sessions": ("scheduling.check_idle", 15),
 }
 
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import transaction
 
-from backendai_web.celery import send_task_safely
 from sessions_app import clock, engine
 from sessions_app.models import Kernel, Session, Status
 
@@ -86,9 +85,6 @@ def run_pass(group) -> PassResult:
     _cancel(result.cancelled, group.name)
     if group.agent_selection_strategy == "roundrobin" and index.cursor != snap.roundrobin_cursor:
         ScalingGroup.objects.filter(pk=group.pk).update(roundrobin_cursor=index.cursor)
-    if result.scheduled:
-        transaction.on_commit(
-            lambda: send_task_safely("scheduling.check_preconditions", queue="manager"))
     return result
 
 
@@ -104,6 +100,11 @@ class _NoRoomReason:
         if not agents:
             return Failure("no-available-agent",
                            f"no ALIVE agent in scaling group {self.snap.group}")
+        usable = [a for a in agents if a.id not in session.excluded_agents]
+        if not usable:
+            return Failure("no-available-agent",
+                           f"every agent of scaling group {self.snap.group} failed to start this"
+                           f" session (excluded: {', '.join(sorted(session.excluded_agents))})")
         if self.stale:
             self.max_free = ResourceSlots()
             for agent in agents:
@@ -113,12 +114,8 @@ class _NoRoomReason:
         need = session.total if session.cluster_mode == "single-node" else max(
             (k.slots for k in session.kernels), key=lambda s: sorted(s.items()))
         short = need.shortfall(self.max_free) or sorted(k for k, v in need.items() if v)
-        if session.excluded_agents:
-            short_msg = "/".join(short) + " (agents that failed this session are excluded)"
-        else:
-            short_msg = "/".join(short)
         return Failure("agent-resources",
-                       f"no agent with enough free {short_msg} in scaling group "
+                       f"no agent with enough free {'/'.join(short)} in scaling group "
                        f"{self.snap.group}")
 
 
@@ -148,7 +145,7 @@ def _record_waits(waiting):
             "failed_predicates": [{"name": f.name, "msg": f.msg} for f in failures],
             "passed_predicates": [{"name": n} for n in passed],
         }}
-        rows.append(Session(pk=session_id, status_data=data))
+        rows.append((session_id, data))
     engine.set_sessions_status_data(rows)
 
 

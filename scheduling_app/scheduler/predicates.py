@@ -110,6 +110,8 @@ class KnownImage:
     name = "image"
 
     def check(self, session: PendingSession, snap: Snapshot):
+        if not any(a.schedulable for a in snap.agents.values()):
+            return None  # agents report their images: without one alive, nothing is known
         architectures = snap.image_architectures.get(session.image)
         if not architectures:
             return Failure(self.name, f"unknown image {session.image}", permanent=True)

@@ -1,9 +1,12 @@
 """Selectors: which agent gets a session (or each kernel of a multi-node one).
 
-An AgentIndex keeps the schedulable agents ordered for its strategy and re-orders an agent
-when the pass places a kernel on it, so a choice costs a short scan, not one over every
-agent.
+An AgentIndex keeps the schedulable agents ordered for its strategy, one ordered list per
+distinct request shape. Within a pass agents only fill up, so an agent that cannot fit a
+shape never will: it leaves that shape's list for good, and a choice costs a few steps,
+not a scan over every agent.
 """
+
+from bisect import bisect_right
 
 from sortedcontainers import SortedList
 
@@ -22,45 +25,68 @@ class AgentIndex:
     def __init__(self, snap: Snapshot, strategy: str):
         self.snap = snap
         self.strategy = strategy
-        agents = [a for a in snap.agents.values() if a.schedulable]
+        self.agents = [a for a in snap.agents.values() if a.schedulable]
+        self.cursor = snap.roundrobin_cursor
         if strategy == "roundrobin":
-            self.order = sorted(a.id for a in agents)
-            self.cursor = snap.roundrobin_cursor
+            self.order = sorted(a.id for a in self.agents)
             return
         self.key = concentrated_key if strategy == "concentrated" else dispersed_key
-        self.keys = {a.id: self.key(a) for a in agents}
-        self.sorted = SortedList(self.keys.values())
+        self.keys = {a.id: self.key(a) for a in self.agents}
+        self.by_shape = {}  # request shape → SortedList of keys of agents that may fit it
 
-    def candidates(self):
-        if self.strategy == "roundrobin":
-            start = next((i for i, a in enumerate(self.order) if a > self.cursor), 0)
-            for agent_id in self.order[start:] + self.order[:start]:
-                yield self.snap.agents[agent_id]
-        else:
-            for key in self.sorted:
-                yield self.snap.agents[key[-1]]
+    def _shape_list(self, need):
+        shape = tuple(sorted(need.items()))
+        if shape not in self.by_shape:
+            self.by_shape[shape] = SortedList(
+                self.keys[a.id] for a in self.agents if need.fits_in(a.capacity))
+        return self.by_shape[shape]
 
     def first_fit(self, need, excluded=frozenset()):
-        for agent in self.candidates():
+        if self.strategy == "roundrobin":
+            return self._next_in_turn(need, excluded)
+        keys = self._shape_list(need)
+        position = 0
+        while position < len(keys):
+            agent = self.snap.agents[keys[position][-1]]
+            if not need.fits_in(agent.free):
+                del keys[position]  # full for this shape for the rest of the pass
+            elif agent.id in excluded:
+                position += 1
+            else:
+                return agent
+        return None
+
+    def _next_in_turn(self, need, excluded):
+        count = len(self.order)
+        start = bisect_right(self.order, self.cursor)
+        for step in range(count):
+            agent = self.snap.agents[self.order[(start + step) % count]]
             if agent.id not in excluded and need.fits_in(agent.free):
                 return agent
         return None
 
+    def forget_shapes(self):
+        if self.strategy != "roundrobin":
+            self.by_shape.clear()
+
     def placed(self, agent_id):
         """The snapshot's occupancy of this agent changed: re-order it."""
+        self.cursor = agent_id
         if self.strategy == "roundrobin":
-            self.cursor = agent_id
             return
-        self.sorted.remove(self.keys[agent_id])
-        self.keys[agent_id] = self.key(self.snap.agents[agent_id])
-        self.sorted.add(self.keys[agent_id])
+        old, new = self.keys[agent_id], self.key(self.snap.agents[agent_id])
+        self.keys[agent_id] = new
+        for keys in self.by_shape.values():
+            if old in keys:
+                keys.remove(old)
+                keys.add(new)
 
 
 def select(session: PendingSession, index: AgentIndex):
     """A placement {kernel id: agent id}, or None when no agent has room.
 
-    The index follows the placements it returns; the caller commits them to the snapshot
-    (Snapshot.commit) before asking for the next session.
+    The caller commits a placement to the snapshot (Snapshot.commit) and tells the index
+    (AgentIndex.placed) before asking for the next session.
     """
     excluded = session.excluded_agents
     if session.cluster_mode == "single-node":
@@ -70,14 +96,16 @@ def select(session: PendingSession, index: AgentIndex):
     for kernel in session.kernels:
         agent = index.first_fit(kernel.slots, excluded)
         if agent is None:
-            for agent_id, slots in taken:  # undo this session's tentative kernels
-                index.snap.agents[agent_id].occupied -= slots
-                index.placed(agent_id)
-            return None
+            break
         placement[kernel.id] = agent.id
-        agent.occupied = agent.occupied + kernel.slots
-        taken.append((agent.id, kernel.slots))
+        agent.occupied = agent.occupied + kernel.slots  # tentative, for the next kernel
+        taken.append((agent, kernel.slots))
         index.placed(agent.id)
-    for agent_id, slots in taken:  # Snapshot.commit adds them back for good
-        index.snap.agents[agent_id].occupied -= slots
+    for agent, slots in taken:  # undo; Snapshot.commit adds them back for good
+        agent.occupied = agent.occupied - slots
+        index.placed(agent.id)
+    if len(placement) < len(session.kernels):
+        # Tentative kernels may have evicted agents from shape lists they fit again now.
+        index.forget_shapes()
+        return None
     return placement

@@ -61,15 +61,15 @@ def load_pending(group, limit=None):
 def load_snapshot(group, pending):
     cache = {}
     agents = {}
-    for pk, status, schedulable, available, occupied, addr, arch in (
+    for pk, status, schedulable, available, occupied, addr, arch, docker_error in (
         Agent.objects.filter(scaling_group=group).exclude(status=AgentStatus.TERMINATED)
         .values_list("id", "status", "schedulable", "available_slots", "occupied_slots",
-                     "addr", "architecture")
+                     "addr", "architecture", "docker_error")
     ):
         agents[pk] = AgentState(
             id=pk, capacity=_slots(cache, available), occupied=_slots(cache, occupied),
             addr=addr, architecture=arch,
-            schedulable=schedulable and status == AgentStatus.ALIVE,
+            schedulable=schedulable and status == AgentStatus.ALIVE and not docker_error,
         )
     keypairs = {s.keypair_id for s in pending}
     projects = {s.project_id for s in pending}

@@ -41,18 +41,27 @@ class PendingSession:
         return result
 
 
-@dataclass
 class AgentState:
-    id: str
-    capacity: ResourceSlots
-    occupied: ResourceSlots
-    addr: str = ""
-    architecture: str = "x86_64"
-    schedulable: bool = True  # ALIVE and schedulable
+    """An agent in the snapshot; `free` is kept with `occupied`, as selectors read it often."""
+
+    def __init__(self, id, capacity, occupied, addr="", architecture="x86_64",
+                 schedulable=True):
+        self.id, self.capacity, self.addr = id, capacity, addr
+        self.architecture = architecture
+        self.schedulable = schedulable  # ALIVE and schedulable
+        self.occupied = occupied
 
     @property
-    def free(self) -> ResourceSlots:
-        return self.capacity - self.occupied
+    def occupied(self) -> ResourceSlots:
+        return self._occupied
+
+    @occupied.setter
+    def occupied(self, value):
+        self._occupied = value
+        self.free = self.capacity - value
+
+    def __repr__(self):
+        return f"AgentState({self.id!r}, free={dict(self.free)})"
 
     @property
     def utilization(self) -> float:

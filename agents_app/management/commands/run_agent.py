@@ -48,6 +48,7 @@ class Command(BaseCommand):
                               addr=options["addr"]))
         agent.docker_available()  # says in one line when Docker is unreachable
         threading.Thread(target=agent.heartbeat_loop, name="heartbeat", daemon=True).start()
+        threading.Thread(target=agent.watch_events, name="docker-events", daemon=True).start()
         worker = app.Worker(
             queues=[agent_queue(agent.id)], pool="threads", concurrency=options["concurrency"],
             hostname=f"agent-{agent.id}@{socket.gethostname()}", loglevel="INFO",

@@ -1,0 +1,163 @@
+"""Agent latency: create → RUNNING for N sessions in a row, beside raw `docker run -d` of
+the same image measured in the same run; RUNNING → TERMINATED for a container that exits
+on SIGTERM.
+
+Starts its own manager worker and agent (in a scaling group of their own) against the
+configured database and Redis, and stops them afterwards. Latencies come from the state
+engine's own timestamps (status_history), not from polling.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from agents_app.models import Agent, AgentStatus
+from agents_app.runtime.docker_backend import KEEPALIVE
+from scheduling_app.models import ScalingGroup
+from sessions_app.keypairs import main_keypair
+from sessions_app.models import Session, Status
+from sessions_app.services import create_session
+
+ROOT = Path(settings.BASE_DIR)
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def since(session, later, earlier):
+    history = session.status_history
+    from datetime import datetime
+
+    return (datetime.fromisoformat(history[later])
+            - datetime.fromisoformat(history[earlier])).total_seconds()
+
+
+class Command(BaseCommand):
+    help = __doc__.splitlines()[0]
+
+    def add_arguments(self, parser):
+        parser.add_argument("--sessions", type=int, default=20)
+
+    def handle(self, *args, sessions, **opts):
+        tag = f"bench-{uuid.uuid4().hex[:6]}"
+        group = ScalingGroup.objects.create(name=tag)
+        user = get_user_model().objects.create(username=tag)
+        keypair = main_keypair(user)
+        keypair.resource_policy.max_concurrent_sessions = max(
+            keypair.resource_policy.max_concurrent_sessions, sessions + 1)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        celery = str(Path(sys.executable).with_name("celery"))
+        logs = open(ROOT / "var" / f"{tag}.log", "w")  # noqa: SIM115 (for both processes)
+        processes = [
+            subprocess.Popen([celery, "-A", "backendai_web", "worker", "-Q", "manager",
+                              "--pool", "threads", "-c", "4", "-n", f"{tag}@%h",
+                              "--without-gossip", "--without-mingle", "-l", "WARNING"],
+                             cwd=ROOT, env=env, stdout=logs, stderr=logs),
+            subprocess.Popen([sys.executable, "manage.py", "run_agent", "--id", tag,
+                              "--scaling-group", tag, "--heartbeat-interval", "1",
+                              "--slots", "cpu=64,mem=64g"],
+                             cwd=ROOT, env=env, stdout=logs, stderr=logs),
+        ]
+        try:
+            self._wait(lambda: Agent.objects.filter(pk=tag, status=AgentStatus.ALIVE).exists(),
+                       "the agent's first heartbeat")
+            create, terminate = self._ours(keypair, user, tag, sessions)
+            raw = self._raw(sessions)
+        finally:
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.wait(30)
+            Session.objects.filter(scaling_group=group).delete()
+            Agent.objects.filter(pk=tag).delete()
+            user.keypairs.all().delete()
+            user.delete()
+            group.delete()
+        result = {
+            "sessions": sessions,
+            "create_to_running_p50_ms": round(percentile(create, 0.5) * 1000),
+            "create_to_running_p95_ms": round(percentile(create, 0.95) * 1000),
+            "raw_docker_run_p50_ms": round(percentile(raw, 0.5) * 1000),
+            "raw_docker_run_p95_ms": round(percentile(raw, 0.95) * 1000),
+            "ratio_p50": round(statistics.median(create) / statistics.median(raw), 2),
+            "terminate_p50_ms": round(percentile(terminate, 0.5) * 1000),
+            "terminate_p95_ms": round(percentile(terminate, 0.95) * 1000),
+        }
+        self.stdout.write(f"create -> RUNNING  p50 {result['create_to_running_p50_ms']} ms, "
+                          f"p95 {result['create_to_running_p95_ms']} ms")
+        self.stdout.write(f"raw docker run -d  p50 {result['raw_docker_run_p50_ms']} ms, "
+                          f"p95 {result['raw_docker_run_p95_ms']} ms")
+        self.stdout.write(f"ratio (p50)        {result['ratio_p50']} (goal <= 1.5)")
+        self.stdout.write(f"RUNNING -> TERMINATED p50 {result['terminate_p50_ms']} ms, "
+                          f"p95 {result['terminate_p95_ms']} ms (goal p50 <= 1000)")
+        self.stdout.write(json.dumps(result))
+
+    STAGES = [Status.PENDING, Status.SCHEDULED, Status.PREPARING, Status.PREPARED,
+              Status.CREATING, Status.RUNNING]
+
+    def _ours(self, keypair, user, group, count):
+        create, terminate, stages = [], [], {}
+        from sessions_app.lifecycle import destroy_session
+
+        for i in range(count):
+            session = create_session(keypair=keypair, user=user, name=f"b{i}",
+                                     image=settings.DEFAULT_KERNEL_IMAGE, scaling_group=group,
+                                     resources={"cpu": "0.5", "mem": "64m"})
+            self._wait(lambda s=session: self._status(s) in (Status.RUNNING, Status.CANCELLED,
+                                                              Status.TERMINATED), "RUNNING")
+            session.refresh_from_db()
+            if session.status != Status.RUNNING:
+                raise CommandError(f"session {session.name}: {session.status} "
+                                   f"({session.status_info})")
+            create.append(since(session, Status.RUNNING, Status.PENDING))
+            for earlier, later in zip(self.STAGES, self.STAGES[1:], strict=False):
+                stages.setdefault(f"{earlier}->{later}", []).append(
+                    since(session, later, earlier))
+        for session in Session.objects.filter(scaling_group__name=group):
+            destroy_session(session, reason="user-requested")
+            self._wait(lambda s=session: self._status(s) == Status.TERMINATED, "TERMINATED")
+            session.refresh_from_db()
+            terminate.append(since(session, Status.TERMINATED, Status.TERMINATING))
+        for stage, values in stages.items():
+            self.stdout.write(f"  {stage:24} p50 {statistics.median(values) * 1000:6.1f} ms")
+        return create, terminate
+
+    @staticmethod
+    def _raw(count):
+        durations, ids = [], []
+        try:
+            for _ in range(count):
+                started = time.perf_counter()
+                out = subprocess.run(["docker", "run", "-d", "--init",
+                                      settings.DEFAULT_KERNEL_IMAGE, "/bin/sh", "-c",
+                                      KEEPALIVE], capture_output=True, text=True, check=True)
+                durations.append(time.perf_counter() - started)
+                ids.append(out.stdout.strip())
+        finally:
+            if ids:
+                subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
+        return durations
+
+    @staticmethod
+    def _status(session):
+        return Session.objects.filter(pk=session.pk).values_list("status", flat=True).first()
+
+    @staticmethod
+    def _wait(predicate, what, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.01)
+        raise CommandError(f"timed out waiting for {what}")

@@ -1,0 +1,202 @@
+"""A kernel's resources, each set up and torn down by a small provisioner, held by one
+KernelRunner so that a failure part-way tears down what was made, in reverse order.
+
+Dependencies are passed as arguments (the container provisioner is given the volume and
+the network), not gathered in a growing context object. Every resource is named in the
+container's labels, so a runner can be rebuilt from a container alone after a restart.
+"""
+
+import contextlib
+import io
+import logging
+import tarfile
+import threading
+import time
+
+from docker.errors import APIError, NotFound
+
+from . import docker_backend as backend
+
+log = logging.getLogger(__name__)
+
+SCRATCH_VOLUME = "ai.backend.scratch-volume"
+NETWORK = "ai.backend.network"
+PRE_STOP = "ai.backend.pre-stop"
+MIN_GRACE_AFTER_HOOK = 2  # seconds: a pre-stop hook never leaves less than this for SIGTERM
+
+
+class ScratchVolume:
+    """A Docker volume mounted at /home/work: the kernel's scratch space."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def setup(self, kernel_id):
+        return self.client.volumes.create(f"bai-scratch-{kernel_id}",
+                                          labels={backend.KERNEL_ID: kernel_id}).name
+
+    def teardown(self, name):
+        with contextlib.suppress(NotFound):  # already gone
+            self.client.volumes.get(name).remove(force=True)
+
+
+class ClusterNetwork:
+    """A bridge network of the session's own, shared by its kernels on this agent; the
+    last kernel to go removes it."""
+
+    def __init__(self, client):
+        self.client = client
+
+    # Sibling kernels start at the same time; Docker may accept two networks of one name.
+    _creating = threading.Lock()
+
+    def setup(self, session_id, cluster_size):
+        if cluster_size <= 1:
+            return None
+        name = f"bai-session-{session_id}"
+        with self._creating:
+            if self.client.networks.list(names=[name]):
+                return name
+            try:
+                self.client.networks.create(name, driver="bridge", check_duplicate=True,
+                                            labels={backend.SESSION_ID: session_id})
+            except APIError as exc:  # made by another agent process meanwhile
+                if exc.status_code != 409:
+                    raise
+        return name
+
+    def teardown(self, name):
+        if not name:
+            return
+        try:
+            network = self.client.networks.get(name)
+            network.reload()
+            if not network.attrs.get("Containers"):
+                network.remove()
+        except NotFound:
+            pass
+        except APIError as exc:  # still in use by a sibling: it removes it
+            log.info("network %s kept: %s", name, exc)
+
+
+class KernelContainer:
+    def __init__(self, client, agent_id):
+        self.client, self.agent_id = client, agent_id
+
+    def setup(self, spec, volume, network):
+        labels = {**backend.kernel_labels(self.agent_id, spec), SCRATCH_VOLUME: volume,
+                  NETWORK: network or "", PRE_STOP: spec.get("pre_stop_command") or ""}
+        container = self.client.containers.create(
+            spec["image"], command=backend.kernel_command(spec),
+            name=backend.container_name(spec["image"], spec["kernel_id"]),
+            hostname=spec["cluster_hostname"], labels=labels,
+            environment=backend.kernel_environment(spec), init=True, detach=True,
+            volumes={volume: {"bind": "/home/work", "mode": "rw"}},
+            network=network, **backend.resource_limits(spec["slots"]),
+        )
+        try:
+            if network:  # reachable by its cluster hostname from its siblings
+                self.client.networks.get(network).disconnect(container)
+                self.client.networks.get(network).connect(
+                    container, aliases=[spec["cluster_hostname"]])
+            if spec.get("ssh_keypair"):
+                container.put_archive("/", ssh_archive(spec["ssh_keypair"]))
+            container.start()
+        except Exception:
+            container.remove(force=True)
+            raise
+        return container
+
+    def teardown(self, container, grace_period=None):
+        """Stop gracefully (pre-stop hook, SIGTERM, SIGKILL after the grace period), keep
+        the log tail, remove. Returns (exit_code, log_tail); gone or stopped is not an
+        error."""
+        if grace_period is None:
+            grace_period = int(container.labels.get(backend.GRACE_PERIOD, "10"))
+        hook = container.labels.get(PRE_STOP, "")
+        if hook:
+            started = time.monotonic()
+            run_pre_stop(container, hook, grace_period)
+            grace_period = max(grace_period - (time.monotonic() - started),
+                               MIN_GRACE_AFTER_HOOK)
+        return backend.stop_and_remove(container, grace_period)
+
+
+def run_pre_stop(container, command, timeout):
+    """The session's pre-stop command, bounded by the grace period."""
+    try:
+        result = container.exec_run(["timeout", str(max(int(timeout), 1)), "/bin/sh", "-c",
+                                     command])
+        log.info("pre-stop hook of %s exited %s", container.name, result.exit_code)
+    except (APIError, NotFound) as exc:
+        log.info("pre-stop hook of %s not run: %s", container.name, exc)
+
+
+def ssh_archive(keypair):
+    """A tar of /home/work/.ssh with the session's cluster key, for put_archive."""
+    files = {"home/work/.ssh/id_cluster": (keypair["private"], 0o600),
+             "home/work/.ssh/id_cluster.pub": (keypair["public"], 0o644),
+             "home/work/.ssh/authorized_keys": (keypair["public"], 0o644)}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for directory in ("home", "home/work", "home/work/.ssh"):
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode = tarfile.DIRTYPE, 0o700 if directory.endswith("ssh") else 0o755
+            tar.addfile(info)
+        for name, (text, mode) in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class KernelRunner:
+    """The resources of one kernel, torn down together in reverse order."""
+
+    def __init__(self):
+        self.held = []  # (provisioner, resource)
+
+    def setup(self, provisioner, *args):
+        resource = provisioner.setup(*args)
+        self.held.append((provisioner, resource))
+        return resource
+
+    def teardown(self):
+        """Tear down everything held; the container's (exit code, log tail) if it had one."""
+        result = (None, "")
+        for provisioner, resource in reversed(self.held):
+            try:
+                outcome = provisioner.teardown(resource)
+                if isinstance(provisioner, KernelContainer):
+                    result = outcome
+            except Exception:  # the others must still go
+                log.exception("teardown of %s failed", type(provisioner).__name__)
+        self.held.clear()
+        return result
+
+    @classmethod
+    def start(cls, client, agent_id, spec):
+        """Set up the kernel's resources in order; on any failure tear down what was made
+        and raise."""
+        runner = cls()
+        try:
+            volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
+            network = runner.setup(ClusterNetwork(client), spec["session_id"],
+                                   spec["cluster_size"])
+            container = runner.setup(KernelContainer(client, agent_id), spec, volume, network)
+        except Exception:
+            runner.teardown()
+            raise
+        return runner, container
+
+    @classmethod
+    def from_container(cls, client, agent_id, container):
+        """The runner of a container this agent may never have seen start: its labels
+        name every resource."""
+        runner = cls()
+        runner.held = [(ScratchVolume(client), container.labels.get(SCRATCH_VOLUME, "")),
+                       (ClusterNetwork(client), container.labels.get(NETWORK, "")),
+                       (KernelContainer(client, agent_id), container)]
+        runner.held = [(p, r) for p, r in runner.held if r]
+        return runner

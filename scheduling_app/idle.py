@@ -1,0 +1,316 @@
+"""Idle culling: checkers decide how long each RUNNING session may live on, warn its owner
+before the end, and cull it through destroy_session with the checker's reason.
+
+The checkers are plain functions of an IdleSession (plain data) and the time; the pass
+(`check_idle`) loads every RUNNING session in a fixed number of queries, writes every
+report in bulk, and only a culled session costs more queries.
+"""
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+
+from sessions_app import clock, engine
+from sessions_app.bulk import insert_rows
+from sessions_app.events import publish_many_on_commit
+from sessions_app.models import Kernel, Session, SessionEvent, Status
+
+from .models import ScalingGroup
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IdleSession:
+    id: object
+    name: str
+    user_id: int
+    session_type: str
+    starts_at: datetime
+    last_activity: datetime | None = None
+    idle_timeout: int = 0  # seconds, from the owner's resource policy; 0 = off
+    max_lifetime: int = 0
+    batch_timeout: int | None = None
+    requested: frozenset = frozenset({"cpu", "mem"})
+    usage: dict = field(default_factory=dict)  # summarize(): window averages of the samples
+    app: dict | None = None  # {"busy": bool, "last_activity": iso} from a Jupyter-style app
+    checkers: tuple = ()
+    exempt: bool = False
+    status_data: dict = field(default_factory=dict)
+
+    @property
+    def reports(self):
+        """The previous pass's reports, which remember who has been warned."""
+        return self.status_data.get("idle_checks", {})
+
+
+@dataclass
+class Report:
+    """One checker's verdict: the session may live until `deadline` (None: this checker
+    sets no limit now)."""
+
+    checker: str
+    reason: str
+    deadline: datetime | None
+    now: datetime
+    remaining_time_type: str = "expire_after"  # or "grace_period"
+    limit: float = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def remaining(self):
+        return None if self.deadline is None else (self.deadline - self.now).total_seconds()
+
+    def as_dict(self):
+        """What status_data["idle_checks"] keeps: the deadline, which stays put until
+        activity moves it, so that an unchanged session is not rewritten every pass; the
+        API derives `remaining` from it (remaining_for)."""
+        return {"expires_at": self.deadline and self.deadline.isoformat(),
+                "remaining_time_type": self.remaining_time_type, "reason": self.reason,
+                **self.extra}
+
+
+def remaining_for(report, now):
+    """A stored report as the API shows it: seconds left, from its deadline."""
+    expires_at = report.get("expires_at")
+    remaining = None if expires_at is None else max(
+        0.0, round((datetime.fromisoformat(expires_at) - now).total_seconds(), 1))
+    return {**report, "remaining": remaining}
+
+
+def network_timeout(s: IdleSession, now):
+    if s.session_type == "batch" or not s.idle_timeout:
+        return None
+    if s.app is not None:
+        return None  # a Jupyter-style app says better than traffic whether work goes on
+    last = max(filter(None, [s.starts_at, s.last_activity]))
+    return Report("network-timeout", "idle-timeout", last + seconds(s.idle_timeout), now,
+                  limit=s.idle_timeout, extra={"last_activity": last.isoformat()})
+
+
+def session_lifetime(s: IdleSession, now):
+    if not s.max_lifetime:
+        return None
+    return Report("session-lifetime", "max-lifetime-exceeded",
+                  s.starts_at + seconds(s.max_lifetime), now, limit=s.max_lifetime)
+
+
+def batch_timeout(s: IdleSession, now):
+    if s.session_type != "batch" or not s.batch_timeout:
+        return None
+    return Report("batch-timeout", "batch-timeout", s.starts_at + seconds(s.batch_timeout),
+                  now, limit=s.batch_timeout)
+
+
+def app_activity(s: IdleSession, now):
+    """Kubeflow's rule: any app kernel busy is activity now; else its newest activity."""
+    if s.app is None or not s.idle_timeout:
+        return None
+    if s.app.get("busy"):
+        last = now
+    else:
+        reported = s.app.get("last_activity")
+        last = datetime.fromisoformat(reported) if reported else s.starts_at
+        last = max(last, s.starts_at)
+    return Report("app-activity", "idle-timeout", last + seconds(s.idle_timeout), now,
+                  limit=s.idle_timeout,
+                  extra={"app_busy": bool(s.app.get("busy")), "last_activity": last.isoformat()})
+
+
+def utilization(s: IdleSession, now):
+    """Average cpu % and mem % over the window below the thresholds (all of them with
+    `and`, any with `or`) after an initial grace period. Resources the session did not
+    request are not judged."""
+    config = settings.IDLE_UTILIZATION
+    thresholds = {k: v for k, v in config["thresholds"].items() if k in s.requested}
+    if not thresholds:
+        return None
+    grace_ends = s.starts_at + seconds(config["initial_grace_period"])
+    if grace_ends > now:
+        return Report("utilization", "utilization-idle", grace_ends, now, "grace_period",
+                      limit=config["initial_grace_period"])
+    window = config["window"]
+    usage = s.usage or {}
+    averages = {k: usage[k] for k in thresholds if usage.get(k) is not None}
+    # The samples must reach back over the whole window, and be fresh.
+    until = usage.get("until", 0)
+    covered = (until >= now.timestamp() - STALE_AFTER
+               and usage.get("since", until) <= until - window + SLACK)
+    extra = {"averages": averages, "thresholds": thresholds, "window": window,
+             "combine": config["combine"]}
+    if not covered or set(averages) != set(thresholds):
+        return Report("utilization", "utilization-idle", None, now, extra=extra)  # too few
+    idle = [averages[k] < thresholds[k] for k in thresholds]
+    is_idle = all(idle) if config["combine"] == "and" else any(idle)
+    # Idle over the whole window: cull now. Busy: no deadline while it stays busy.
+    return Report("utilization", "utilization-idle", now if is_idle else None, now,
+                  limit=window, extra=extra)
+
+
+def seconds(value):
+    return timedelta(seconds=value)
+
+
+SLACK = 5  # seconds of sampling jitter tolerated
+STALE_AFTER = 30  # seconds: older samples mean the agent stopped reporting
+
+
+def summarize(samples, window):
+    """Averages of [time, cpu %, mem %] samples over the window that ends at the newest:
+    {"cpu", "mem", "since", "until", "count"}, where "since" is how far back the samples
+    reach (at most the window's start). Kept beside the samples at each heartbeat, so that
+    a culling pass reads a few numbers per session instead of the samples."""
+    if not samples:
+        return {}
+    until = samples[-1][0]
+    start = until - window
+    recent = [s for s in samples if s[0] >= start]
+    summary = {"since": max(samples[0][0], start), "until": until, "count": len(recent)}
+    for index, name in ((1, "cpu"), (2, "mem")):
+        values = [s[index] for s in recent if s[index] is not None]
+        summary[name] = round(sum(values) / len(values), 1) if values else None
+    return summary
+
+
+CHECKERS = {"network-timeout": network_timeout, "session-lifetime": session_lifetime,
+            "utilization": utilization, "app-activity": app_activity,
+            "batch-timeout": batch_timeout}
+
+
+def warning_lead(report):
+    """How long before a cull the owner is warned: the setting, or half the limit when
+    that is shorter."""
+    lead = settings.IDLE_WARNING_BEFORE
+    return min(lead, report.limit / 2) if report.limit else lead
+
+
+def evaluate(s: IdleSession, now):
+    """Every enabled checker's report, and what follows: ("cull", report),
+    ("warn", report), ("unwarn", report) or nothing."""
+    names = s.checkers or tuple(settings.IDLE_DEFAULT_CHECKERS)
+    reports = [r for r in (CHECKERS[n](s, now) for n in names if n in CHECKERS) if r]
+    actions = []
+    if s.exempt:
+        return reports, actions
+    for report in reports:
+        previous = s.reports.get(report.checker, {})
+        if report.remaining is None:
+            continue
+        if report.remaining <= 0:
+            actions.append(("cull", report))
+        elif report.remaining <= warning_lead(report) and report.remaining_time_type != \
+                "grace_period":
+            if not previous.get("warned"):
+                actions.append(("warn", report))
+        elif previous.get("warned"):
+            actions.append(("unwarn", report))
+    culls = [a for a in actions if a[0] == "cull"]
+    if culls:  # one cull is enough: the most overdue checker's reason
+        return reports, [min(culls, key=lambda a: a[1].remaining)]
+    return reports, actions
+
+
+# The pass
+
+def load_running():
+    """Every RUNNING session as IdleSession, in three queries."""
+    sessions = {}
+    checkers_of = {pk: tuple(names or ()) for pk, names in
+                   ScalingGroup.objects.values_list("id", "idle_checkers")}
+    for row in Session.objects.filter(status=Status.RUNNING).values_list(
+            "id", "name", "user_id", "session_type", "starts_at", "last_activity",
+            "keypair__resource_policy__idle_timeout",
+            "keypair__resource_policy__max_session_lifetime", "batch_timeout",
+            "requested_slots", "scaling_group_id", "idle_exempt", "status_data"):
+        (pk, name, user_id, stype, starts, last, idle, lifetime, batch, requested, group,
+         exempt, data) = row
+        sessions[pk] = IdleSession(
+            id=pk, name=name, user_id=user_id, session_type=stype,
+            starts_at=starts or clock.now(), last_activity=last, idle_timeout=idle,
+            max_lifetime=lifetime, batch_timeout=batch, requested=frozenset(requested),
+            checkers=checkers_of.get(group, ()), exempt=exempt, status_data=data)
+    for session_id, usage, app in Kernel.objects.filter(
+            session__status=Status.RUNNING, cluster_role=Kernel.ClusterRole.MAIN
+    ).values_list("session_id", "last_stat__usage", "last_stat__app"):
+        if session_id in sessions:
+            sessions[session_id].usage = usage or {}
+            sessions[session_id].app = app
+    return sessions
+
+
+def check_idle():
+    """One pass: reports for every RUNNING session, warnings, culls. Returns the culled
+    session ids."""
+    now = clock.now()
+    rows, warnings, culls = [], [], []
+    for s in load_running().values():
+        reports, actions = evaluate(s, now)
+        data = {r.checker: r.as_dict() for r in reports}
+        for checker, previous in s.reports.items():  # who was warned stays warned
+            if previous.get("warned") and checker in data:
+                data[checker]["warned"] = True
+        for action, report in actions:
+            if action == "cull":
+                culls.append((s, report))
+            elif action == "warn":
+                data[report.checker]["warned"] = True
+                warnings.append((s, report, "session_idle_warning"))
+            else:  # activity after the warning
+                data[report.checker].pop("warned", None)
+                warnings.append((s, report, "session_idle_warning_cancelled"))
+        if data != s.reports:  # deadlines stay put: most sessions need no write
+            rows.append((s.id, {**s.status_data, "idle_checks": data}))
+    with transaction.atomic():
+        engine.set_sessions_status_data(rows)  # RUNNING sessions' status_data is ours
+        _record_warnings(warnings, now)
+    return [s.id for s, report in culls if _cull(s, report)]
+
+
+def _record_warnings(warnings, now):
+    if not warnings:
+        return
+    rows, messages = [], []
+    for s, report, name in warnings:
+        data = {"checker": report.checker, "remaining": round(report.remaining, 1)}
+        reason = report.reason
+        rows.append((s.id, None, name, Status.RUNNING, Status.RUNNING, reason, "system", data,
+                     now))
+        messages.append((_Ref(s), name, {
+            "kernel_id": None, "status": Status.RUNNING, "previous_status": Status.RUNNING,
+            "reason": reason, "at": now, "data": data}))
+    insert_rows(SessionEvent, ["session", "kernel", "name", "from_status", "to_status",
+                               "reason", "actor", "data", "created_at"], rows)
+    publish_many_on_commit(messages)
+
+
+class _Ref:
+    __slots__ = ("pk", "name", "user_id")
+
+    def __init__(self, s):
+        self.pk, self.name, self.user_id = s.id, s.name, s.user_id
+
+
+def _cull(s, report):
+    from sessions_app.lifecycle import DestroyRefused, destroy_session
+
+    session = Session.objects.filter(pk=s.id, status=Status.RUNNING).first()
+    if session is None:
+        return None
+    try:
+        destroy_session(session, reason=report.reason)
+    except DestroyRefused as exc:
+        log.info("idle cull of %s refused: %s", s.id, exc.message)
+        return None
+    log.info("culled session %s (%s): %s", s.name, s.id, report.reason)
+    return True
+
+
+def add_sample(history, sample, keep_seconds=None):
+    """Append [time, cpu %, mem %] and drop what is older than the window needs."""
+    keep = keep_seconds or 2 * settings.IDLE_UTILIZATION["window"] + 60
+    cutoff = sample[0] - keep
+    return [s for s in history if s[0] >= cutoff] + [sample]
+

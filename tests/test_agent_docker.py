@@ -1,0 +1,226 @@
+"""The Docker agent against a real engine, through the live system."""
+
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+
+import pytest
+
+from agents_app.models import Image
+from sessions_app.models import Kernel, Session, SessionEvent, Status
+from tests.conftest import IMAGE, need, wait_for
+
+pytestmark = pytest.mark.docker
+S = Status
+
+
+def create(client, name, **body):
+    body.setdefault("image", IMAGE)
+    body.setdefault("resources", {"cpu": "0.5", "mem": "128m"})
+    response = client.post("/api/v1/sessions/", {"name": name, **body},
+                           content_type="application/json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def wait_status(session_id, status, timeout=30):
+    return wait_for(lambda: Session.objects.get(pk=session_id).status == status,
+                    timeout=timeout, message=f"{status}")
+
+
+def events(session_id):
+    return list(SessionEvent.objects.filter(session_id=session_id)
+                .values_list("name", flat=True))
+
+
+@pytest.fixture
+def as_alice(client, alice):
+    client.force_login(alice)
+    return client
+
+
+def test_batch_session_reports_its_result_and_exit_code(live, as_alice):
+    ok = create(as_alice, "ok", session_type="batch", startup_command="echo done; exit 0")
+    bad = create(as_alice, "bad", session_type="batch", startup_command="echo oops; exit 3")
+    wait_status(ok, S.TERMINATED)
+    wait_status(bad, S.TERMINATED)
+    ok_session, bad_session = Session.objects.get(pk=ok), Session.objects.get(pk=bad)
+    assert (ok_session.result, bad_session.result) == ("success", "failure")
+    assert ok_session.kernels.get().exit_code == 0
+    bad_kernel = bad_session.kernels.get()
+    assert (bad_kernel.exit_code, bad_kernel.status_info) == (3, "self-terminated")
+    assert "session_success" in events(ok) and "session_failure" in events(bad)
+    assert as_alice.get(f"/api/v1/sessions/{bad}/logs/").json() == {
+        "logs": "oops\n", "source": "kept"}
+
+
+def test_a_container_ignoring_sigterm_is_killed_when_its_grace_period_ends(live, as_alice):
+    grace = 3
+    session_id = create(as_alice, "stubborn", grace_period=grace, session_type="batch",
+                        startup_command="trap '' TERM; while :; do sleep 1; done")
+    wait_status(session_id, S.RUNNING)
+    started = time.monotonic()
+    as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    wait_status(session_id, S.TERMINATED, timeout=grace + 15)
+    took = time.monotonic() - started
+    assert grace - 0.5 <= took <= grace + 3, took
+    kernel = Kernel.objects.get(session_id=session_id)
+    assert kernel.exit_code == 137  # SIGKILL
+
+
+def test_pre_stop_hook_runs_before_sigterm_and_the_log_tail_is_kept(live, as_alice,
+                                                                   docker_client):
+    session_id = create(as_alice, "hooked", grace_period=5,
+                        startup_command="echo started",
+                        pre_stop_command="echo pre-stop-ran > /proc/1/fd/1")
+    wait_status(session_id, S.RUNNING)
+    kernel = Kernel.objects.get(session_id=session_id)
+    container = docker_client.containers.get(kernel.container_id)
+    assert container.labels["ai.backend.pre-stop"] == "echo pre-stop-ran > /proc/1/fd/1"
+    assert container.labels["ai.backend.grace-period"] == "5"
+    volume = container.labels["ai.backend.scratch-volume"]
+    as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    wait_status(session_id, S.TERMINATED)
+    kernel.refresh_from_db()
+    assert kernel.exit_code == 0
+    assert "started" in kernel.log_tail and "pre-stop-ran" in kernel.log_tail
+    assert not docker_client.volumes.list(filters={"name": volume})
+
+
+def test_logs_and_execute_go_through_the_agent(live, as_alice):
+    session_id = create(as_alice, "tools", startup_command="echo hello from the kernel")
+    wait_status(session_id, S.RUNNING)
+    logs = wait_for(lambda: "hello" in as_alice.get(f"/api/v1/sessions/{session_id}/logs/")
+                    .json()["logs"] and True, message="the log line")
+    assert logs
+    response = as_alice.post(f"/api/v1/sessions/{session_id}/execute/",
+                             {"command": "echo out; echo err >&2; exit 4"},
+                             content_type="application/json")
+    assert response.json() == {"exit_code": 4, "stdout": "out\n", "stderr": "err\n"}
+    timed = as_alice.post(f"/api/v1/sessions/{session_id}/execute/",
+                          {"command": "sleep 30", "timeout": 1},
+                          content_type="application/json").json()
+    assert timed["exit_code"] != 0  # stopped by the timeout, not after 30 s
+    as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    wait_status(session_id, S.TERMINATED)
+    response = as_alice.post(f"/api/v1/sessions/{session_id}/execute/", {"command": "true"},
+                             content_type="application/json")
+    assert response.status_code == 409
+    assert "commands run only while it is RUNNING" in response.json()["msg"]
+
+
+def test_a_container_that_dies_by_itself_is_self_terminated(live, as_alice, docker_client):
+    session_id = create(as_alice, "dies")
+    wait_status(session_id, S.RUNNING)
+    kernel = Kernel.objects.get(session_id=session_id)
+    docker_client.containers.get(kernel.container_id).kill()
+    wait_status(session_id, S.TERMINATED)
+    kernel.refresh_from_db()
+    assert (kernel.status_info, kernel.exit_code) == ("self-terminated", 137)
+    assert not docker_client.containers.list(
+        all=True, filters={"label": f"ai.backend.kernel-id={kernel.pk}"})
+
+
+def test_cluster_session_has_its_network_hostnames_and_shared_ssh_key(live, as_alice,
+                                                                       docker_client):
+    session_id = create(as_alice, "cluster", cluster_size=2,
+                        resources={"cpu": "0.25", "mem": "64m"})
+    wait_status(session_id, S.RUNNING)
+    session = Session.objects.get(pk=session_id)
+    network = f"bai-session-{session_id}"
+    assert docker_client.networks.list(names=[network])
+    pinged = as_alice.post(f"/api/v1/sessions/{session_id}/execute/",
+                           {"command": "ping -c1 -W2 sub1 >/dev/null && echo reachable; "
+                                       "echo $BACKENDAI_CLUSTER_HOST $BACKENDAI_CLUSTER_SIZE; "
+                                       "cat /home/work/.ssh/id_cluster.pub"},
+                           content_type="application/json").json()
+    assert pinged["exit_code"] == 0, pinged
+    lines = pinged["stdout"].splitlines()
+    assert lines[0] == "reachable" and lines[1] == "main1 2"
+    assert lines[2] + "\n" == session.cluster_ssh["public"]
+    sub = session.kernels.get(cluster_role="sub")
+    in_sub = docker_client.containers.get(sub.container_id).exec_run(
+        ["cat", "/home/work/.ssh/authorized_keys"]).output.decode()
+    assert in_sub == session.cluster_ssh["public"]
+    as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    wait_status(session_id, S.TERMINATED)
+    assert not docker_client.networks.list(names=[network])
+
+
+@pytest.fixture(scope="session")
+def registry(docker_client, tmp_path_factory):
+    """Debian's docker-registry on 127.0.0.1:5000, holding a copy of the kernel image."""
+    binary = shutil.which("docker-registry")
+    need("docker-registry", None if binary else "the docker-registry package is not installed")
+    root = tmp_path_factory.mktemp("registry")
+    config = root / "config.yml"
+    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
+                      "  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:5000\n")
+    process = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: _answers("127.0.0.1", 5000), timeout=15, message="the registry")
+        yield "localhost:5000"
+    finally:
+        os.killpg(process.pid, 15)
+        process.wait(10)
+
+
+def _answers(host, port):
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_an_image_missing_on_the_agent_is_pulled_from_the_registry(live, as_alice, registry,
+                                                                     docker_client):
+    remote = f"{registry}/bai-local/busybox:pulltest"
+    docker_client.images.get(IMAGE).tag(remote)
+    for line in docker_client.images.push(remote, stream=True, decode=True):
+        assert "error" not in line, line
+    docker_client.images.remove(remote)
+    Image.objects.create(name=remote, registry=registry)
+    session_id = create(as_alice, "pulled", image=remote)
+    wait_status(session_id, S.RUNNING, timeout=60)
+    names = events(session_id)
+    assert names.index("kernel_pulling") < names.index("kernel_prepared") < \
+        names.index("kernel_started")
+    pulling = SessionEvent.objects.get(session_id=session_id, name="kernel_pulling")
+    assert pulling.data["image"] == remote
+    as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    wait_status(session_id, S.TERMINATED)
+    docker_client.images.remove(remote, force=True)
+
+
+@pytest.fixture(scope="session")
+def unhealthy_image(docker_client):
+    name = "bai-local/unhealthy:test"
+    dockerfile = (f"FROM {IMAGE}\nHEALTHCHECK --interval=1s --timeout=1s --retries=1 "
+                  "CMD false\n").encode()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+    buffer.seek(0)
+    docker_client.images.build(fileobj=buffer, custom_context=True, tag=name)
+    yield name
+    docker_client.images.remove(name, force=True)
+
+
+def test_an_unhealthy_container_is_reported_not_killed(live, as_alice, unhealthy_image):
+    Image.objects.get_or_create(name=unhealthy_image)
+    session_id = create(as_alice, "sick", image=unhealthy_image)
+    wait_status(session_id, S.RUNNING)
+    wait_for(lambda: "kernel_unhealthy" in events(session_id), timeout=20,
+             message="the unhealthy event")
+    assert Session.objects.get(pk=session_id).status == S.RUNNING
+    as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    wait_status(session_id, S.TERMINATED)

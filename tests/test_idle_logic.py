@@ -1,0 +1,189 @@
+"""Idle checkers on plain data with a fixed clock, and the pass on the database with
+frozen time."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import time_machine
+
+from scheduling_app import idle
+from scheduling_app.models import ResourcePolicy, default_of
+from sessions_app import activity, clock
+from sessions_app.models import Session, SessionEvent, Status
+from tests.factories import make_agent, make_session
+
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def session(**kw):
+    kw.setdefault("starts_at", T0)
+    return idle.IdleSession(id="s", name="s", user_id=1, session_type=kw.pop("type",
+                                                                             "interactive"),
+                            **kw)
+
+
+def at(seconds):
+    return T0 + timedelta(seconds=seconds)
+
+
+def test_network_timeout_counts_from_the_last_activity():
+    s = session(idle_timeout=600, last_activity=at(100))
+    report = idle.network_timeout(s, at(400))
+    assert (report.remaining, report.reason, report.remaining_time_type) == (
+        300, "idle-timeout", "expire_after")
+    assert idle.network_timeout(session(idle_timeout=0), at(9999)) is None  # 0 = off
+    assert idle.network_timeout(session(idle_timeout=60, type="batch"), at(9999)) is None
+
+
+def test_lifetime_and_batch_timeout():
+    assert idle.session_lifetime(session(max_lifetime=3600), at(3000)).remaining == 600
+    assert idle.session_lifetime(session(max_lifetime=3600), at(3000)).reason == \
+        "max-lifetime-exceeded"
+    report = idle.batch_timeout(session(type="batch", batch_timeout=60), at(61))
+    assert (report.remaining, report.reason) == (-1, "batch-timeout")
+    assert idle.batch_timeout(session(batch_timeout=60), at(61)) is None  # interactive
+
+
+def test_warning_before_the_cull_then_cull_and_activity_cancels_the_warning(settings):
+    settings.IDLE_WARNING_BEFORE = 300
+    s = session(idle_timeout=3600)
+    _, actions = idle.evaluate(s, at(3000))
+    assert actions == []
+    _, actions = idle.evaluate(s, at(3400))  # 200 s left: warn once
+    assert [(a, r.checker) for a, r in actions] == [("warn", "network-timeout")]
+    s.status_data = {"idle_checks": {"network-timeout": {"warned": True}}}
+    assert idle.evaluate(s, at(3500))[1] == []  # not twice
+    s.last_activity = at(3450)  # the owner came back
+    assert [a for a, _ in idle.evaluate(s, at(3500))[1]] == ["unwarn"]
+    s.last_activity = None
+    _, actions = idle.evaluate(s, at(3600))
+    assert [(a, r.reason) for a, r in actions] == [("cull", "idle-timeout")]
+
+
+def test_a_short_limit_is_warned_at_half_its_length(settings):
+    settings.IDLE_WARNING_BEFORE = 300
+    s = session(idle_timeout=10)
+    assert idle.evaluate(s, at(4))[1] == []
+    assert [a for a, _ in idle.evaluate(s, at(6))[1]] == ["warn"]
+
+
+def test_utilization_runs_only_where_a_scaling_group_asks_for_it(settings):
+    settings.IDLE_UTILIZATION = {"window": 60, "initial_grace_period": 0,
+                                 "thresholds": {"cpu": 1.0, "mem": 1.0}, "combine": "and"}
+    quiet = session(usage=usage(0, 0, start=0))
+    assert idle.evaluate(quiet, at(200))[1] == []  # the default checkers leave it alone
+    quiet.checkers = ("utilization",)
+    assert [(a, r.reason) for a, r in idle.evaluate(quiet, at(200))[1]] == [
+        ("cull", "utilization-idle")]
+
+
+def test_exempt_sessions_are_reported_but_never_culled():
+    s = session(idle_timeout=10, exempt=True)
+    reports, actions = idle.evaluate(s, at(100))
+    assert reports[0].remaining == -90 and actions == []
+
+
+@pytest.fixture
+def utilization_settings(settings):
+    settings.IDLE_UTILIZATION = {"window": 60, "initial_grace_period": 120,
+                                 "thresholds": {"cpu": 1.0, "mem": 1.0}, "combine": "and"}
+    return settings.IDLE_UTILIZATION
+
+
+def usage(cpu, mem, start=100, end=200, step=5, window=60):
+    samples = [[at(t).timestamp(), cpu, mem] for t in range(start, end + 1, step)]
+    return idle.summarize(samples, window)
+
+
+def test_utilization_grace_period_then_idle_or_busy(utilization_settings):
+    report = idle.utilization(session(usage=usage(0, 0)), at(100))
+    assert (report.remaining, report.remaining_time_type) == (20, "grace_period")
+    idle_report = idle.utilization(session(usage=usage(0.2, 0.5)), at(200))
+    assert idle_report.remaining == 0 and idle_report.reason == "utilization-idle"
+    assert idle_report.extra["averages"] == {"cpu": 0.2, "mem": 0.5}
+    busy = idle.utilization(session(usage=usage(80, 0.5)), at(200))
+    assert busy.remaining is None  # "and": cpu is busy, so not idle: no deadline
+
+
+def test_utilization_or_combination_and_unrequested_resources(utilization_settings):
+    utilization_settings["combine"] = "or"
+    assert idle.utilization(session(usage=usage(80, 0.5)), at(200)).remaining == 0
+    utilization_settings["combine"] = "and"
+    utilization_settings["thresholds"]["cuda.device"] = 5
+    # cuda was not requested: only cpu and mem are judged
+    report = idle.utilization(session(usage=usage(0, 0)), at(200))
+    assert report.remaining == 0 and set(report.extra["thresholds"]) == {"cpu", "mem"}
+
+
+def test_utilization_needs_samples_over_the_whole_window(utilization_settings):
+    report = idle.utilization(session(usage=usage(0, 0, start=190)), at(200))
+    assert report.remaining is None  # only 10 s of samples: no verdict
+
+
+def test_app_activity_busy_is_activity_now_idle_uses_its_last_activity():
+    s = session(idle_timeout=600, app={"busy": True}, last_activity=None)
+    assert idle.app_activity(s, at(5000)).remaining == 600
+    s.app = {"busy": False, "last_activity": at(4800).isoformat()}
+    assert idle.app_activity(s, at(5000)).remaining == 400
+    assert idle.network_timeout(s, at(5000)) is None  # the app decides, not the traffic
+
+
+# The pass, on the database
+
+
+
+def test_the_pass_warns_records_reports_and_culls_through_destroy(alice, settings, sent):
+    settings.IDLE_WARNING_BEFORE = 300
+    policy = default_of(ResourcePolicy)
+    policy.idle_timeout = 600
+    policy.save()
+    make_agent()
+    session = make_session(alice, Status.RUNNING)
+    started = session.starts_at
+    with time_machine.travel(started + timedelta(seconds=400), tick=False):
+        assert idle.check_idle() == []
+    session.refresh_from_db()
+    report = session.status_data["idle_checks"]["network-timeout"]
+    assert report["warned"] is True
+    assert report["expires_at"] == (started + timedelta(seconds=600)).isoformat()
+    assert idle.remaining_for(report, started + timedelta(seconds=400))["remaining"] == 200
+    warning = SessionEvent.objects.get(session=session, name="session_idle_warning")
+    assert warning.reason == "idle-timeout" and warning.data["remaining"] == 200
+    with time_machine.travel(started + timedelta(seconds=450), tick=False):
+        activity.touch(session.pk, alice)
+        idle.check_idle()
+    assert SessionEvent.objects.filter(session=session,
+                                       name="session_idle_warning_cancelled").exists()
+    with time_machine.travel(started + timedelta(seconds=1051), tick=False):
+        assert idle.check_idle() == [session.pk]
+    session.refresh_from_db()
+    assert (session.status, session.status_info) == (Status.TERMINATING, "idle-timeout")
+
+
+def test_the_pass_costs_the_same_queries_for_few_or_many_sessions(
+        alice, django_assert_num_queries, settings):
+    policy = default_of(ResourcePolicy)
+    policy.max_session_lifetime = 10**6
+    policy.save()
+    make_agent(slots={"cpu": "100", "mem": "100g"})
+    for i in range(3):
+        make_session(alice, Status.RUNNING, name=f"a{i}")
+    # three reads (groups, sessions, kernels), one bulk UPDATE, a savepoint and release
+    with django_assert_num_queries(6):
+        idle.check_idle()
+    for i in range(12):
+        make_session(alice, Status.RUNNING, name=f"b{i}")
+    with django_assert_num_queries(6):
+        idle.check_idle()
+
+
+def test_owner_activity_is_recorded_by_the_api_but_not_an_admins_look(alice, carol, client):
+    make_agent()
+    session = make_session(alice, Status.RUNNING)
+    client.force_login(carol)
+    client.get(f"/api/v1/sessions/{session.pk}/")
+    assert Session.objects.get(pk=session.pk).last_activity is None
+    client.force_login(alice)
+    client.get(f"/api/v1/sessions/{session.pk}/")
+    assert Session.objects.get(pk=session.pk).last_activity is not None
+    assert clock.now() >= Session.objects.get(pk=session.pk).last_activity

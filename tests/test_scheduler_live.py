@@ -1,0 +1,91 @@
+"""Scheduler handlers against the live system: a real agent, real Docker, real pulls."""
+
+import time
+
+import pytest
+
+from agents_app.models import Agent, AgentStatus, Image
+from scheduling_app import handlers
+from scheduling_app.models import ScalingGroup
+from sessions_app.models import Kernel, Session, SessionEvent, Status
+from tests.conftest import IMAGE, wait_for
+
+pytestmark = pytest.mark.docker
+S = Status
+
+
+def create(client, name, image=IMAGE, cpu="1"):
+    response = client.post("/api/v1/sessions/", {
+        "name": name, "image": image, "resources": {"cpu": cpu, "mem": "128m"},
+    }, content_type="application/json")
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def status_of(session_id):
+    return Session.objects.get(pk=session_id).status
+
+
+def test_a_pull_from_an_unreachable_registry_is_retried_then_rescheduled(live, alice, client):
+    image = "127.0.0.1:9/nowhere/busybox:latest"  # nothing listens on port 9
+    Image.objects.create(name=image, registry="127.0.0.1:9")
+    client.force_login(alice)
+    session_id = create(client, "unreachable", image)
+
+    def rescheduled():
+        session = Session.objects.get(pk=session_id)
+        return session.status_data.get("scheduler", {}).get("excluded_agents") and session
+
+    session = wait_for(rescheduled, timeout=60, message="the session to be rescheduled")
+    assert session.status_data["scheduler"]["excluded_agents"] == [live.agent_id]
+    tries = SessionEvent.objects.filter(session_id=session_id, name="kernel_pulling")
+    retries = SessionEvent.objects.filter(session_id=session_id,
+                                          name="kernel_retry_preparing")
+    assert tries.count() >= 1 and retries.count() == 2  # three tries in all
+    assert "connection refused" in retries.last().reason
+    # No other agent: it waits, saying why, instead of failing on the same agent again.
+    reason = wait_for(lambda: Session.objects.get(pk=session_id).status_data["scheduler"]
+                      .get("failed_predicates"), message="a pending reason")
+    assert reason[0]["msg"] == (f"every agent of scaling group default failed to start this "
+                                f"session (excluded: {live.agent_id})")
+    assert status_of(session_id) == S.PENDING
+    assert Agent.objects.get(pk=live.agent_id).occupied_slots.get("cpu", "0") == "0"
+
+
+def test_a_pending_session_past_its_timeout_is_cancelled(live, alice, client):
+    ScalingGroup.objects.filter(name="default").update(pending_timeout=2)
+    client.force_login(alice)
+    full = create(client, "fills", cpu="2")
+    wait_for(lambda: status_of(full) == S.RUNNING, message="RUNNING")
+    waiting = create(client, "waits")
+    time.sleep(2.5)
+    assert status_of(waiting) == S.PENDING
+    assert handlers.sweep_pending() == 1
+    session = Session.objects.get(pk=waiting)
+    assert (session.status, session.status_info) == (S.CANCELLED, "pending-timeout")
+    assert status_of(full) == S.RUNNING
+    client.delete(f"/api/v1/sessions/{full}/")
+    wait_for(lambda: status_of(full) == S.TERMINATED, message="TERMINATED")
+
+
+def test_an_agent_whose_heartbeat_stops_is_lost_within_three_intervals(live, alice, client,
+                                                                      settings):
+    settings.AGENT_HEARTBEAT_INTERVAL = 0.5  # the live agent's interval
+    client.force_login(alice)
+    session_id = create(client, "orphan")
+    wait_for(lambda: status_of(session_id) == S.RUNNING, message="RUNNING")
+    live.agent.kill()  # kill -9: no goodbye
+    try:
+        last = Agent.objects.get(pk=live.agent_id).last_heartbeat
+        while handlers.sweep_lost_agents() == []:
+            time.sleep(0.1)
+        agent = Agent.objects.get(pk=live.agent_id)
+        assert agent.status == AgentStatus.LOST
+        assert (agent.lost_at - last).total_seconds() <= 3 * 0.5 + 0.5
+        kernel = Kernel.objects.get(session_id=session_id)
+        assert (kernel.status, kernel.status_info) == (S.TERMINATED, "agent-lost")
+        assert agent.free_slots == {"cpu": 2, "mem": 2 * 2**30}
+    finally:
+        live.restart_agent()
+    wait_for(lambda: Agent.objects.get(pk=live.agent_id).status == AgentStatus.ALIVE,
+             message="the agent to come back ALIVE")

@@ -1,0 +1,239 @@
+"""The scheduling pass and the periodic handlers on the database (no broker: sends are
+recorded)."""
+
+from datetime import timedelta
+
+import pytest
+import time_machine
+
+from agents_app.models import Agent, AgentStatus
+from scheduling_app import handlers
+from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
+from scheduling_app.scheduler import schedule
+from sessions_app import clock
+from sessions_app.keypairs import main_keypair
+from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, Status
+from sessions_app.services import SessionRequestError
+from tests.factories import make_agent, make_session
+
+S = Status
+pytestmark = pytest.mark.usefixtures("sent")  # no broker: what would be sent is recorded
+
+
+
+
+def statuses():
+    return dict(Session.objects.values_list("name", "status"))
+
+
+def test_a_pass_places_sessions_and_records_everything(
+        alice, django_capture_on_commit_callbacks, sent):
+    agent = make_agent(slots={"cpu": "6", "mem": "4g"})
+    one = make_session(alice, name="one", resources={"cpu": "1", "mem": "1g"})
+    two = make_session(alice, name="two", resources={"cpu": "2", "mem": "1g"}, cluster_size=2,
+                       cluster_mode="multi-node")
+    with django_capture_on_commit_callbacks(execute=True):
+        placed = schedule("default")
+    assert set(placed) == {one.pk, two.pk}
+    assert statuses() == {"one": S.SCHEDULED, "two": S.SCHEDULED}
+    agent.refresh_from_db()
+    assert agent.occupied_slots == {"cpu": "5", "mem": str(3 * 2**30)}  # 1 + 2×2 cpu
+    assert Kernel.objects.filter(status=S.SCHEDULED, agent=agent).count() == 3
+    assert KeyPair.objects.get(user=alice).concurrency_used == 2
+    two.refresh_from_db()
+    assert two.occupying_slots == {"cpu": "4", "mem": str(2 * 2**30)}
+    assert "SCHEDULED" in two.status_history and "PENDING" in two.status_history
+    assert SessionEvent.objects.filter(name="kernel_scheduled").count() == 3
+    assert SessionEvent.objects.filter(name="session_scheduled").count() == 2
+
+
+def test_the_schedule_task_moves_placed_sessions_on_to_their_image_check(
+        alice, django_capture_on_commit_callbacks, sent):
+    from scheduling_app.tasks import schedule as schedule_task
+
+    make_agent()
+    session = make_session(alice, name="one")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert schedule_task("default") == 1
+    session.refresh_from_db()
+    assert session.status == S.PREPARING
+    assert sent == [("agent.check_and_pull", {"kernel_id": str(session.kernels.get().pk),
+                                              "image": "bai-local/busybox:latest"})]
+
+
+def test_one_session_that_cannot_be_placed_never_blocks_the_ones_after_it(alice):
+    make_agent(slots={"cpu": "4", "mem": "4g"})
+    make_session(alice, S.RUNNING, name="busy", resources={"cpu": "3", "mem": "1g"})
+    make_session(alice, name="big", resources={"cpu": "2", "mem": "1g"})
+    make_session(alice, name="small", resources={"cpu": "1", "mem": "1g"})
+    schedule("default")
+    assert statuses() == {"busy": S.RUNNING, "big": S.PENDING, "small": S.SCHEDULED}
+    big = Session.objects.get(name="big")
+    data = big.status_data["scheduler"]
+    assert data["failed_predicates"] == [{"name": "agent-resources", "msg":
+                                          "no agent with enough free cpu in scaling group "
+                                          "default"}]
+    assert data["retries"] == 1 and "image" in [p["name"] for p in data["passed_predicates"]]
+    schedule("default")
+    big.refresh_from_db()
+    assert big.status_data["scheduler"]["retries"] == 2
+
+
+def test_permanent_failures_cancel_with_the_reason(alice):
+    make_agent(slots={"cpu": "4", "mem": "4g"})
+    make_session(alice, name="huge", resources={"cpu": "5", "mem": "1g"})
+    session = make_session(alice, name="ghost")
+    Session.objects.filter(pk=session.pk).update(image="no/such:image")
+    schedule("default")
+    reasons = dict(Session.objects.values_list("name", "status_info"))
+    assert statuses() == {"huge": S.CANCELLED, "ghost": S.CANCELLED}
+    assert reasons["huge"] == "scheduler: asks for more cpu than any agent of scaling group " \
+                              "default has"
+    assert reasons["ghost"] == "scheduler: unknown image no/such:image"
+
+
+def test_no_agent_at_all_is_a_reason_to_wait(alice):
+    make_session(alice, name="s")
+    schedule("default")
+    session = Session.objects.get()
+    assert session.status == S.PENDING
+    assert session.status_data["scheduler"]["failed_predicates"][0]["msg"] == (
+        "no ALIVE agent in scaling group default")
+
+
+def test_policy_limits_concurrency_and_validator_choice(alice):
+    make_agent(slots={"cpu": "8", "mem": "8g"})
+    policy = default_of(ResourcePolicy)
+    policy.max_concurrent_sessions = 1
+    policy.save()
+    make_session(alice, name="a")
+    make_session(alice, name="b")
+    schedule("default")
+    assert statuses() == {"a": S.SCHEDULED, "b": S.PENDING}
+    msg = Session.objects.get(name="b").status_data["scheduler"]["failed_predicates"][0]["msg"]
+    assert msg == "you run 1 sessions, the most your resource policy allows at once (1)"
+    ScalingGroup.objects.filter(name="default").update(validators=["keypair-resources"])
+    schedule("default")
+    assert statuses()["b"] == S.SCHEDULED  # concurrency is not checked in this group now
+
+
+def test_max_pending_session_count_is_enforced_at_enqueue(alice):
+    policy = default_of(ResourcePolicy)
+    policy.max_pending_session_count = 1
+    policy.save()
+    make_session(alice, name="a")
+    with pytest.raises(SessionRequestError, match="You have 1 pending sessions") as error:
+        make_session(alice, name="b")
+    assert error.value.status_code == 429
+
+
+def test_batch_sessions_get_the_default_timeout_from_their_type_hook(alice, settings):
+    settings.DEFAULT_BATCH_TIMEOUT = 3600
+    make_agent()
+    make_session(alice, name="job", session_type="batch", startup_command="true")
+    schedule("default")
+    assert Session.objects.get(name="job").batch_timeout == 3600
+
+
+def test_dependencies_wait_then_run(alice):
+    make_agent()
+    first = make_session(alice, name="first")
+    second = make_session(alice, name="second")
+    second.dependencies.add(first)
+    Session.objects.filter(pk=first.pk).update(created_at=clock.now() + timedelta(hours=1))
+    schedule("default")
+    assert statuses()["second"] == S.PENDING
+    assert "waiting for dependencies" in Session.objects.get(name="second").status_data[
+        "scheduler"]["failed_predicates"][0]["msg"]
+
+
+# Handlers
+
+def test_sweep_pending_cancels_after_the_groups_timeout(alice):
+    ScalingGroup.objects.filter(name="default").update(pending_timeout=60)
+    make_session(alice, name="old")
+    with time_machine.travel(clock.now() + timedelta(seconds=30)):
+        assert handlers.sweep_pending() == 0
+    with time_machine.travel(clock.now() + timedelta(seconds=61)):
+        assert handlers.sweep_pending() == 1
+    session = Session.objects.get()
+    assert (session.status, session.status_info) == (S.CANCELLED, "pending-timeout")
+
+
+def test_an_agent_without_heartbeat_is_lost_and_its_kernels_released(alice, settings):
+    settings.AGENT_HEARTBEAT_INTERVAL = 5
+    agent = make_agent(slots={"cpu": "4", "mem": "4g"})
+    make_session(alice, S.RUNNING, agent=agent)
+    with time_machine.travel(clock.now() + timedelta(seconds=14)):
+        assert handlers.sweep_lost_agents() == []
+    with time_machine.travel(clock.now() + timedelta(seconds=16)):
+        assert handlers.sweep_lost_agents() == [agent.pk]
+    agent.refresh_from_db()
+    assert agent.status == AgentStatus.LOST and agent.free_slots == {"cpu": 4, "mem": 4 * 2**30}
+    kernel = Kernel.objects.get()
+    assert (kernel.status, kernel.status_info) == (S.TERMINATED, "agent-lost")
+    assert KeyPair.objects.get(user=alice).concurrency_used == 0
+
+
+def test_failed_pulls_are_retried_then_rescheduled_on_another_agent(alice, sent):
+    bad = make_agent("bad")
+    session = make_session(alice, S.PULLING, agent=bad)
+    kernel = session.kernels.get()
+    from sessions_app.agent_events import handle_kernel_event
+
+    for _ in (1, 2):
+        assert handle_kernel_event(kernel.pk, "pull_failed", {"error": "connection refused"}) \
+            == "retried"
+        assert [n for n, _ in sent].count("agent.check_and_pull") == 0  # after commit only
+    kernel.refresh_from_db()
+    assert kernel.status_data["retries"] == {"preparing": 2}
+    assert handle_kernel_event(kernel.pk, "pull_failed", {"error": "connection refused"}) \
+        == "rescheduled"
+    session.refresh_from_db()
+    kernel.refresh_from_db()
+    assert session.status == S.PENDING and kernel.agent is None
+    assert session.status_data["scheduler"]["excluded_agents"] == ["bad"]
+    assert Agent.objects.get(pk="bad").free_slots == {"cpu": 4, "mem": 8 * 2**30}
+    make_agent("good")
+    schedule("default")
+    kernel.refresh_from_db()
+    assert kernel.status == S.SCHEDULED and kernel.agent_id == "good"
+
+
+def test_an_error_no_retry_can_fix_cancels_the_session(alice):
+    session = make_session(alice, S.PULLING)
+    from sessions_app.agent_events import handle_kernel_event
+
+    handle_kernel_event(session.kernels.get().pk, "pull_failed",
+                        {"error": "manifest unknown: manifest unknown"})
+    session.refresh_from_db()
+    assert session.status == S.TERMINATED
+    assert session.status_info == "preparing failed: image pull failed: manifest unknown: " \
+                                  "manifest unknown"
+
+
+def test_stuck_stages_time_out(alice, sent):
+    ScalingGroup.objects.filter(name="default").update(create_timeout=60, terminate_timeout=60)
+    agent = make_agent(slots={"cpu": "8", "mem": "8g"})
+    creating = make_session(alice, S.CREATING, agent=agent, name="c")
+    terminating = make_session(alice, S.TERMINATING, agent=agent, name="t")
+    with time_machine.travel(clock.now() + timedelta(seconds=61)):
+        assert handlers.check_progress() == 2
+    creating_kernel = creating.kernels.get()
+    assert creating_kernel.status == S.CREATING
+    assert creating_kernel.status_data["retries"] == {"creating": 1}
+    t = terminating.kernels.get()
+    assert (t.status, t.status_info) == (S.TERMINATED, "force-terminated")
+
+
+def test_lost_destroy_requests_are_sent_again(alice, sent):
+    session = make_session(alice, S.TERMINATING)
+    with time_machine.travel(clock.now() + timedelta(seconds=31)):
+        assert handlers.terminate_sessions() == 1
+        assert handlers.terminate_sessions() == 0  # not again at once
+    assert [n for n, _ in sent] == ["agent.destroy_kernel"]
+    assert sent[0][1]["kernel_id"] == str(session.kernels.get().pk)
+
+
+def test_main_keypair_policy_governs(alice):
+    assert main_keypair(alice).resource_policy == default_of(ResourcePolicy)

@@ -1,0 +1,218 @@
+"""Validators, sequencers and selectors on plain data: no database, no services."""
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from scheduling_app.scheduler import predicates
+from scheduling_app.scheduler.selectors import AgentIndex, select
+from scheduling_app.scheduler.sequencers import dominant_share, drf, fifo, lifo
+from scheduling_app.scheduler.state import (
+    AgentState,
+    DependencyState,
+    Limit,
+    PendingKernel,
+    PendingSession,
+    Snapshot,
+)
+from scheduling_app.slots import ResourceSlots
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def slots(**kw):
+    return ResourceSlots.parse({k: str(v) for k, v in kw.items()})
+
+
+def session(name, *, owner="AK1", minute=0, cpu=1, mem="1g", kernels=1, mode="single-node",
+            image="img", deps=(), excluded=()):
+    return PendingSession(
+        id=name, name=name, keypair_id=owner, project_id=1, domain_id=1,
+        created_at=T0 + timedelta(minutes=minute), image=image, cluster_mode=mode,
+        kernels=[PendingKernel(f"{name}-k{i}", slots(cpu=cpu, mem=mem))
+                 for i in range(kernels)],
+        dependencies=list(deps), excluded_agents=frozenset(excluded),
+    )
+
+
+def agent(agent_id, cpu=4, mem="8g", used_cpu=0, used_mem="0", arch="x86_64", ok=True):
+    return AgentState(agent_id, slots(cpu=cpu, mem=mem), slots(cpu=used_cpu, mem=used_mem),
+                      architecture=arch, schedulable=ok)
+
+
+def snapshot(*agents, **kw):
+    snap = Snapshot(group="g", agents={a.id: a for a in agents}, **kw)
+    snap.image_architectures.setdefault("img", {"x86_64"})
+    return snap
+
+
+# Validators
+
+def test_keypair_limit_waits_while_in_use_and_cancels_beyond_the_total():
+    check = predicates.KeypairResourceLimit().check
+    snap = snapshot(agent("a"), keypair_limits={"AK1": Limit(slots(cpu=4), slots(cpu=3))})
+    assert check(session("s", cpu=1), snap) is None
+    failure = check(session("s", cpu=2), snap)
+    assert not failure.permanent and "limit of cpu is in use" in failure.msg
+    failure = check(session("s", cpu=5), snap)
+    assert failure.permanent and "more cpu than the resource policy allows" in failure.msg
+    unlimited = snapshot(agent("a"), keypair_limits={"AK1": Limit(ResourceSlots())})
+    assert check(session("s", cpu=500), unlimited) is None
+
+
+def test_project_and_domain_limits():
+    snap = snapshot(agent("a"), project_limits={1: Limit(slots(mem="2g"), slots(mem="1g"))},
+                    domain_limits={1: Limit(slots(cpu=10), slots(cpu=10))})
+    assert "project's limit of mem" in predicates.ProjectResourceLimit().check(
+        session("s", mem="2g"), snap).msg
+    assert predicates.ProjectResourceLimit().check(session("s", mem="1g"), snap) is None
+    assert "domain's limit of cpu" in predicates.DomainResourceLimit().check(
+        session("s"), snap).msg
+
+
+def test_concurrency():
+    snap = snapshot(agent("a"), concurrency_used={"AK1": 2}, max_concurrency={"AK1": 2})
+    failure = predicates.Concurrency().check(session("s"), snap)
+    assert not failure.permanent and "you run 2 sessions" in failure.msg
+    snap.max_concurrency["AK1"] = 3
+    assert predicates.Concurrency().check(session("s"), snap) is None
+
+
+@pytest.mark.parametrize("status, stype, result, outcome", [
+    ("RUNNING", "interactive", "undefined", None),
+    ("PENDING", "interactive", "undefined", "wait"),
+    ("TERMINATED", "interactive", "undefined", "cancel"),
+    ("TERMINATED", "batch", "success", None),
+    ("RUNNING", "batch", "undefined", "wait"),
+    ("TERMINATED", "batch", "failure", "cancel"),
+    ("CANCELLED", "batch", "undefined", "cancel"),
+])
+def test_dependencies(status, stype, result, outcome):
+    dep = uuid.uuid4()
+    snap = snapshot(agent("a"), dependencies={dep: DependencyState(status, stype, result)})
+    failure = predicates.Dependencies().check(session("s", deps=[dep]), snap)
+    if outcome is None:
+        assert failure is None
+    else:
+        assert failure.permanent == (outcome == "cancel")
+
+
+def test_unknown_image_and_architecture_are_permanent():
+    snap = snapshot(agent("a", arch="aarch64"))
+    failure = predicates.KnownImage().check(session("s", image="nope"), snap)
+    assert failure.permanent and failure.msg == "unknown image nope"
+    failure = predicates.KnownImage().check(session("s"), snap)
+    assert failure.permanent and "no agent of the image's architecture (x86_64)" in failure.msg
+    # With no agent alive, no image is known yet: the session waits for an agent.
+    assert predicates.KnownImage().check(session("s", image="nope"), snapshot()) is None
+
+
+def test_more_than_any_agent_could_hold_is_permanent():
+    snap = snapshot(agent("a", cpu=4), agent("b", cpu=8))
+    check = predicates.FitsSomeAgent().check
+    assert check(session("s", cpu=8), snap) is None
+    assert check(session("s", cpu=9), snap).permanent
+    # multi-node: each kernel must fit some agent; single-node: all of them on one
+    assert check(session("s", cpu=5, kernels=2, mode="multi-node"), snap) is None
+    assert check(session("s", cpu=5, kernels=2), snap).permanent
+
+
+def test_evaluate_stops_at_a_permanent_failure_and_lists_what_passed():
+    snap = snapshot(agent("a"), concurrency_used={"AK1": 9}, max_concurrency={"AK1": 1})
+    validators = predicates.validators_for([])
+    failures, passed = predicates.evaluate(session("s"), snap, validators)
+    assert [f.name for f in failures] == ["concurrency"]
+    assert "image" in passed and "dependencies" in passed
+    failures, _ = predicates.evaluate(session("s", image="nope"), snap, validators)
+    assert [f.name for f in failures] == ["image"]
+    with pytest.raises(ValueError, match="unknown validators: nope"):
+        predicates.validators_for(["nope"])
+
+
+# Sequencers
+
+def test_fifo_and_lifo():
+    sessions = [session("b", minute=2), session("a", minute=1), session("c", minute=3)]
+    assert [s.id for s in fifo(sessions, None)] == ["a", "b", "c"]
+    assert [s.id for s in lifo(sessions, None)] == ["c", "b", "a"]
+
+
+def test_drf_worked_example():
+    # Capacity 10 cpu, 100 GiB. Alice already holds 4 cpu / 10 GiB (dominant: cpu 0.4);
+    # Bob holds 1 cpu / 30 GiB (dominant: mem 0.3); Carol holds nothing (0).
+    # Each asks for 1 cpu / 10 GiB, which adds 0.1 to either share.
+    snap = snapshot(agent("a", cpu=10, mem="100g"), keypair_limits={
+        "alice": Limit(ResourceSlots(), slots(cpu=4, mem="10g")),
+        "bob": Limit(ResourceSlots(), slots(cpu=1, mem="30g")),
+        "carol": Limit(ResourceSlots(), ResourceSlots()),
+    })
+    assert dominant_share(snap.keypair_limits["alice"].occupied, snap.capacity) == 0.4
+    assert dominant_share(snap.keypair_limits["bob"].occupied, snap.capacity) == 0.3
+    pending = [session(f"{o}{i}", owner=o, minute=i, mem="10g")
+               for o in ("alice", "bob", "carol") for i in range(3)]
+    order = []
+    for s in drf(pending, snap):
+        order.append(s.id)
+        snap.commit(s, {k.id: "a" for k in s.kernels})
+    # carol 0 → 0.1 → 0.2 (runs out of sessions at 0.3); bob 0.3 → 0.4; then alice and bob
+    # tie at 0.4 and the older head goes first (alice0, minute 0, before bob1, minute 1);
+    # then bob1 (0.4 < alice 0.5), alice1 and bob2 tie at 0.5 (alice1 older), bob2, alice2.
+    assert order == ["carol0", "carol1", "carol2", "bob0", "alice0", "bob1", "alice1", "bob2",
+                     "alice2"]
+
+
+# Selectors
+
+def place(snap, strategy, *sessions):
+    index = AgentIndex(snap, strategy)
+    chosen = []
+    for s in sessions:
+        placement = select(s, index)
+        chosen.append(None if placement is None else sorted(set(placement.values())))
+        if placement:
+            snap.commit(s, placement)
+            for a in set(placement.values()):
+                index.placed(a)
+    return chosen
+
+
+def test_concentrated_fills_the_fullest_fitting_agent_first():
+    snap = snapshot(agent("empty"), agent("half", used_cpu=2, used_mem="4g"),
+                    agent("full", used_cpu=4, used_mem="8g"))
+    assert place(snap, "concentrated", session("a"), session("b"), session("c"),
+                 session("d")) == [["half"], ["half"], ["empty"], ["empty"]]
+
+
+def test_concentrated_ties_go_to_the_smaller_agent_dispersed_to_the_larger():
+    snap = snapshot(agent("big", cpu=8, mem="16g"), agent("small", cpu=4, mem="8g"))
+    assert place(snap, "concentrated", session("a")) == [["small"]]
+    snap = snapshot(agent("big", cpu=8, mem="16g"), agent("small", cpu=4, mem="8g"))
+    assert place(snap, "dispersed", session("a")) == [["big"]]
+
+
+def test_dispersed_spreads_over_the_emptiest_agents():
+    snap = snapshot(agent("x"), agent("y"), agent("z", used_cpu=1, used_mem="2g"))
+    assert place(snap, "dispersed", *[session(str(i)) for i in range(4)]) == [
+        ["x"], ["y"], ["x"], ["y"]]  # z starts a quarter full: x and y take turns
+
+
+def test_roundrobin_cycles_from_a_persisted_cursor():
+    snap = snapshot(agent("a"), agent("b"), agent("c"), roundrobin_cursor="a")
+    assert place(snap, "roundrobin", *[session(str(i)) for i in range(4)]) == [
+        ["b"], ["c"], ["a"], ["b"]]
+
+
+def test_only_agents_with_room_for_every_slot_and_not_excluded():
+    snap = snapshot(agent("cpu-rich", cpu=16, mem="1g"), agent("mem-rich", cpu=1, mem="64g"),
+                    agent("both", cpu=8, mem="16g"), agent("down", cpu=64, mem="64g", ok=False))
+    assert place(snap, "dispersed", session("a", cpu=2, mem="2g")) == [["both"]]
+    assert place(snap, "dispersed", session("b", cpu=2, mem="2g", excluded=["both"])) == [None]
+
+
+def test_single_node_keeps_kernels_together_multi_node_spreads_them():
+    snap = snapshot(agent("a", cpu=2), agent("b", cpu=2))
+    assert place(snap, "concentrated", session("s", cpu=1, kernels=3)) == [None]
+    assert place(snap, "concentrated",
+                 session("m", cpu=1, kernels=3, mode="multi-node")) == [["a", "b"]]
+    assert snap.agents["a"].free["cpu"] + snap.agents["b"].free["cpu"] == 1
