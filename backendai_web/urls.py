@@ -8,9 +8,10 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from backendai_web import __version__
-from sessions_app import api_resources
+from sessions_app import api_resources, compat
 from sessions_app.api import SessionViewSet
 from sessions_app.api_errors import error_body
+from sessions_app.streams import with_follow_up
 
 API_VERSION = "v7.20230615"
 
@@ -42,11 +43,22 @@ def not_found(request, rest=""):
     return JsonResponse(error_body(404, message), status=404)
 
 
+# The routes of the Backend.AI manager, where its client SDK and CLI expect them.
+compat_urls = [
+    path("session", with_follow_up(compat.CreateSession.as_view())),
+    path("session/<str:ref>", with_follow_up(compat.SessionResource.as_view())),
+    path("session/<str:ref>/rename", compat.RenameSession.as_view()),
+    path("session/<str:ref>/logs", compat.SessionLogs.as_view()),
+    path("session/<str:ref>/status-history", compat.StatusHistory.as_view()),
+    path("events/session", with_follow_up(compat.SessionEvents.as_view())),
+]
+
 urlpatterns = [
     path("", root, name="root"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    *compat_urls,
     re_path(r"^(?:api|session|events)(?P<rest>/.*)?$", not_found),
 ]
