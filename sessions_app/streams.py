@@ -25,6 +25,7 @@ from .models import FINISHED_STATUSES, Session, SessionEvent, Status
 log = logging.getLogger(__name__)
 KEEPALIVE_SECONDS = 15
 RECHECK_SECONDS = 5  # a waiter re-reads the database this often, in case a message was lost
+SUBSCRIBE_TIMEOUT = 5
 
 
 def with_follow_up(drf_view):
@@ -59,10 +60,10 @@ async def subscription(groups):
     channel, pump = None, None
     if layer is not None:
         try:
-            channel = await layer.new_channel()
+            channel = await asyncio.wait_for(layer.new_channel(), SUBSCRIBE_TIMEOUT)
             for group in groups:
-                await layer.group_add(group, channel)
-        except Exception as exc:  # Redis away: the caller still polls
+                await asyncio.wait_for(layer.group_add(group, channel), SUBSCRIBE_TIMEOUT)
+        except Exception as exc:  # Redis away or hanging: the caller still polls
             log.warning("no channel-layer subscription for %s: %s", groups, exc)
             channel = None
 
