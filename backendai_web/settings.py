@@ -135,7 +135,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "sessions_app.pagination.Pagination",
+    # JSON in and out: errors are never an HTML page, and the interactive documentation is
+    # at /api/docs/.
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "PAGE_SIZE": 50,
     "DEFAULT_THROTTLE_CLASSES": ["sessions_app.ratelimit.KeypairRateThrottle"],
     "EXCEPTION_HANDLER": "sessions_app.api_errors.exception_handler",

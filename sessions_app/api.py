@@ -238,7 +238,7 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(parameters=[OpenApiParameter("forced", OpenApiTypes.BOOL)],
-                   responses=DestroyResultSerializer)
+                   responses={200: DestroyResultSerializer})
     def destroy(self, request, *args, **kwargs):
         """Destroy by the per-status rules; `forced` is for admins."""
         session = self.get_object()

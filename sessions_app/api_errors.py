@@ -6,6 +6,7 @@ The Backend.AI CLI prints `title`, then `msg`, then (for invalid parameters) eac
 
 import logging
 
+from django.db import DataError, IntegrityError
 from django.db.models import ProtectedError, RestrictedError
 from rest_framework import status
 from rest_framework.exceptions import APIException
@@ -59,10 +60,19 @@ def _flatten(detail):
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, DataError):  # such as a NUL character, which PostgreSQL cannot store
+        return Response(error_body(400, "The request holds a value the database cannot store "
+                                        "(a NUL character, or a number out of range)."),
+                        status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, ProtectedError | RestrictedError):
         names = sorted({str(obj) for obj in list(exc.args[1])[:5]})
         return Response(error_body(409, "It is still in use by: " + ", ".join(names) + "."),
                         status=status.HTTP_409_CONFLICT)
+    # After ProtectedError, a subclass: a race that validation could not see.
+    if isinstance(exc, IntegrityError):
+        log.info("integrity error in %s: %s", context.get("view"), exc)
+        return Response(error_body(409, "The change conflicts with existing data; reload and "
+                                        "try again."), status=status.HTTP_409_CONFLICT)
     response = drf_exception_handler(exc, context)
     if response is None:
         log.exception("unhandled error in %s", context.get("view"))
@@ -77,3 +87,4 @@ def exception_handler(exc, context):
     else:  # field errors of a serializer
         response.data = error_body(response.status_code, _flatten(detail), data=detail)
     return response
+

@@ -97,8 +97,7 @@ class KeyPairSerializer(serializers.ModelSerializer):
 
 
 class KeyPairUpdateSerializer(KeyPairSerializer):
-    class Meta(KeyPairSerializer.Meta):
-        read_only_fields = KeyPairSerializer.Meta.read_only_fields + ["user"]
+    user = serializers.CharField(source="user.username", read_only=True)  # never moves
 
 
 class KeyPairCreatedSerializer(KeyPairSerializer):

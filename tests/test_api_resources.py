@@ -345,3 +345,31 @@ def test_schema_and_docs_are_served(client, db):
     docs = client.get("/api/docs/")
     assert docs.status_code == 200 and b"swagger-ui" in docs.content
     assert b"cdn.jsdelivr" not in docs.content  # served from this server
+
+
+# What schemathesis found: each was a 500.
+
+def test_huge_or_negative_pagination_is_bounded(as_alice, alice):
+    make_session(alice)
+    response = as_alice.get(API + "sessions/?limit=11443604895730556022554624&offset=-5")
+    assert response.status_code == 200 and len(response.json()["results"]) == 1
+    response = as_alice.get(API + "sessions/?offset=99999999999999999999999")
+    assert response.status_code == 200 and response.json()["results"] == []
+
+
+def test_a_nul_character_is_a_400(client, carol):
+    client.force_login(carol)
+    response = client.post(API + "keypairs/", {"user": "carol", "resource_policy": "a\x00b"},
+                           content_type="application/json")
+    assert response.status_code == 400
+    response = client.get(API + "sessions/?owner=a%00b")
+    assert response.status_code in (200, 400)  # SQLite stores NUL, PostgreSQL refuses it
+
+
+def test_a_keypair_never_moves_to_another_user(client, alice, carol):
+    client.force_login(carol)
+    key = main_keypair(alice).access_key
+    response = client.put(f"{API}keypairs/{key}/", {"user": "carol", "rate_limit": 7},
+                          content_type="application/json")
+    assert response.status_code == 200, response.content
+    assert response.json()["user"] == "alice" and response.json()["rate_limit"] == 7
