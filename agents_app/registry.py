@@ -4,9 +4,10 @@ what an agent runs with what the manager believes (after any restart of either).
 import logging
 from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 
-from scheduling_app.idle import add_sample
+from scheduling_app.idle import add_sample, summarize
 from scheduling_app.models import ScalingGroup
 from sessions_app import clock, engine
 from sessions_app.bulk import update_rows
@@ -93,7 +94,9 @@ def reconcile_containers(agent, reported, taken_at=None):
             stat = container["stat"]
             sample = [stat.get("at", snapshot_at.timestamp()), stat.get("cpu_percent"),
                       _mem_percent(stat)]
-            stats.append((kernel.pk, stat, add_sample(kernel.stat_history, sample)))
+            history = add_sample(kernel.stat_history, sample)
+            stat["usage"] = summarize(history, settings.IDLE_UTILIZATION["window"])
+            stats.append((kernel.pk, stat, history))
     if stats:
         update_rows(Kernel, ["last_stat", "stat_history"], stats)
     gone = Kernel.objects.filter(

@@ -1,6 +1,7 @@
 import contextlib
 
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.http import JsonResponse
 from django.shortcuts import redirect
 from django.urls import Resolver404, include, path, re_path, resolve
@@ -28,8 +29,8 @@ router.register("resource-policies", api_resources.ResourcePolicyViewSet,
 
 def root(request):
     """Backend.AI clients read the API version here; a browser goes to the dashboard."""
-    if "text/html" in request.headers.get("Accept", ""):
-        return redirect("/sessions/")
+    if request.get_preferred_type(["application/json", "text/html"]) == "text/html":
+        return redirect("dashboard:sessions")
     return JsonResponse({"version": API_VERSION, "manager": __version__})
 
 
@@ -55,6 +56,10 @@ compat_urls = [
 
 urlpatterns = [
     path("", root, name="root"),
+    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True),
+         name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("sessions/", include("sessions_app.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -43,52 +43,49 @@ def _kernels(status, **filters):
 
 def check_preconditions():
     """SCHEDULED → PREPARING; each kernel's agent checks (and pulls) its image."""
+    return _advance(S.SCHEDULED, engine.mark_kernel_preparing, rpc.send_check_and_pull)
+
+
+def start_sessions():
+    """PREPARED → CREATING once every kernel of the session is prepared."""
+    return _advance(S.PREPARED, engine.mark_kernel_creating, rpc.send_create_kernel)
+
+
+def _advance(status, mark, send):
+    """Move the kernels of sessions wholly in `status` on, and send each to its agent
+    after commit."""
     sent = 0
-    for kernel in _kernels(S.SCHEDULED, session__status=S.SCHEDULED):
+    for kernel in _kernels(status, session__status=status):
         with transaction.atomic():
-            if engine.mark_kernel_preparing(kernel):
-                transaction.on_commit(lambda k=kernel: rpc.send_check_and_pull(k))
+            if mark(kernel):
+                transaction.on_commit(lambda k=kernel: send(k))
                 sent += 1
     return sent
 
 
 def check_pulling_progress():
     """Ask again for PREPARING kernels whose image check went unanswered."""
-    stale = clock.now() - RESEND_AFTER
-    asked = 0
-    for kernel in _kernels(S.PREPARING, status_changed__lt=stale):
-        last = kernel.status_data.get("last_check")
-        if last and clock.parse(last) > stale:
-            continue
-        engine.set_kernel_data(kernel, status_data={**kernel.status_data,
-                                                    "last_check": clock.now().isoformat()})
-        rpc.send_check_and_pull(kernel)
-        asked += 1
-    return asked
-
-
-def start_sessions():
-    """PREPARED → CREATING once every kernel of the session is prepared."""
-    sent = 0
-    for kernel in _kernels(S.PREPARED, session__status=S.PREPARED):
-        with transaction.atomic():
-            if engine.mark_kernel_creating(kernel):
-                transaction.on_commit(lambda k=kernel: rpc.send_create_kernel(k))
-                sent += 1
-    return sent
+    return _resend_stale(S.PREPARING, "last_check", rpc.send_check_and_pull)
 
 
 def terminate_sessions():
     """Re-send the destroy request of TERMINATING kernels that got no answer."""
+    return _resend_stale(S.TERMINATING, "last_destroy_request",
+                         lambda k: rpc.send_destroy_kernel(k, k.status_info))
+
+
+def _resend_stale(status, marker, send):
+    """Send again the request of kernels in `status` for RESEND_AFTER, at most once per
+    RESEND_AFTER (the time of the last resend is kept in status_data[marker])."""
     stale = clock.now() - RESEND_AFTER
     sent = 0
-    for kernel in _kernels(S.TERMINATING, status_changed__lt=stale):
-        last = kernel.status_data.get("last_destroy_request")
+    for kernel in _kernels(status, status_changed__lt=stale):
+        last = kernel.status_data.get(marker)
         if last and clock.parse(last) > stale:
             continue
-        engine.set_kernel_data(kernel, status_data={
-            **kernel.status_data, "last_destroy_request": clock.now().isoformat()})
-        rpc.send_destroy_kernel(kernel, kernel.status_info)
+        engine.set_kernel_data(kernel, status_data={**kernel.status_data,
+                                                    marker: clock.now().isoformat()})
+        send(kernel)
         sent += 1
     return sent
 
@@ -101,12 +98,16 @@ def check_progress():
     now = clock.now()
     moved = 0
     for group in ScalingGroup.objects.filter(is_active=True):
-        for kernel in _kernels(S.PULLING, session__scaling_group=group,
-                               status_changed__lt=now - timedelta(seconds=group.pull_timeout)):
-            moved += bool(retry_stage(kernel, "preparing", "image pull timed out"))
-        for kernel in _kernels(S.CREATING, session__scaling_group=group,
-                               status_changed__lt=now - timedelta(seconds=group.create_timeout)):
-            moved += bool(retry_stage(kernel, "creating", "container creation timed out"))
+        for status, stage, timeout, error in (
+                (S.PULLING, "preparing", group.pull_timeout, "image pull timed out"),
+                (S.CREATING, "creating", group.create_timeout, "container creation timed out")):
+            cutoff = now - timedelta(seconds=timeout)
+            for kernel in _kernels(status, session__scaling_group=group,
+                                   status_changed__lt=cutoff):
+                last_try = kernel.status_data.get("last_retry")
+                if last_try and clock.parse(last_try) > cutoff:
+                    continue  # each try gets the whole timeout
+                moved += bool(retry_stage(kernel, stage, error))
         for kernel in _kernels(S.TERMINATING, session__scaling_group=group,
                                status_changed__lt=now - timedelta(
                                    seconds=group.terminate_timeout)):
@@ -138,7 +139,8 @@ def retry_stage(kernel, stage, error):
     retries[stage] = retries.get(stage, 0) + 1
     if retries[stage] < settings.RETRY_LIMIT:
         engine.set_kernel_data(kernel, status_data={**kernel.status_data, "retries": retries,
-                                                    "last_error": error[:500]})
+                                                    "last_error": error[:500],
+                                                    "last_retry": clock.now().isoformat()})
         engine.record_event(kernel.session, f"kernel_retry_{stage}", kernel=kernel,
                             reason=error[:255], actor="scheduler",
                             data={"try": retries[stage] + 1, "error": error[:500]})

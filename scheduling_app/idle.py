@@ -8,7 +8,7 @@ report in bulk, and only a culled session costs more queries.
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -17,6 +17,8 @@ from sessions_app import clock, engine
 from sessions_app.bulk import insert_rows
 from sessions_app.events import publish_many_on_commit
 from sessions_app.models import Kernel, Session, SessionEvent, Status
+
+from .models import ScalingGroup
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ class IdleSession:
     max_lifetime: int = 0
     batch_timeout: int | None = None
     requested: frozenset = frozenset({"cpu", "mem"})
-    samples: list = field(default_factory=list)  # [unix time, cpu %, mem %]
+    usage: dict = field(default_factory=dict)  # summarize(): window averages of the samples
     app: dict | None = None  # {"busy": bool, "last_activity": iso} from a Jupyter-style app
     checkers: tuple = ()
     exempt: bool = False
@@ -47,19 +49,36 @@ class IdleSession:
 
 @dataclass
 class Report:
-    """One checker's verdict: `remaining` seconds (None = not limiting now)."""
+    """One checker's verdict: the session may live until `deadline` (None: this checker
+    sets no limit now)."""
 
     checker: str
     reason: str
-    remaining: float | None
+    deadline: datetime | None
+    now: datetime
     remaining_time_type: str = "expire_after"  # or "grace_period"
     limit: float = 0
     extra: dict = field(default_factory=dict)
 
+    @property
+    def remaining(self):
+        return None if self.deadline is None else (self.deadline - self.now).total_seconds()
+
     def as_dict(self):
-        return {"remaining": None if self.remaining is None else round(self.remaining, 1),
+        """What status_data["idle_checks"] keeps: the deadline, which stays put until
+        activity moves it, so that an unchanged session is not rewritten every pass; the
+        API derives `remaining` from it (remaining_for)."""
+        return {"expires_at": self.deadline and self.deadline.isoformat(),
                 "remaining_time_type": self.remaining_time_type, "reason": self.reason,
                 **self.extra}
+
+
+def remaining_for(report, now):
+    """A stored report as the API shows it: seconds left, from its deadline."""
+    expires_at = report.get("expires_at")
+    remaining = None if expires_at is None else max(
+        0.0, round((datetime.fromisoformat(expires_at) - now).total_seconds(), 1))
+    return {**report, "remaining": remaining}
 
 
 def network_timeout(s: IdleSession, now):
@@ -68,23 +87,22 @@ def network_timeout(s: IdleSession, now):
     if s.app is not None:
         return None  # a Jupyter-style app says better than traffic whether work goes on
     last = max(filter(None, [s.starts_at, s.last_activity]))
-    return Report("network-timeout", "idle-timeout",
-                  (last - now).total_seconds() + s.idle_timeout, limit=s.idle_timeout,
-                  extra={"last_activity": last.isoformat()})
+    return Report("network-timeout", "idle-timeout", last + seconds(s.idle_timeout), now,
+                  limit=s.idle_timeout, extra={"last_activity": last.isoformat()})
 
 
 def session_lifetime(s: IdleSession, now):
     if not s.max_lifetime:
         return None
     return Report("session-lifetime", "max-lifetime-exceeded",
-                  (s.starts_at - now).total_seconds() + s.max_lifetime, limit=s.max_lifetime)
+                  s.starts_at + seconds(s.max_lifetime), now, limit=s.max_lifetime)
 
 
 def batch_timeout(s: IdleSession, now):
     if s.session_type != "batch" or not s.batch_timeout:
         return None
-    return Report("batch-timeout", "batch-timeout",
-                  (s.starts_at - now).total_seconds() + s.batch_timeout, limit=s.batch_timeout)
+    return Report("batch-timeout", "batch-timeout", s.starts_at + seconds(s.batch_timeout),
+                  now, limit=s.batch_timeout)
 
 
 def app_activity(s: IdleSession, now):
@@ -97,8 +115,8 @@ def app_activity(s: IdleSession, now):
         reported = s.app.get("last_activity")
         last = datetime.fromisoformat(reported) if reported else s.starts_at
         last = max(last, s.starts_at)
-    return Report("app-activity", "idle-timeout",
-                  (last - now).total_seconds() + s.idle_timeout, limit=s.idle_timeout,
+    return Report("app-activity", "idle-timeout", last + seconds(s.idle_timeout), now,
+                  limit=s.idle_timeout,
                   extra={"app_busy": bool(s.app.get("busy")), "last_activity": last.isoformat()})
 
 
@@ -110,28 +128,51 @@ def utilization(s: IdleSession, now):
     thresholds = {k: v for k, v in config["thresholds"].items() if k in s.requested}
     if not thresholds:
         return None
-    grace_left = (s.starts_at - now).total_seconds() + config["initial_grace_period"]
-    if grace_left > 0:
-        return Report("utilization", "utilization-idle", grace_left, "grace_period",
+    grace_ends = s.starts_at + seconds(config["initial_grace_period"])
+    if grace_ends > now:
+        return Report("utilization", "utilization-idle", grace_ends, now, "grace_period",
                       limit=config["initial_grace_period"])
     window = config["window"]
-    since = now.timestamp() - window
-    recent = [sample for sample in s.samples if sample[0] >= since]
-    covered = bool(recent) and s.samples[0][0] <= since + config.get("slack", 5)
-    averages = {}
-    for index, name in ((1, "cpu"), (2, "mem")):
-        values = [sample[index] for sample in recent if sample[index] is not None]
-        if name in thresholds and values:
-            averages[name] = round(sum(values) / len(values), 2)
+    usage = s.usage or {}
+    averages = {k: usage[k] for k in thresholds if usage.get(k) is not None}
+    # The samples must reach back over the whole window, and be fresh.
+    until = usage.get("until", 0)
+    covered = (until >= now.timestamp() - STALE_AFTER
+               and usage.get("since", until) <= until - window + SLACK)
     extra = {"averages": averages, "thresholds": thresholds, "window": window,
              "combine": config["combine"]}
     if not covered or set(averages) != set(thresholds):
-        return Report("utilization", "utilization-idle", None, extra=extra)  # too few samples
+        return Report("utilization", "utilization-idle", None, now, extra=extra)  # too few
     idle = [averages[k] < thresholds[k] for k in thresholds]
     is_idle = all(idle) if config["combine"] == "and" else any(idle)
-    # Idle over the whole window: cull now. Busy: at the soonest, a window from now.
-    return Report("utilization", "utilization-idle", 0 if is_idle else window, limit=window,
-                  extra=extra)
+    # Idle over the whole window: cull now. Busy: no deadline while it stays busy.
+    return Report("utilization", "utilization-idle", now if is_idle else None, now,
+                  limit=window, extra=extra)
+
+
+def seconds(value):
+    return timedelta(seconds=value)
+
+
+SLACK = 5  # seconds of sampling jitter tolerated
+STALE_AFTER = 30  # seconds: older samples mean the agent stopped reporting
+
+
+def summarize(samples, window):
+    """Averages of [time, cpu %, mem %] samples over the window that ends at the newest:
+    {"cpu", "mem", "since", "until", "count"}, where "since" is how far back the samples
+    reach (at most the window's start). Kept beside the samples at each heartbeat, so that
+    a culling pass reads a few numbers per session instead of the samples."""
+    if not samples:
+        return {}
+    until = samples[-1][0]
+    start = until - window
+    recent = [s for s in samples if s[0] >= start]
+    summary = {"since": max(samples[0][0], start), "until": until, "count": len(recent)}
+    for index, name in ((1, "cpu"), (2, "mem")):
+        values = [s[index] for s in recent if s[index] is not None]
+        summary[name] = round(sum(values) / len(values), 1) if values else None
+    return summary
 
 
 CHECKERS = {"network-timeout": network_timeout, "session-lifetime": session_lifetime,
@@ -177,24 +218,26 @@ def evaluate(s: IdleSession, now):
 def load_running():
     """Every RUNNING session as IdleSession, in three queries."""
     sessions = {}
+    checkers_of = {pk: tuple(names or ()) for pk, names in
+                   ScalingGroup.objects.values_list("id", "idle_checkers")}
     for row in Session.objects.filter(status=Status.RUNNING).values_list(
             "id", "name", "user_id", "session_type", "starts_at", "last_activity",
             "keypair__resource_policy__idle_timeout",
             "keypair__resource_policy__max_session_lifetime", "batch_timeout",
-            "requested_slots", "scaling_group__idle_checkers", "idle_exempt", "status_data"):
-        (pk, name, user_id, stype, starts, last, idle, lifetime, batch, requested, checkers,
+            "requested_slots", "scaling_group_id", "idle_exempt", "status_data"):
+        (pk, name, user_id, stype, starts, last, idle, lifetime, batch, requested, group,
          exempt, data) = row
         sessions[pk] = IdleSession(
             id=pk, name=name, user_id=user_id, session_type=stype,
             starts_at=starts or clock.now(), last_activity=last, idle_timeout=idle,
             max_lifetime=lifetime, batch_timeout=batch, requested=frozenset(requested),
-            checkers=tuple(checkers or ()), exempt=exempt, status_data=data)
-    for session_id, samples, stat in Kernel.objects.filter(
+            checkers=checkers_of.get(group, ()), exempt=exempt, status_data=data)
+    for session_id, usage, app in Kernel.objects.filter(
             session__status=Status.RUNNING, cluster_role=Kernel.ClusterRole.MAIN
-    ).values_list("session_id", "stat_history", "last_stat"):
+    ).values_list("session_id", "last_stat__usage", "last_stat__app"):
         if session_id in sessions:
-            sessions[session_id].samples = samples or []
-            sessions[session_id].app = (stat or {}).get("app")
+            sessions[session_id].usage = usage or {}
+            sessions[session_id].app = app
     return sessions
 
 
@@ -218,7 +261,8 @@ def check_idle():
             else:  # activity after the warning
                 data[report.checker].pop("warned", None)
                 warnings.append((s, report, "session_idle_warning_cancelled"))
-        rows.append((s.id, {**s.status_data, "idle_checks": data}))
+        if data != s.reports:  # deadlines stay put: most sessions need no write
+            rows.append((s.id, {**s.status_data, "idle_checks": data}))
     with transaction.atomic():
         engine.set_sessions_status_data(rows)  # RUNNING sessions' status_data is ours
         _record_warnings(warnings, now)

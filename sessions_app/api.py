@@ -13,7 +13,9 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
-from . import activity
+from scheduling_app.idle import remaining_for
+
+from . import activity, clock
 from .api_errors import RequestFailed
 from .lifecycle import DestroyRefused, destroy_session
 from .models import Kernel, Session, SessionEvent, SessionType
@@ -97,6 +99,7 @@ class SessionSerializer(serializers.ModelSerializer):
     owner_access_key = serializers.CharField(source="keypair_id")
     owner = serializers.CharField(source="user.username")
     pending_reason = serializers.SerializerMethodField()
+    idle_checks = serializers.SerializerMethodField()
     kernels = KernelSerializer(many=True)
 
     class Meta:
@@ -105,13 +108,19 @@ class SessionSerializer(serializers.ModelSerializer):
                   "pending_reason", "session_type", "image", "cluster_mode", "cluster_size",
                   "requested_slots", "occupying_slots", "scaling_group", "owner",
                   "owner_access_key", "startup_command", "grace_period", "batch_timeout", "tag",
-                  "created_at", "starts_at", "terminated_at", "result", "kernels"]
+                  "created_at", "starts_at", "terminated_at", "result", "last_activity",
+                  "idle_exempt", "idle_checks", "kernels"]
+
+    def get_idle_checks(self, session) -> dict:
+        """Every idle checker's report with the seconds left (`remaining`)."""
+        if session.status != "RUNNING":
+            return {}
+        now = clock.now()
+        return {name: remaining_for(report, now)
+                for name, report in session.status_data.get("idle_checks", {}).items()}
 
     def get_pending_reason(self, session) -> str:
-        if session.status != "PENDING":
-            return ""
-        failed = session.status_data.get("scheduler", {}).get("failed_predicates", [])
-        return "; ".join(p["msg"] for p in failed) or "waiting for the scheduler"
+        return session.pending_reason
 
 
 class SessionDetailSerializer(SessionSerializer):

@@ -46,16 +46,26 @@ def update_rows(model, fields, rows, batch_size=1000):
                 f"WHERE {table}.{quoted[0]} = v.{quoted[0]}{casts[0]}", params)
 
 
-def insert_rows(model, fields, rows, batch_size=1000):
-    """Each row is (value of fields[0], value of fields[1], ...)."""
+def insert_rows(model, fields, rows, batch_size=1000, returning=None):
+    """Each row is (value of fields[0], value of fields[1], ...).
+
+    With returning="id", the new rows' ids in the order of `rows` (PostgreSQL and SQLite
+    from 3.35 return INSERT ... VALUES rows in order; Django's bulk_create relies on it).
+    """
     table = connection.ops.quote_name(model._meta.db_table)
     quoted = [connection.ops.quote_name(model._meta.get_field(f).column) for f in fields]
+    suffix = f" RETURNING {connection.ops.quote_name(returning)}" if returning else ""
+    returned = []
     for start in range(0, len(rows), batch_size):
         batch = rows[start:start + batch_size]
         _, params = _prepared(model, fields, batch)
         values = ", ".join(["(" + ", ".join(["%s"] * len(fields)) + ")"] * len(batch))
         with connection.cursor() as cursor:
-            cursor.execute(f"INSERT INTO {table} ({', '.join(quoted)}) VALUES {values}", params)
+            cursor.execute(f"INSERT INTO {table} ({', '.join(quoted)}) VALUES {values}{suffix}",
+                           params)
+            if returning:
+                returned.extend(row[0] for row in cursor.fetchall())
+    return returned
 
 
 def _cast(field):

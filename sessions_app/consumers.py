@@ -1,25 +1,145 @@
-"""Websocket of session events: a user gets their own sessions' events, admins all."""
+"""Websocket of session events: a user gets their own sessions' events, admins all.
 
+Connect to /ws/events/ (optionally ?session=ID to narrow to one session, for an admin
+?scope=mine for only their own sessions, and ?events=session to leave out kernel_*
+events). The server sends one JSON message per event, in the form of
+sessions_app.events.message. The client may send:
+
+- {"since": "<ISO time>"}: replay the stored events since then that this connection may
+  see, then {"event": "caught_up"}; a browser sends it after every (re)connect, so a
+  network drop loses no status.
+- {"session": "<id>"}: narrow to that one session, answered {"event": "subscribed"}.
+
+Refusals are {"event": "error", "reason": "..."}.
+"""
+
+import datetime
+import uuid
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.utils.dateparse import parse_datetime
 
-from .events import ADMINS_GROUP, user_group
+from . import clock
+from .events import ADMINS_GROUP, message_of, session_group, user_group
+from .keypairs import is_admin, main_keypair
+from .models import Session, SessionEvent
+
+# A change is stamped inside its transaction and published after commit, so an event can
+# become visible after a later-stamped one; the replay reaches back this far to cover it.
+# Clients drop repeats by the message's "id".
+CATCH_UP_OVERLAP = datetime.timedelta(seconds=5)
+# Past this, replaying is slower than reloading: the client is told to reload.
+CATCH_UP_LIMIT = 1000
+
+
+def sees_all(user):
+    return is_admin(user, main_keypair(user))
+
+
+def visible_sessions(user, admin):
+    sessions = Session.objects.all()
+    return sessions if admin else sessions.filter(user=user)
+
+
+def parse_session_id(value):
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
 
 
 class EventsConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
+        self.user = self.scope.get("user")
+        self.groups_joined = []
+        if self.user is None or not self.user.is_authenticated:
             await self.close(code=4401)
             return
-        self.groups_joined = [ADMINS_GROUP if user.is_staff or user.is_superuser
-                              else user_group(user.pk)]
-        for group in self.groups_joined:
-            await self.channel_layer.group_add(group, self.channel_name)
+        self.admin = await database_sync_to_async(sees_all)(self.user)
+        self.session_id = None
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        self.mine_only = not self.admin or query.get("scope") == ["mine"]
+        # A list of sessions needs no kernel events: fewer messages to send to each page.
+        self.session_events_only = query.get("events") == ["session"]
         await self.accept()
+        if query.get("session"):
+            await self.narrow(query["session"][0])
+        else:
+            await self.join([user_group(self.user.pk) if self.mine_only else ADMINS_GROUP])
+
+    async def join(self, groups):
+        for group in self.groups_joined:
+            await self.channel_layer.group_discard(group, self.channel_name)
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        self.groups_joined = groups
 
     async def disconnect(self, code):
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
 
+    async def receive_json(self, content, **kwargs):
+        if not isinstance(content, dict):
+            await self.refuse("Send a JSON object.")
+        elif "session" in content:
+            await self.narrow(content["session"])
+        elif "since" in content:
+            await self.catch_up(content["since"])
+        else:
+            await self.refuse('Unknown request; send {"since": ISO time} or {"session": id}.')
+
+    async def refuse(self, reason):
+        await self.send_json({"event": "error", "reason": reason})
+
+    async def narrow(self, value):
+        session_id = parse_session_id(value)
+        found = session_id and await database_sync_to_async(
+            visible_sessions(self.user, self.admin).filter(pk=session_id).exists)()
+        if not found:  # another user's session is not there at all, as in the API
+            await self.refuse("Session not found.")
+            return
+        self.session_id = session_id
+        await self.join([session_group(session_id)])
+        await self.send_json({"event": "subscribed", "session_id": str(session_id)})
+
+    async def catch_up(self, value):
+        since = parse_datetime(value) if isinstance(value, str) else None
+        if since is None or since.tzinfo is None:
+            await self.refuse("since must be an ISO 8601 time with a time zone.")
+            return
+        events = await database_sync_to_async(self.events_since)(since)
+        if len(events) > CATCH_UP_LIMIT:
+            await self.send_json({"event": "resync", "reason": "too many events to replay"})
+            return
+        for event in events:
+            await self.send_json(event)
+        await self.send_json({"event": "caught_up", "at": clock.now().isoformat()})
+
+    def events_since(self, since):
+        if self.session_id:
+            sessions = visible_sessions(self.user, self.admin).filter(pk=self.session_id)
+        else:
+            sessions = visible_sessions(self.user, not self.mine_only)
+        rows = SessionEvent.objects.filter(session__in=sessions,
+                                           created_at__gte=since - CATCH_UP_OVERLAP)
+        if self.session_events_only:
+            rows = rows.filter(kernel=None)
+        rows = (rows
+                .select_related("session").order_by("created_at", "id")[:CATCH_UP_LIMIT + 1])
+        return [message_of(row) for row in rows]
+
+    async def dispatch(self, message):
+        # Channels closes stale database connections in a worker thread before every
+        # handler. A pushed event touches no database, and that thread hop, once per event
+        # per client, was most of the fan-out's cost (BENCHMARKS.md).
+        if message["type"] == "session.event":
+            await self.session_event(message)
+        else:
+            await super().dispatch(message)
+
     async def session_event(self, event):
-        await self.send_json(event["message"])
+        if self.session_events_only and event["message"]["event"].startswith("kernel_"):
+            return
+        await self.send(text_data=event["text"])

@@ -111,13 +111,13 @@ def derive_session_status(kernel_statuses):
 
 
 def _record(session, kernel, name, from_status, to_status, reason, actor, data, now):
-    SessionEvent.objects.create(
+    row = SessionEvent.objects.create(
         session=session, kernel=kernel, name=name, from_status=from_status or "",
         to_status=to_status or "", reason=reason, actor=actor, data=data or {}, created_at=now,
     )
     events_module.publish_on_commit(
         session, name, kernel_id=kernel.pk if kernel else None, status=to_status,
-        previous_status=from_status, reason=reason, at=now, data=data,
+        previous_status=from_status, reason=reason, at=now, data=data, event_id=row.pk,
     )
 
 
@@ -417,14 +417,15 @@ def schedule_sessions(placements, *, actor="scheduler"):
     events = [(kernel_rows[kernel_id][1], kernel_id, kernel_event)
               for kernel_id, _ in kernel_updates]
     events += [(session_id, None, session_event) for session_id in placed]
-    insert_rows(SessionEvent, ["session", "kernel", "name", "from_status", "to_status", "reason",
-                               "actor", "data", "created_at"],
-                [(sid, kid, name, S.PENDING, S.SCHEDULED, "", actor, {}, now)
-                 for sid, kid, name in events])
+    ids = insert_rows(SessionEvent, ["session", "kernel", "name", "from_status", "to_status",
+                                     "reason", "actor", "data", "created_at"],
+                      [(sid, kid, name, S.PENDING, S.SCHEDULED, "", actor, {}, now)
+                       for sid, kid, name in events], returning="id")
     events_module.publish_many_on_commit(
         [(sessions[sid], name, {"kernel_id": kid, "status": S.SCHEDULED,
-                                "previous_status": S.PENDING, "reason": "", "at": now})
-         for sid, kid, name in events])
+                                "previous_status": S.PENDING, "reason": "", "at": now,
+                                "event_id": event_id})
+         for (sid, kid, name), event_id in zip(events, ids, strict=True)])
     return placed
 
 

@@ -5,6 +5,7 @@ groups it may see; Celery workers and web processes share the layer through Redi
 """
 
 import asyncio
+import json
 import logging
 import threading
 
@@ -24,8 +25,10 @@ def user_group(user_id):
     return f"user.{user_id}"
 
 
-def message(session, name, *, kernel_id, status, previous_status, reason, at, data=None):
+def message(session, name, *, kernel_id, status, previous_status, reason, at, data=None,
+            event_id=None):
     return {
+        "id": event_id,
         "event": name,
         "session_id": str(session.pk),
         "session_name": session.name,
@@ -36,6 +39,13 @@ def message(session, name, *, kernel_id, status, previous_status, reason, at, da
         "at": at.isoformat(),
         "data": data or {},
     }
+
+
+def message_of(event):
+    """The message of a stored SessionEvent, as it was published (for catching up)."""
+    return message(event.session, event.name, kernel_id=event.kernel_id,
+                   status=event.to_status, previous_status=event.from_status,
+                   reason=event.reason, at=event.created_at, data=event.data, event_id=event.pk)
 
 
 def publish_on_commit(session, name, **fields):
@@ -126,8 +136,10 @@ def flush(timeout=10):
 
 async def _send(layer, batch, concurrency=64):
     """Sends in order per group, up to `concurrency` group_sends in flight at once."""
-    sends = [(group, {"type": "session.event", "message": msg})
-             for groups, msg in batch for group in groups]
+    # Each message is serialized once here rather than once per receiving browser.
+    payloads = [(groups, {"type": "session.event", "message": msg, "text": json.dumps(msg)})
+                for groups, msg in batch]
+    sends = [(group, payload) for groups, payload in payloads for group in groups]
     if len(sends) <= 3:
         for group, payload in sends:
             await layer.group_send(group, payload)

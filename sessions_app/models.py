@@ -167,6 +167,18 @@ class Session(StatusFields):
         return self.name
 
     @property
+    def is_finished(self):
+        return self.status in FINISHED_STATUSES
+
+    @property
+    def pending_reason(self):
+        """Why the scheduler has not placed a PENDING session yet; "" in other statuses."""
+        if self.status != Status.PENDING:
+            return ""
+        failed = self.status_data.get("scheduler", {}).get("failed_predicates", [])
+        return "; ".join(p["msg"] for p in failed) or "waiting for the scheduler"
+
+    @property
     def main_kernel(self):
         return min(self.kernels.all(), key=lambda k: (k.cluster_role != "main", k.cluster_idx))
 

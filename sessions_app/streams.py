@@ -19,7 +19,7 @@ from django.http import JsonResponse
 from rest_framework.exceptions import APIException
 
 from .api_errors import error_body
-from .events import message
+from .events import message_of
 from .models import FINISHED_STATUSES, Session, SessionEvent, Status
 
 log = logging.getLogger(__name__)
@@ -131,17 +131,17 @@ def history_messages(session_id):
     session = Session.objects.filter(pk=session_id).first()
     if session is None:
         return [], True
-    messages = [
-        message(session, event.name, kernel_id=event.kernel_id, status=event.to_status,
-                previous_status=event.from_status, reason=event.reason, at=event.created_at,
-                data=event.data)
-        for event in SessionEvent.objects.filter(session_id=session_id).order_by("created_at",
-                                                                                  "id")
-    ]
-    return messages, session.status in FINISHED_STATUSES
+    events = SessionEvent.objects.filter(session=session).select_related("session").order_by(
+        "created_at", "id")
+    return [message_of(event) for event in events], session.status in FINISHED_STATUSES
 
 
 def message_key(msg):
+    """What tells a message apart: its stored event's id (a replay and the live message of
+    one event share it); for events that are not stored, such as pull progress, its
+    contents."""
+    if msg.get("id") is not None:
+        return msg["id"]
     return msg.get("event"), msg.get("kernel_id"), msg.get("at")
 
 

@@ -1,6 +1,5 @@
 """The terminate / force_terminate admin actions, through the Django test client."""
 
-import pytest
 from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 
@@ -10,12 +9,6 @@ from tests.factories import make_agent, make_session
 S = Status
 
 
-@pytest.fixture
-def sent(monkeypatch):
-    calls = []
-    monkeypatch.setattr("agents_app.rpc._send",
-                        lambda agent_id, task, **kw: calls.append((agent_id, task, kw)))
-    return calls
 
 
 def act(client, url, action, ids, confirm):
@@ -54,7 +47,7 @@ def test_terminate_asks_for_confirmation_then_reports_each_outcome(
     ]
     assert Session.objects.get(pk=running.pk).status == S.TERMINATING
     assert Session.objects.get(pk=pending.pk).status == S.CANCELLED
-    assert [c[1] for c in sent] == ["agent.destroy_kernel"]
+    assert [task for task, _ in sent] == ["agent.destroy_kernel"]
 
 
 def test_force_terminate_from_the_agent_admin_ends_every_live_session_on_it(

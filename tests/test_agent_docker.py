@@ -1,5 +1,6 @@
 """The Docker agent against a real engine, through the live system."""
 
+import contextlib
 import io
 import os
 import shutil
@@ -8,6 +9,7 @@ import tarfile
 import time
 
 import pytest
+from docker.errors import ImageNotFound
 
 from agents_app.models import Image
 from sessions_app.models import Kernel, Session, SessionEvent, Status
@@ -212,7 +214,8 @@ def unhealthy_image(docker_client):
     buffer.seek(0)
     docker_client.images.build(fileobj=buffer, custom_context=True, tag=name)
     yield name
-    docker_client.images.remove(name, force=True)
+    with contextlib.suppress(ImageNotFound):  # removed already
+        docker_client.images.remove(name, force=True)
 
 
 def test_an_unhealthy_container_is_reported_not_killed(live, as_alice, unhealthy_image):

@@ -70,7 +70,7 @@ def test_a_short_limit_is_warned_at_half_its_length(settings):
 def test_utilization_runs_only_where_a_scaling_group_asks_for_it(settings):
     settings.IDLE_UTILIZATION = {"window": 60, "initial_grace_period": 0,
                                  "thresholds": {"cpu": 1.0, "mem": 1.0}, "combine": "and"}
-    quiet = session(samples=samples(0, 0, start=0))
+    quiet = session(usage=usage(0, 0, start=0))
     assert idle.evaluate(quiet, at(200))[1] == []  # the default checkers leave it alone
     quiet.checkers = ("utilization",)
     assert [(a, r.reason) for a, r in idle.evaluate(quiet, at(200))[1]] == [
@@ -90,32 +90,33 @@ def utilization_settings(settings):
     return settings.IDLE_UTILIZATION
 
 
-def samples(cpu, mem, start=100, end=200, step=5):
-    return [[at(t).timestamp(), cpu, mem] for t in range(start, end + 1, step)]
+def usage(cpu, mem, start=100, end=200, step=5, window=60):
+    samples = [[at(t).timestamp(), cpu, mem] for t in range(start, end + 1, step)]
+    return idle.summarize(samples, window)
 
 
 def test_utilization_grace_period_then_idle_or_busy(utilization_settings):
-    report = idle.utilization(session(samples=samples(0, 0)), at(100))
+    report = idle.utilization(session(usage=usage(0, 0)), at(100))
     assert (report.remaining, report.remaining_time_type) == (20, "grace_period")
-    idle_report = idle.utilization(session(samples=samples(0.2, 0.5)), at(200))
+    idle_report = idle.utilization(session(usage=usage(0.2, 0.5)), at(200))
     assert idle_report.remaining == 0 and idle_report.reason == "utilization-idle"
     assert idle_report.extra["averages"] == {"cpu": 0.2, "mem": 0.5}
-    busy = idle.utilization(session(samples=samples(80, 0.5)), at(200))
-    assert busy.remaining == 60  # "and": cpu is busy, so not idle
+    busy = idle.utilization(session(usage=usage(80, 0.5)), at(200))
+    assert busy.remaining is None  # "and": cpu is busy, so not idle: no deadline
 
 
 def test_utilization_or_combination_and_unrequested_resources(utilization_settings):
     utilization_settings["combine"] = "or"
-    assert idle.utilization(session(samples=samples(80, 0.5)), at(200)).remaining == 0
+    assert idle.utilization(session(usage=usage(80, 0.5)), at(200)).remaining == 0
     utilization_settings["combine"] = "and"
     utilization_settings["thresholds"]["cuda.device"] = 5
     # cuda was not requested: only cpu and mem are judged
-    report = idle.utilization(session(samples=samples(0, 0)), at(200))
+    report = idle.utilization(session(usage=usage(0, 0)), at(200))
     assert report.remaining == 0 and set(report.extra["thresholds"]) == {"cpu", "mem"}
 
 
 def test_utilization_needs_samples_over_the_whole_window(utilization_settings):
-    report = idle.utilization(session(samples=samples(0, 0, start=190)), at(200))
+    report = idle.utilization(session(usage=usage(0, 0, start=190)), at(200))
     assert report.remaining is None  # only 10 s of samples: no verdict
 
 
@@ -129,12 +130,6 @@ def test_app_activity_busy_is_activity_now_idle_uses_its_last_activity():
 
 # The pass, on the database
 
-@pytest.fixture
-def sent(monkeypatch):
-    calls = []
-    monkeypatch.setattr("backendai_web.celery.app.send_task",
-                        lambda name, **kw: calls.append((name, kw.get("kwargs"))))
-    return calls
 
 
 def test_the_pass_warns_records_reports_and_culls_through_destroy(alice, settings, sent):
@@ -149,7 +144,9 @@ def test_the_pass_warns_records_reports_and_culls_through_destroy(alice, setting
         assert idle.check_idle() == []
     session.refresh_from_db()
     report = session.status_data["idle_checks"]["network-timeout"]
-    assert report["remaining"] == 200 and report["warned"] is True
+    assert report["warned"] is True
+    assert report["expires_at"] == (started + timedelta(seconds=600)).isoformat()
+    assert idle.remaining_for(report, started + timedelta(seconds=400))["remaining"] == 200
     warning = SessionEvent.objects.get(session=session, name="session_idle_warning")
     assert warning.reason == "idle-timeout" and warning.data["remaining"] == 200
     with time_machine.travel(started + timedelta(seconds=450), tick=False):
@@ -171,12 +168,12 @@ def test_the_pass_costs_the_same_queries_for_few_or_many_sessions(
     make_agent(slots={"cpu": "100", "mem": "100g"})
     for i in range(3):
         make_session(alice, Status.RUNNING, name=f"a{i}")
-    # two reads (sessions, kernels), one bulk UPDATE, a savepoint and its release
-    with django_assert_num_queries(5):
+    # three reads (groups, sessions, kernels), one bulk UPDATE, a savepoint and release
+    with django_assert_num_queries(6):
         idle.check_idle()
     for i in range(12):
         make_session(alice, Status.RUNNING, name=f"b{i}")
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(6):
         idle.check_idle()
 
 

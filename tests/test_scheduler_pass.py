@@ -17,14 +17,9 @@ from sessions_app.services import SessionRequestError
 from tests.factories import make_agent, make_session
 
 S = Status
+pytestmark = pytest.mark.usefixtures("sent")  # no broker: what would be sent is recorded
 
 
-@pytest.fixture(autouse=True)
-def sent(monkeypatch):
-    calls = []
-    monkeypatch.setattr("backendai_web.celery.app.send_task",
-                        lambda name, **kw: calls.append((name, kw.get("kwargs"))))
-    return calls
 
 
 def statuses():
@@ -227,6 +222,12 @@ def test_stuck_stages_time_out(alice, sent):
     creating_kernel = creating.kernels.get()
     assert creating_kernel.status == S.CREATING
     assert creating_kernel.status_data["retries"] == {"creating": 1}
+    with time_machine.travel(clock.now() + timedelta(seconds=90)):
+        handlers.check_progress()  # 29 s after the retry: it still has its time
+    assert creating.kernels.get().status_data["retries"] == {"creating": 1}
+    with time_machine.travel(clock.now() + timedelta(seconds=122)):
+        handlers.check_progress()
+    assert creating.kernels.get().status_data["retries"] == {"creating": 2}
     t = terminating.kernels.get()
     assert (t.status, t.status_info) == (S.TERMINATED, "force-terminated")
 

@@ -11,6 +11,7 @@ PRINT = ("from django.conf import settings as s; import json; d = s.DATABASES['d
          "print(json.dumps({'engine': d['ENGINE'], 'name': str(d['NAME']), "
          "'options': d.get('OPTIONS', {}), 'broker': s.CELERY_BROKER_URL, "
          "'layer': s.CHANNEL_LAYERS['default']['CONFIG']['hosts'], 'debug': s.DEBUG, "
+         "'layer_prefix': s.CHANNEL_LAYERS['default']['CONFIG']['prefix'], "
          "'secret': s.SECRET_KEY}))")
 
 
@@ -33,6 +34,7 @@ def test_embedded_default_is_sqlite_in_wal_mode_and_the_embedded_redis():
     assert "journal_mode=WAL" in s["options"]["init_command"]
     assert s["broker"] == "redis://127.0.0.1:6390/0"
     assert s["layer"] == ["redis://127.0.0.1:6390/0"]
+    assert s["layer_prefix"] == "bai-ws/0/"
 
 
 def test_real_services_come_from_database_url_and_redis_url():
@@ -42,6 +44,7 @@ def test_real_services_come_from_database_url_and_redis_url():
     assert s["name"] == "bai"
     assert s["broker"] == "redis://cache.example:6379/3"
     assert s["layer"] == ["redis://cache.example:6379/3"]
+    assert s["layer_prefix"] == "bai-ws/3/"  # pub/sub ignores database numbers
 
 
 def test_embedded_redis_port_and_secrets_from_files(tmp_path):

@@ -1,0 +1,137 @@
+"""The browser dashboard: server-rendered pages; static/js keeps them live over /ws/events/.
+
+Each view is thin: it finds what the user may see and calls the same services, lifecycle
+and engine code as the API.
+"""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Count
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+from agents_app.models import Agent, AgentStatus
+from scheduling_app.slots import ResourceSlots, format_bytes
+
+from . import clock, timeline
+from .forms import SessionForm
+from .keypairs import is_admin, main_keypair
+from .lifecycle import DestroyRefused, destroy_session
+from .models import FINISHED_STATUSES, Session, Status
+
+LIST_LIMIT = 200
+
+
+def viewer(request):
+    """The keypair a browser request acts through, and whether it sees every session."""
+    keypair = main_keypair(request.user)
+    return keypair, is_admin(request.user, keypair)
+
+
+def visible_session(request, pk):
+    _, admin = viewer(request)
+    sessions = Session.objects.select_related("user", "scaling_group")
+    if not admin:
+        sessions = sessions.filter(user=request.user)
+    try:
+        return sessions.prefetch_related("kernels__agent").get(pk=pk)
+    except (Session.DoesNotExist, ValidationError):  # another user's session is not there
+        raise Http404("Session not found.") from None
+
+
+@login_required
+def session_list(request):
+    _, admin = viewer(request)
+    scope = "all" if admin and request.GET.get("scope") == "all" else "mine"
+    tab = "finished" if request.GET.get("tab") == "finished" else "live"
+    sessions = Session.objects.select_related("user").prefetch_related("kernels")
+    if scope == "mine":
+        sessions = sessions.filter(user=request.user)
+    finished = sessions.filter(status__in=FINISHED_STATUSES)
+    live = sessions.exclude(status__in=FINISHED_STATUSES)
+    shown = finished.order_by("-terminated_at", "-created_at") if tab == "finished" else live
+    return render(request, "dashboard/session_list.html", {
+        "sessions": shown[:LIST_LIMIT], "tab": tab, "scope": scope, "admin": admin,
+        "counts": {"live": live.count(), "finished": finished.count()},
+        "limit": LIST_LIMIT, "rendered_at": clock.now(),
+    })
+
+
+@login_required
+def session_create(request):
+    keypair, admin = viewer(request)
+    form = SessionForm(request.POST or None, keypair=keypair)
+    if request.method == "POST" and form.is_valid():
+        session = form.save(request.user)
+        if session is not None:
+            messages.success(request, f"Session {session.name} is queued.")
+            return redirect("dashboard:session-detail", pk=session.pk)
+    return render(request, "dashboard/session_form.html", {"form": form, "admin": admin,
+                                                            "quota": form.quota})
+
+
+@login_required
+def session_detail(request, pk):
+    session = visible_session(request, pk)
+    _, admin = viewer(request)
+    events = list(session.events.select_related("kernel").order_by("created_at", "id"))
+    return render(request, "dashboard/session_detail.html", {
+        "session": session, "admin": admin, "events": events,
+        "kernels": session.kernels.all(), "phases": timeline.phases(events),
+        "progress": timeline.start_progress(session),
+        "finished": session.status in FINISHED_STATUSES, "rendered_at": clock.now(),
+    })
+
+
+@login_required
+@require_POST
+def session_terminate(request, pk):
+    session = visible_session(request, pk)
+    keypair, _ = viewer(request)
+    forced = request.POST.get("forced") == "true"
+    try:
+        result = destroy_session(session, forced=forced, actor=request.user, keypair=keypair)
+    except DestroyRefused as exc:
+        messages.error(request, f"Session {session.name} was not terminated: {exc.message}.")
+    else:
+        verb = "Force-terminated" if forced else "Terminating"
+        messages.success(request, f"{verb} session {session.name}: it is {result.status} now.")
+    next_url = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(next_url, {request.get_host()},
+                                           request.is_secure()):
+        next_url = reverse("dashboard:session-detail", args=[session.pk])
+    return redirect(next_url)
+
+
+@login_required
+def overview(request):
+    _, admin = viewer(request)
+    if not admin:
+        raise PermissionDenied("The overview is for operators.")
+    by_status = dict(Session.objects.exclude(status__in=FINISHED_STATUSES)
+                     .values_list("status").annotate(n=Count("id")).order_by())
+    agents = sorted(Agent.objects.select_related("scaling_group"),
+                    key=lambda a: (a.status != AgentStatus.LOST, a.status, a.id))
+    return render(request, "dashboard/overview.html", {
+        "admin": admin, "rendered_at": clock.now(),
+        "statuses": [(status, by_status.get(status, 0)) for status in Status
+                     if status not in FINISHED_STATUSES],
+        "agents": [(agent, slot_bars(agent)) for agent in agents],
+    })
+
+
+def slot_bars(agent):
+    """One bar per slot the agent offers: occupied of available."""
+    available = ResourceSlots.parse(agent.available_slots)
+    occupied = ResourceSlots.parse(agent.occupied_slots)
+    bars = []
+    for name, capacity in sorted(available.items()):
+        used = occupied.get(name, 0)
+        show = format_bytes if name == "mem" else str
+        bars.append({"name": name, "label": f"{show(used)} / {show(capacity)}",
+                     "percent": min(round(100 * used / capacity), 100) if capacity else 0})
+    return bars

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from . import dashboard
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", dashboard.session_list, name="sessions"),
+    path("new/", dashboard.session_create, name="session-create"),
+    path("overview/", dashboard.overview, name="overview"),
+    path("<uuid:pk>/", dashboard.session_detail, name="session-detail"),
+    path("<uuid:pk>/terminate/", dashboard.session_terminate, name="session-terminate"),
+]

@@ -1,0 +1,264 @@
+"""End to end in a real browser: Debian's Chromium, driven by Playwright, against daphne.
+
+The web tier is a daphne process on the test database; the scheduler and the agent are
+the `live` fixture's real processes on Docker. Each page is saved as a screenshot under
+test-artifacts/browser/.
+"""
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from django.db import transaction
+
+from sessions_app import engine
+from sessions_app.models import Session, Status
+from tests.conftest import ROOT, LiveSystem, Process, need, wait_for
+from tests.factories import make_agent, make_session
+
+pytestmark = [pytest.mark.browser, pytest.mark.docker]
+S = Status
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "test-artifacts" / "browser"
+TIMEOUT_MS = 60_000
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class WebServer:
+    """daphne serving the project's ASGI application on the test database."""
+
+    def __init__(self, live: LiveSystem):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        daphne = str(Path(sys.executable).with_name("daphne"))
+        self.process = Process("web", [daphne, "-b", "127.0.0.1", "-p", str(self.port),
+                                       "backendai_web.asgi:application"],
+                               live.manager_env, live.log_dir)
+
+    def start(self):
+        self.process.start()
+        wait_for(self.answers, timeout=30, message=f"daphne on port {self.port}")
+        return self
+
+    def answers(self):
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+        except OSError:
+            return False
+        return True
+
+    def stop(self):
+        self.process.stop()
+
+
+@pytest.fixture(scope="module")
+def web(live_system):
+    server = WebServer(live_system).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    need("Chromium", None if os.access(CHROMIUM, os.X_OK) else f"no executable {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop in this thread; the test's own database
+    # calls are plain synchronous ones all the same, which Django must be told.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        yield browser
+        browser.close()
+    del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
+
+
+@pytest.fixture
+def browser_context(chromium, web):
+    context = chromium.new_context(base_url=web.url, viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    yield context
+    context.close()
+
+
+def screenshot(page, name):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def log_in(page, username, password="correct horse"):
+    page.goto("/accounts/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/sessions/")
+
+
+@pytest.fixture(autouse=True)
+def passwords_the_server_can_check(alice, carol):
+    """The users' passwords hashed as daphne's settings can verify (tests use MD5 here)."""
+    hasher = PBKDF2PasswordHasher()
+    for user in (alice, carol):
+        user.password = hasher.encode("correct horse", hasher.salt(), iterations=1000)
+        user.save(update_fields=["password"])
+
+
+def mark_page(page):
+    """A flag that only survives while the page is not reloaded."""
+    page.evaluate("window.__notReloaded = true")
+
+
+def still_the_same_page(page):
+    return page.evaluate("window.__notReloaded === true")
+
+
+def badge(page, session_id):
+    return page.locator(f'[data-status-of="{session_id}"]').first
+
+
+def wait_live(page):
+    page.wait_for_selector('#connection[data-state="live"]')
+
+
+def test_log_in_create_watch_it_run_and_terminate_in_a_real_browser(live, alice,
+                                                                    browser_context):
+    from playwright.sync_api import expect
+
+    page = browser_context.new_page()
+    page.goto("/")
+    page.wait_for_url("**/accounts/login/?next=/sessions/")
+    page.fill("#id_username", "alice")
+    page.fill("#id_password", "not her password")
+    page.click("button[type=submit]")
+    expect(page.locator("#login-error")).to_contain_text("Please enter a correct username")
+    screenshot(page, "01-login-wrong-password")
+    log_in(page, "alice")
+    screenshot(page, "02-sessions-empty")
+
+    # The list in a second tab, to see the new session arrive and leave without a reload.
+    listing = browser_context.new_page()
+    listing.goto("/sessions/")
+    wait_live(listing)
+    mark_page(listing)
+
+    page.click("text=New session")
+    page.wait_for_url("**/sessions/new/")
+    page.fill("#id_name", "browser-e2e")
+    page.fill("#id_cpu", "0.5")
+    page.fill("#id_mem", "128")
+    page.fill("#id_grace_period", "2")
+    screenshot(page, "03-create-form")
+    page.click("#session-form button[type=submit]")
+    page.wait_for_url("**/sessions/*-*/")
+    session = Session.objects.get(name="browser-e2e")
+    mark_page(page)
+
+    expect(badge(page, session.pk)).to_have_text("RUNNING")
+    expect(page.locator(".phase-running")).to_be_visible()
+    expect(page.locator("#kernels")).to_contain_text(live.agent_id)
+    assert still_the_same_page(page)
+    screenshot(page, "04-session-running")
+
+    expect(badge(listing, session.pk)).to_have_text("RUNNING")
+    expect(listing.locator(f"#session-{session.pk}")).to_contain_text(live.agent_id)
+    assert still_the_same_page(listing)
+    screenshot(listing, "05-sessions-running")
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#terminate")
+    page.wait_for_load_state()
+    expect(page.locator(".messages")).to_contain_text("Terminating session browser-e2e")
+    mark_page(page)
+    expect(badge(page, session.pk)).to_have_text("TERMINATED", timeout=TIMEOUT_MS)
+    expect(page.locator("#events")).to_contain_text("session_terminated")
+    assert still_the_same_page(page)
+    screenshot(page, "06-session-terminated")
+
+    # The finished session left the live tab of the other page, which did not reload.
+    expect(listing.locator(f"#session-{session.pk}")).to_have_count(0)
+    expect(listing.locator("#tab-finished .count")).to_have_text("1")
+    assert still_the_same_page(listing)
+    listing.click("#tab-finished")
+    expect(listing.locator(f"#session-{session.pk}")).to_contain_text("TERMINATED")
+    screenshot(listing, "07-sessions-finished")
+
+
+def test_command_box_and_container_log_in_a_real_browser(live, alice, browser_context):
+    from playwright.sync_api import expect
+
+    session = make_running_session_on_the_live_agent(alice)
+    page = browser_context.new_page()
+    log_in(page, "alice")
+    page.goto(f"/sessions/{session.pk}/")
+    expect(page.locator("#execute-run")).to_be_enabled()
+    page.fill("#execute-command", "echo hello from $(hostname)")
+    page.click("#execute-run")
+    expect(page.locator("#execute-stdout")).to_contain_text("hello from")
+    expect(page.locator("#execute-exit-code")).to_have_text("0")
+    page.click("#log-refresh")
+    expect(page.locator("#log-output")).to_contain_text("started-for-the-log-test")
+    screenshot(page, "08-command-and-log")
+
+
+def make_running_session_on_the_live_agent(user, name="browser-cmd"):
+    from sessions_app.keypairs import main_keypair
+    from sessions_app.services import create_session
+
+    session = create_session(keypair=main_keypair(user), user=user, name=name,
+                             image="bai-local/busybox:latest",
+                             resources={"cpu": "0.5", "mem": "128m"},
+                             startup_command="echo started-for-the-log-test")
+    wait_for(lambda: Session.objects.get(pk=session.pk).status == S.RUNNING, timeout=60,
+             message=f"{name} RUNNING")
+    return Session.objects.get(pk=session.pk)
+
+
+def test_a_page_catches_up_after_the_server_was_away(live, web, alice, browser_context):
+    """Changes made while the browser had no connection show up after it reconnects."""
+    from playwright.sync_api import expect
+
+    with transaction.atomic():  # the live scheduler must not see it half-made
+        agent = make_agent("elsewhere", schedulable=False)
+        session = make_session(alice, S.RUNNING, name="drop", agent=agent)
+    page = browser_context.new_page()
+    log_in(page, "alice")
+    page.goto(f"/sessions/{session.pk}/")
+    wait_live(page)
+    mark_page(page)
+
+    web.stop()
+    expect(page.locator("#connection")).not_to_have_attribute("data-state", "live")
+    kernel = session.kernels.get()
+    assert engine.mark_kernel_terminating(kernel, reason="user-requested")
+    time.sleep(0.2)  # far apart enough to order the two changes by time alone
+    assert engine.mark_kernel_terminated(kernel, reason="user-requested", exit_code=0)
+    web.start()
+
+    wait_live(page)
+    expect(badge(page, session.pk)).to_have_text("TERMINATED")
+    expect(page.locator("#events")).to_contain_text("session_terminating")
+    expect(page.locator("#events")).to_contain_text("session_terminated")
+    assert still_the_same_page(page)
+    screenshot(page, "09-caught-up-after-reconnect")
+
+
+def test_operator_overview_shows_agents_and_sessions(live, carol, browser_context):
+    from playwright.sync_api import expect
+
+    page = browser_context.new_page()
+    log_in(page, "carol")
+    page.goto("/sessions/overview/")
+    expect(page.locator(f"#agent-{live.agent_id}")).to_contain_text("ALIVE")
+    expect(page.locator(f"#agent-{live.agent_id} .slot-bar")).to_have_count(2)
+    screenshot(page, "10-overview")

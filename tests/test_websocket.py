@@ -1,0 +1,231 @@
+"""/ws/events/ through the project's ASGI application and the real Redis channel layer."""
+
+import datetime
+
+import pytest
+import pytest_asyncio
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.db import connections
+from django.test import Client
+from django.utils import timezone
+
+from agents_app.models import Agent, Image
+from backendai_web.asgi import application
+from scheduling_app.models import ScalingGroup
+from sessions_app.keypairs import main_keypair
+from sessions_app.models import SessionEvent, Status
+from tests.conftest import IMAGE
+from tests.factories import make_agent, make_session
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+S = Status
+MESSAGE_KEYS = {"id", "event", "session_id", "session_name", "kernel_id", "status",
+                "previous_status", "reason", "at", "data"}
+
+
+def cookie_of(user):
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}"
+
+
+@pytest.fixture
+def login(redis_available, alice, bob, carol):
+    """Session cookies by user, made before the test's event loop runs."""
+    cookies = {user.pk: cookie_of(user) for user in (alice, bob, carol)}
+    return lambda user: cookies[user.pk]
+
+
+@pytest.fixture(autouse=True)
+def out_of_the_live_schedulers_way(defaults, monkeypatch):
+    """No scheduler pass for the tests' sessions, which could not be placed anyway.
+
+    These tests commit (transaction=True): a manager worker still running from a `live`
+    test would otherwise schedule (or, with the image not registered yet, cancel) their
+    PENDING sessions and add events of its own.
+    """
+    monkeypatch.setattr("sessions_app.services.kick_scheduler", lambda group_name: None)
+    ScalingGroup.objects.create(name="no-agents")
+    Image.objects.get_or_create(name=IMAGE)
+    make_agent("ws-agent", schedulable=False)
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def close_worker_thread_connections():
+    """database_sync_to_async runs in a worker thread whose connection outlives the test
+    (CONN_MAX_AGE); left open, PostgreSQL refuses to drop the test database at the end."""
+    yield
+    await database_sync_to_async(connections.close_all)()
+
+
+async def new_session(user, status=S.PENDING, name="s1"):
+    agent = await database_sync_to_async(lambda: Agent.objects.get(pk="ws-agent"))()
+    return await database_sync_to_async(make_session)(user, status, name=name, agent=agent,
+                                                      scaling_group="no-agents")
+
+
+async def connect(cookie=None, path="/ws/events/", origin="http://testserver"):
+    headers = [(b"origin", origin.encode())]
+    if cookie:
+        headers.append((b"cookie", cookie.encode()))
+    communicator = WebsocketCommunicator(application, path, headers=headers)
+    connected, code = await communicator.connect(timeout=5)
+    return communicator, connected, code
+
+
+async def receive_all(communicator, timeout=0.5):
+    """Every message until none comes for `timeout` seconds."""
+    messages = []
+    while not await communicator.receive_nothing(timeout=timeout):
+        messages.append(await communicator.receive_json_from())
+    return messages
+
+
+async def test_an_unauthenticated_connection_is_closed(redis_available):
+    communicator, connected, code = await connect()
+    assert not connected and code == 4401
+
+
+async def test_a_connection_from_another_origin_is_refused(alice, login):
+    communicator, connected, _ = await connect(login(alice), origin="http://evil.example")
+    assert not connected
+
+
+async def test_a_user_receives_their_sessions_events_in_the_documented_form(alice, login):
+    communicator, connected, _ = await connect(login(alice))
+    assert connected
+    session = await new_session(alice, S.SCHEDULED)
+    first, second, third = [await communicator.receive_json_from(timeout=5) for _ in range(3)]
+    assert set(first) == MESSAGE_KEYS
+    assert first == {
+        "id": first["id"], "event": "session_enqueued", "session_id": str(session.pk),
+        "session_name": "s1", "kernel_id": None, "status": "PENDING", "previous_status": "",
+        "reason": "", "at": session.created_at.isoformat(), "data": {},
+    }
+    kernel = await database_sync_to_async(session.kernels.get)()
+    assert (second["event"], second["kernel_id"], second["previous_status"],
+            second["status"]) == ("kernel_scheduled", str(kernel.pk), "PENDING", "SCHEDULED")
+    assert (third["event"], third["status"]) == ("session_scheduled", "SCHEDULED")
+    ids = await database_sync_to_async(
+        lambda: list(SessionEvent.objects.filter(session=session).values_list("pk", flat=True))
+    )()
+    assert [first["id"], second["id"], third["id"]] == ids
+    await communicator.disconnect()
+
+
+async def test_users_do_not_see_each_others_events(alice, bob, login):
+    alices, _, _ = await connect(login(alice))
+    bobs, _, _ = await connect(login(bob))
+    await new_session(alice, name="alices")
+    await new_session(bob, name="bobs")
+    assert {m["session_name"] for m in await receive_all(alices)} == {"alices"}
+    assert {m["session_name"] for m in await receive_all(bobs)} == {"bobs"}
+    await alices.disconnect()
+    await bobs.disconnect()
+
+
+async def test_admins_receive_every_users_events_unless_they_ask_for_their_own(
+        alice, bob, carol, login):
+    everything, _, _ = await connect(login(carol))
+    mine, _, _ = await connect(login(carol), path="/ws/events/?scope=mine")
+    for user, name in ((alice, "alices"), (bob, "bobs"), (carol, "carols")):
+        await new_session(user, name=name)
+    assert {m["session_name"] for m in await receive_all(everything)} == {
+        "alices", "bobs", "carols"}
+    assert {m["session_name"] for m in await receive_all(mine)} == {"carols"}
+    await everything.disconnect()
+    await mine.disconnect()
+
+
+async def test_a_user_with_an_admin_keypair_is_an_admin(alice, bob, login):
+    def promote():
+        keypair = main_keypair(bob)
+        keypair.is_admin = True
+        keypair.save()
+    await database_sync_to_async(promote)()
+    communicator, _, _ = await connect(login(bob))
+    await new_session(alice)
+    assert [m["event"] for m in await receive_all(communicator)] == ["session_enqueued"]
+    await communicator.disconnect()
+
+
+async def test_a_client_narrows_to_one_session(alice, bob, login):
+    one = await new_session(alice, name="one")
+    bobs = await new_session(bob, name="bobs")
+    communicator, _, _ = await connect(login(alice), path=f"/ws/events/?session={one.pk}")
+    assert await communicator.receive_json_from() == {"event": "subscribed",
+                                                      "session_id": str(one.pk)}
+    await new_session(alice, name="two")
+    await database_sync_to_async(cancel)(one)
+    assert {m["session_name"] for m in await receive_all(communicator)} == {"one"}
+
+    await communicator.send_json_to({"session": str(bobs.pk)})
+    assert await communicator.receive_json_from() == {"event": "error",
+                                                      "reason": "Session not found."}
+    await communicator.send_json_to({"session": "not-a-uuid"})
+    assert (await communicator.receive_json_from())["reason"] == "Session not found."
+    await communicator.disconnect()
+
+
+def cancel(session):
+    from sessions_app.lifecycle import destroy_session
+
+    destroy_session(session)
+
+
+async def test_a_reconnecting_client_catches_up_on_what_it_missed(alice, bob, login):
+    before = timezone.now()
+    session = await new_session(alice, S.RUNNING)
+    await new_session(bob, S.RUNNING, name="bobs")
+    communicator, _, _ = await connect(login(alice))
+    await communicator.send_json_to({"since": before.isoformat()})
+    replayed = await receive_all(communicator)
+    assert replayed[-1]["event"] == "caught_up"
+    history = await database_sync_to_async(lambda: list(
+        SessionEvent.objects.filter(session=session).order_by("created_at", "id")))()
+    assert [m["id"] for m in replayed[:-1]] == [e.pk for e in history]
+    assert [m["status"] for m in replayed[:-1] if m["event"].startswith("session_")] == [
+        "PENDING", "SCHEDULED", "PREPARING", "PREPARED", "CREATING", "RUNNING"]
+    assert all(set(m) == MESSAGE_KEYS for m in replayed[:-1])
+
+    # Events older than `since` (less the overlap) are not replayed again.
+    later = timezone.now() + datetime.timedelta(minutes=1)
+    await communicator.send_json_to({"since": later.isoformat()})
+    assert [m["event"] for m in await receive_all(communicator)] == ["caught_up"]
+    await communicator.disconnect()
+
+
+async def test_a_narrowed_catch_up_replays_only_that_session(alice, login):
+    before = timezone.now()
+    one = await new_session(alice, name="one")
+    await new_session(alice, name="two")
+    communicator, _, _ = await connect(login(alice), path=f"/ws/events/?session={one.pk}")
+    await communicator.receive_json_from()  # subscribed
+    await communicator.send_json_to({"since": before.isoformat()})
+    replayed = await receive_all(communicator)
+    assert [m.get("session_name") for m in replayed] == ["one", None]
+    await communicator.disconnect()
+
+
+async def test_bad_requests_are_answered_with_an_error(alice, login):
+    communicator, _, _ = await connect(login(alice))
+    await communicator.send_json_to({"since": "yesterday"})
+    assert (await communicator.receive_json_from())["reason"] == (
+        "since must be an ISO 8601 time with a time zone.")
+    await communicator.send_json_to({"hello": 1})
+    assert (await communicator.receive_json_from())["event"] == "error"
+    await communicator.disconnect()
+
+
+async def test_a_list_page_can_leave_out_kernel_events(alice, login):
+    before = timezone.now()
+    communicator, _, _ = await connect(login(alice), path="/ws/events/?events=session")
+    await new_session(alice, S.SCHEDULED)
+    live = await receive_all(communicator)
+    assert [m["event"] for m in live] == ["session_enqueued", "session_scheduled"]
+    await communicator.send_json_to({"since": before.isoformat()})
+    replayed = await receive_all(communicator)
+    assert [m["event"] for m in replayed] == ["session_enqueued", "session_scheduled",
+                                              "caught_up"]
+    await communicator.disconnect()
