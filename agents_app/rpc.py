@@ -62,3 +62,10 @@ def send_remove_dangling(agent_id, container_id):
 def send_destroy_kernel(kernel, reason):
     return _send(kernel.agent_id, "agent.destroy_kernel", kernel_id=str(kernel.pk),
                  container_id=kernel.container_id, reason=reason)
+
+
+def send_restart_kernel(kernel):
+    grace = kernel.session.grace_period
+    return _send(kernel.agent_id, "agent.restart_kernel", kernel_id=str(kernel.pk),
+                 container_id=kernel.container_id,
+                 grace_period=settings.DEFAULT_GRACE_PERIOD if grace is None else grace)

@@ -23,6 +23,11 @@ def destroy_kernel(kernel_id, container_id="", reason=""):
     current().destroy_kernel(kernel_id, container_id, reason)
 
 
+@shared_task(name="agent.restart_kernel", ignore_result=True)
+def restart_kernel(kernel_id, container_id="", grace_period=10):
+    current().restart_kernel(kernel_id, container_id, grace_period)
+
+
 @shared_task(name="agent.remove_dangling", ignore_result=True)
 def remove_dangling(container_id):
     current().remove_dangling(container_id)

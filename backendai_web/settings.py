@@ -47,6 +47,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
     "channels",
     "scheduling_app",
@@ -62,6 +64,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "sessions_app.ratelimit.RateLimitHeaders",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -139,9 +142,31 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "sessions_app.pagination.Pagination",
+    # JSON in and out: errors are never an HTML page, and the interactive documentation is
+    # at /api/docs/.
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "sessions_app.api.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["sessions_app.ratelimit.KeypairRateThrottle"],
+    "EXCEPTION_HANDLER": "sessions_app.api_errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "sessions_app.schema.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "backendai-web API",
+    "DESCRIPTION": "Compute sessions on Docker agents. Authenticate with a Backend.AI keypair "
+                   "signature or a browser session. The Backend.AI-compatible routes at the "
+                   "server root are described in the README.",
+    "VERSION": "v1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    # The Swagger UI served from this server (drf-spectacular-sidecar), not from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {"StatusEnum": "sessions_app.models.Status",
+                            "ClusterModeEnum": "sessions_app.models.ClusterMode"},
 }
 
 # Redis pub/sub: a group message is published once and each web process hands it to its

@@ -1,23 +1,58 @@
+import contextlib
+
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.http import JsonResponse
 from django.shortcuts import redirect
-from django.urls import include, path
+from django.urls import Resolver404, include, path, re_path, resolve
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from backendai_web import __version__
+from sessions_app import api_resources, compat
 from sessions_app.api import SessionViewSet
+from sessions_app.api_errors import error_body
+from sessions_app.streams import with_follow_up
+
+API_VERSION = "v7.20230615"
 
 router = DefaultRouter()
 router.register("sessions", SessionViewSet, basename="session")
+router.register("kernels", api_resources.KernelViewSet, basename="kernel")
+router.register("agents", api_resources.AgentViewSet, basename="agent")
+router.register("images", api_resources.ImageViewSet, basename="image")
+router.register("keypairs", api_resources.KeyPairViewSet, basename="keypair")
+router.register("scaling-groups", api_resources.ScalingGroupViewSet, basename="scaling-group")
+router.register("resource-policies", api_resources.ResourcePolicyViewSet,
+                basename="resource-policy")
 
 
 def root(request):
     """Backend.AI clients read the API version here; a browser goes to the dashboard."""
     if request.get_preferred_type(["application/json", "text/html"]) == "text/html":
         return redirect("dashboard:sessions")
-    return JsonResponse({"version": "v7.20230615", "manager": __version__})
+    return JsonResponse({"version": API_VERSION, "manager": __version__})
 
+
+def not_found(request, rest=""):
+    """JSON, not Django's HTML page, for unknown API and Backend.AI-compatible paths."""
+    message = f"There is no {request.path}."
+    if not request.path.endswith("/"):
+        with contextlib.suppress(Resolver404):
+            if resolve(request.path + "/").func is not not_found:
+                message += f" Did you mean {request.path}/ ?"
+    return JsonResponse(error_body(404, message), status=404)
+
+
+# The routes of the Backend.AI manager, where its client SDK and CLI expect them.
+compat_urls = [
+    path("session", with_follow_up(compat.CreateSession.as_view())),
+    path("session/<str:ref>", with_follow_up(compat.SessionResource.as_view())),
+    path("session/<str:ref>/rename", compat.RenameSession.as_view()),
+    path("session/<str:ref>/logs", compat.SessionLogs.as_view()),
+    path("session/<str:ref>/status-history", compat.StatusHistory.as_view()),
+    path("events/session", with_follow_up(compat.SessionEvents.as_view())),
+]
 
 urlpatterns = [
     path("", root, name="root"),
@@ -27,4 +62,8 @@ urlpatterns = [
     path("sessions/", include("sessions_app.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include(router.urls)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    *compat_urls,
+    re_path(r"^(?:api|session|events)(?P<rest>/.*)?$", not_found),
 ]

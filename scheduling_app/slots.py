@@ -9,6 +9,7 @@ from decimal import Decimal, InvalidOperation
 
 _SLOT_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
 _BINARY_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b?)?\s*$", re.IGNORECASE)
+MAX_SLOT_VALUE = Decimal(10) ** 24
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
 
 
@@ -25,6 +26,8 @@ def parse_mem(value) -> Decimal:
         raise SlotError(f"mem: {value!r} is not a size (use bytes or a suffix k, m, g, t)")
     number, unit = match.groups()
     size = Decimal(number) * _UNITS[unit.lower()]
+    if size >= MAX_SLOT_VALUE:
+        raise SlotError(f"mem: {value!r} is too large")
     if size != size.to_integral_value():
         raise SlotError(f"mem: {value!r} is not a whole number of bytes")
     return size.quantize(Decimal(1))
@@ -64,6 +67,8 @@ class ResourceSlots(dict):
             number = parse_mem(value) if name == "mem" else parse_count(name, value)
             if number < 0:
                 raise SlotError(f"{name}: {value!r} is negative")
+            if number >= MAX_SLOT_VALUE:  # beyond what exact Decimal arithmetic here keeps
+                raise SlotError(f"{name}: {value!r} is too large")
             if number == 0 and not allow_zero:
                 raise SlotError(f"{name}: must be more than zero")
             slots[name] = _normalize(number)

@@ -81,7 +81,7 @@ def _terminated(kernel, data, actor):
             kernel.status in (S.CREATING, S.RUNNING) and exit_code is not None:
         _record_batch_result(kernel, exit_code, actor)
     moved = engine.mark_kernel_terminated(kernel, reason=reason, exit_code=exit_code,
-                                          actor=actor)
+                                          actor=actor, data={"exit_code": exit_code})
     if moved is None and kernel.exit_code is None and exit_code is not None:
         engine.set_kernel_data(kernel, exit_code=exit_code)
     if moved:
@@ -106,6 +106,16 @@ def _pull_progress(kernel, data, actor):
     events_module.publish_on_commit(
         kernel.session, "kernel_pull_progress", kernel_id=kernel.pk, status=kernel.status,
         previous_status=kernel.status, reason="", at=clock.now(), data=data)
+
+
+def _restarted(kernel, data, actor):
+    engine.record_event(kernel.session, "kernel_restarted", kernel=kernel, actor=actor,
+                        reason="restarted")
+
+
+def _restart_failed(kernel, data, actor):
+    engine.record_event(kernel.session, "kernel_restart_failed", kernel=kernel, actor=actor,
+                        reason=f"restart failed: {data.get('error', '?')}"[:255])
 
 
 def _health(kernel, data, actor):
@@ -159,4 +169,6 @@ HANDLERS = {
     "creation_failed": _creation_failed,
     "kernel_terminated": _terminated,
     "kernel_health": _health,
+    "kernel_restarted": _restarted,
+    "kernel_restart_failed": _restart_failed,
 }

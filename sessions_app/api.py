@@ -1,71 +1,88 @@
-"""The DRF API under /api/v1/: thin views over services, lifecycle and the engine."""
+"""The DRF API of sessions under /api/v1/: thin views over services, lifecycle and the engine.
 
-import logging
+The helpers at the top (visible sessions, create, destroy) are shared with the
+Backend.AI-compatible routes in `compat`, which only translate request and response shapes.
+"""
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, NotFound
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
-from rest_framework.views import exception_handler as drf_exception_handler
 
 from scheduling_app.idle import remaining_for
 
 from . import activity, clock
-from .keypairs import is_admin, main_keypair
+from .api_errors import RequestFailed
 from .lifecycle import DestroyRefused, destroy_session
 from .models import Kernel, Session, SessionEvent, SessionType
-from .services import SessionRequestError, create_session
-from .tools import execute_in_session, session_logs
+from .permissions import acting_keypair, owner_keypair, request_is_admin
+from .services import SessionRequestError, create_session, find_session, rename_session
+from .tools import execute_in_session, restart_session, session_logs
 
-log = logging.getLogger(__name__)
 TRUE_WORDS = {"1", "true", "yes", "on"}
 
 
-def error_body(status_code, message, title=None):
-    """Errors in Backend.AI's JSON form, which its CLI prints."""
-    return {"type": f"https://api.backend.ai/probs/{status_code}", "title": title or message,
-            "msg": message}
+def is_true(value):
+    return str(value).strip().lower() in TRUE_WORDS
 
 
-def exception_handler(exc, context):
-    response = drf_exception_handler(exc, context)
-    if response is None:
-        log.exception("unhandled error in %s", context.get("view"))
-        return Response(error_body(500, "Internal server error; the operators have the details."),
-                        status=500)
-    detail = response.data
-    if isinstance(detail, dict) and "detail" in detail:
-        message = str(detail["detail"])
-        response.data = error_body(response.status_code, message)
-    elif isinstance(detail, dict):
-        message = "; ".join(f"{k}: {' '.join(map(str, v)) if isinstance(v, list) else v}"
-                            for k, v in detail.items())
-        response.data = {**error_body(response.status_code, message, "Invalid request"),
-                         "errors": detail}
-    return response
+def visible_sessions(request):
+    """Every session for admins; a user's own otherwise."""
+    sessions = Session.objects.select_related("scaling_group", "user", "keypair")
+    if not request_is_admin(request):
+        sessions = sessions.filter(user=request.user)
+    return sessions
 
 
-class RequestFailed(APIException):
-    def __init__(self, message, status_code=400):
-        self.status_code = status_code
-        super().__init__(message)
+def create_for(request, owner, **fields):
+    """create_session for `owner` (a keypair), asked by the request's user."""
+    try:
+        return create_session(keypair=owner, user=owner.user,
+                              actor=request.user.get_username(), **fields)
+    except SessionRequestError as exc:
+        raise RequestFailed(exc.message, exc.status_code,
+                            data={exc.field: [exc.message]} if exc.field else None) from None
 
 
-def acting_keypair(request):
-    """The keypair a request acts through: its signature's, or the user's main keypair."""
-    if request.auth is not None and hasattr(request.auth, "access_key"):
-        return request.auth
-    return main_keypair(request.user)
+def destroy_for(request, session, forced):
+    try:
+        return destroy_session(session, forced=forced, actor=request.user,
+                               keypair=acting_keypair(request))
+    except DestroyRefused as exc:
+        raise RequestFailed(exc.message, exc.status_code) from None
+
+
+def rename_for(request, session, new_name):
+    try:
+        return rename_session(session, new_name, actor=request.user.get_username())
+    except SessionRequestError as exc:
+        raise RequestFailed(exc.message, exc.status_code) from None
+
+
+def resolve_dependencies(request, owner, refs):
+    """Sessions named by id or name among those the request may see of `owner`'s."""
+    found = []
+    for ref in refs or ():
+        session = find_session(visible_sessions(request).filter(keypair=owner), ref)
+        if session is None:
+            raise RequestFailed(f"There is no session {ref!r} to depend on.", 404)
+        found.append(session)
+    return found
 
 
 class KernelSerializer(serializers.ModelSerializer):
+    session = serializers.UUIDField(source="session_id", read_only=True)
+    cluster_hostname = serializers.CharField(read_only=True)
+
     class Meta:
         model = Kernel
-        fields = ["id", "cluster_role", "cluster_idx", "cluster_hostname", "image", "status",
-                  "status_info", "status_changed", "agent", "agent_addr", "container_id",
-                  "occupied_slots", "exit_code", "last_stat"]
+        fields = ["id", "session", "cluster_role", "cluster_idx", "cluster_hostname", "image",
+                  "status", "status_info", "status_changed", "agent", "agent_addr",
+                  "container_id", "occupied_slots", "exit_code", "last_stat"]
 
 
 class SessionEventSerializer(serializers.ModelSerializer):
@@ -122,10 +139,18 @@ class SessionCreateSerializer(serializers.Serializer):
     cluster_mode = serializers.ChoiceField(["single-node", "multi-node"], default="single-node")
     startup_command = serializers.CharField(required=False, allow_blank=True, default="")
     scaling_group = serializers.CharField(default="default")
-    grace_period = serializers.IntegerField(required=False, allow_null=True, min_value=0)
-    batch_timeout = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    grace_period = serializers.IntegerField(required=False, allow_null=True, min_value=0,
+                                            max_value=86400)
+    batch_timeout = serializers.IntegerField(required=False, allow_null=True, min_value=1,
+                                             max_value=2**31 - 1)
     tag = serializers.CharField(required=False, allow_blank=True, default="", max_length=64)
     pre_stop_command = serializers.CharField(required=False, allow_blank=True, default="")
+    owner_access_key = serializers.CharField(required=False, allow_blank=True, max_length=20,
+                                             help_text="Admins: create for this keypair.")
+    dependencies = serializers.ListField(
+        child=serializers.CharField(max_length=64), required=False, default=list,
+        help_text="Ids or names of the owner's sessions that must be RUNNING (or, if batch, "
+                  "finished with success) first.")
 
 
 class ExecuteSerializer(serializers.Serializer):
@@ -133,17 +158,54 @@ class ExecuteSerializer(serializers.Serializer):
     timeout = serializers.IntegerField(default=30, min_value=1, max_value=600)
 
 
+class RenameSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=64)
+
+
+DestroyResultSerializer = inline_serializer("DestroyResult", {
+    "status": serializers.CharField(), "stats": serializers.DictField()})
+LogsSerializer = inline_serializer("SessionLogs", {
+    "logs": serializers.CharField(),
+    "source": serializers.ChoiceField(["container", "kept", "none"])})
+ExecuteResultSerializer = inline_serializer("ExecuteResult", {
+    "exit_code": serializers.IntegerField(required=False, allow_null=True),
+    "stdout": serializers.CharField(required=False),
+    "stderr": serializers.CharField(required=False),
+    "error": serializers.CharField(required=False)})
+RestartResultSerializer = inline_serializer("RestartResult", {
+    "status": serializers.CharField()})
+EventPageSerializer = inline_serializer("PaginatedSessionEventList", {
+    "count": serializers.IntegerField(),
+    "next": serializers.URLField(allow_null=True),
+    "previous": serializers.URLField(allow_null=True),
+    "results": SessionEventSerializer(many=True)})
+
+LIST_FILTERS = [
+    OpenApiParameter("status", OpenApiTypes.STR, description="Comma-separated statuses."),
+    OpenApiParameter("type", OpenApiTypes.STR, enum=SessionType.values),
+    OpenApiParameter("scaling_group", OpenApiTypes.STR),
+    OpenApiParameter("owner", OpenApiTypes.STR, description="Admins: the owner's username."),
+    OpenApiParameter("owner_access_key", OpenApiTypes.STR,
+                     description="Admins: the owner's access key."),
+]
+
+
 class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    queryset = Session.objects.all()  # narrowed to what the request may see in get_queryset
     serializer_class = SessionSerializer
 
     def get_queryset(self):
-        qs = Session.objects.select_related("scaling_group", "user").prefetch_related("kernels")
-        if not is_admin(self.request.user, acting_keypair(self.request)):
-            qs = qs.filter(user=self.request.user)
-        status_filter = self.request.query_params.get("status")
-        if status_filter:
-            qs = qs.filter(status__in=status_filter.upper().split(","))
-        return qs
+        sessions = visible_sessions(self.request).prefetch_related("kernels")
+        if self.action != "list":
+            return sessions
+        params = self.request.query_params
+        if params.get("status"):
+            sessions = sessions.filter(status__in=params["status"].upper().split(","))
+        filters = {"session_type": params.get("type"),
+                   "scaling_group__name": params.get("scaling_group"),
+                   "user__username": params.get("owner"),
+                   "keypair_id": params.get("owner_access_key")}
+        return sessions.filter(**{k: v for k, v in filters.items() if v})
 
     def get_object(self):
         try:
@@ -161,37 +223,44 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             return SessionCreateSerializer
         return SessionSerializer
 
+    @extend_schema(parameters=LIST_FILTERS)
+    def list(self, request, *args, **kwargs):
+        """Your sessions, newest first (admins: everyone's)."""
+        return super().list(request, *args, **kwargs)
+
     def retrieve(self, request, *args, **kwargs):
+        """A session with its kernels, pending reason and event history."""
         session = self.get_object()
         session = Session.objects.prefetch_related("events__kernel").get(pk=session.pk)
         return Response(SessionDetailSerializer(session).data)
 
+    @extend_schema(request=SessionCreateSerializer, responses={201: SessionSerializer})
     def create(self, request, *args, **kwargs):
+        """A new session, PENDING until the scheduler places it."""
         body = SessionCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        keypair = acting_keypair(request)
-        try:
-            session = create_session(keypair=keypair, user=request.user, **body.validated_data)
-        except SessionRequestError as exc:
-            raise RequestFailed(exc.message, exc.status_code) from None
+        fields = dict(body.validated_data)
+        owner = owner_keypair(request, fields.pop("owner_access_key", None), creating=True)
+        fields["dependencies"] = resolve_dependencies(request, owner, fields["dependencies"])
+        session = create_for(request, owner, **fields)
         session = self.get_queryset().get(pk=session.pk)
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(parameters=[OpenApiParameter("forced", OpenApiTypes.BOOL)],
+                   responses={200: DestroyResultSerializer})
     def destroy(self, request, *args, **kwargs):
+        """Destroy by the per-status rules; `forced` is for admins."""
         session = self.get_object()
-        forced = request.query_params.get("forced", "").lower() in TRUE_WORDS
-        try:
-            result = destroy_session(session, forced=forced, actor=request.user,
-                                     keypair=acting_keypair(request))
-        except DestroyRefused as exc:
-            raise RequestFailed(exc.message, exc.status_code) from None
+        result = destroy_for(request, session, is_true(request.query_params.get("forced", "")))
         return Response(result.as_dict())
 
+    @extend_schema(responses=LogsSerializer)
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):
         """The main container's log, from its agent; the kept tail once it is gone."""
         return Response(session_logs(self.get_object()))
 
+    @extend_schema(request=ExecuteSerializer, responses=ExecuteResultSerializer)
     @action(detail=True, methods=["post"])
     def execute(self, request, pk=None):
         """Run a command in the main container (docker exec) and return its output."""
@@ -199,8 +268,28 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         body.is_valid(raise_exception=True)
         return Response(execute_in_session(self.get_object(), **body.validated_data))
 
+    @extend_schema(request=None, responses={202: RestartResultSerializer})
+    @action(detail=True, methods=["post"])
+    def restart(self, request, pk=None):
+        """Restart the containers of a RUNNING session in place (see README)."""
+        restart_session(self.get_object(), actor=request.user.get_username())
+        return Response({"status": "restarting"}, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=RenameSerializer, responses=SessionSerializer)
+    @action(detail=True, methods=["post"])
+    def rename(self, request, pk=None):
+        """A new name, unique among the owner's live sessions."""
+        body = RenameSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        session = rename_for(request, self.get_object(), body.validated_data["name"])
+        return Response(SessionSerializer(self.get_queryset().get(pk=session.pk)).data)
+
+    @extend_schema(responses=EventPageSerializer,
+                   parameters=[OpenApiParameter("limit", OpenApiTypes.INT),
+                               OpenApiParameter("offset", OpenApiTypes.INT)])
     @action(detail=True, methods=["get"])
     def events(self, request, pk=None):
+        """The session's event history, oldest first."""
         session = self.get_object()
         page = self.paginate_queryset(session.events.select_related("kernel"))
         return self.get_paginated_response(SessionEventSerializer(page, many=True).data)

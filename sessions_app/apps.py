@@ -6,4 +6,4 @@ class SessionsAppConfig(AppConfig):
     verbose_name = "Compute sessions"
 
     def ready(self):
-        from . import signals  # noqa: F401
+        from . import schema, signals  # noqa: F401 (schema registers its extension)

@@ -12,6 +12,7 @@ from . import clock
 from .models import KeyPair
 
 MAX_CLOCK_SKEW = timedelta(minutes=15)
+HASH_TYPES = {"sha256", "sha384", "sha512", "sha224", "sha1", "md5"}
 
 
 def sign(secret_key, *, method, path, date, host, content_type, version, hash_type="sha256"):
@@ -26,7 +27,10 @@ def sign(secret_key, *, method, path, date, host, content_type, version, hash_ty
 
 
 def _parse_date(text):
-    parsed = parse_datetime(text or "")
+    try:
+        parsed = parse_datetime(text or "")
+    except ValueError:  # well formed but not a date, such as month 13
+        parsed = None
     if parsed is None:
         seconds = parse_http_date_safe(text or "")
         if seconds is None:
@@ -35,6 +39,27 @@ def _parse_date(text):
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed
+
+
+def _too_far_from_now(date):
+    try:
+        return abs(clock.now() - date) > MAX_CLOCK_SKEW
+    except OverflowError:  # year 1 or 9999 with an offset
+        return True
+
+
+def signed_paths(request):
+    """The path with query the client signed: as it was sent (under ASGI), and as Django
+    spells it, which differ only in how characters are escaped."""
+    paths = [request.get_full_path()]
+    scope = getattr(request._request, "scope", None) or {}
+    raw = scope.get("raw_path")
+    if raw:
+        query = scope.get("query_string") or b""
+        sent = raw.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+        if sent != paths[0]:
+            paths.insert(0, sent)
+    return paths
 
 
 class KeypairSignatureAuthentication(authentication.BaseAuthentication):
@@ -53,13 +78,13 @@ class KeypairSignatureAuthentication(authentication.BaseAuthentication):
         if not method.upper().startswith("HMAC-") or not signature:
             raise exceptions.AuthenticationFailed("Malformed Authorization header.")
         hash_type = method.split("-", 1)[1].lower()
-        if hash_type not in hashlib.algorithms_guaranteed:
+        if hash_type not in HASH_TYPES:
             raise exceptions.AuthenticationFailed(f"Unsupported signMethod {method}.")
         version = request.META.get("HTTP_X_BACKENDAI_VERSION")
         if not version:
             raise exceptions.AuthenticationFailed("The X-BackendAI-Version header is required.")
         date = request.META.get("HTTP_X_BACKENDAI_DATE") or request.META.get("HTTP_DATE", "")
-        if abs(clock.now() - _parse_date(date)) > MAX_CLOCK_SKEW:
+        if _too_far_from_now(_parse_date(date)):
             raise exceptions.AuthenticationFailed(
                 "The request date is more than 15 minutes away from the server's time.")
         keypair = KeyPair.objects.select_related("user", "resource_policy").filter(
@@ -68,11 +93,16 @@ class KeypairSignatureAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("Unknown access key.")
         if not keypair.is_active or not keypair.user.is_active:
             raise exceptions.AuthenticationFailed("This keypair is inactive.")
-        expected = sign(keypair.secret_key, method=request.method,
-                        path=request.get_full_path(), date=date, host=request.get_host(),
-                        content_type=request.content_type or "", version=version,
-                        hash_type=hash_type)
-        if not hmac.compare_digest(expected, signature):
+        # Without the header, the content type is application/octet-stream (RFC 9110, and
+        # aiohttp's default, which the Backend.AI manager signs with): the SDK's event
+        # streams sign that and send no Content-Type.
+        content_type = request.content_type or "application/octet-stream"
+        signed = [sign(keypair.secret_key, method=request.method, path=path, date=date,
+                       host=request.get_host(), content_type=content_type,
+                       version=version, hash_type=hash_type)
+                  for path in signed_paths(request)]
+        given = signature.encode("utf-8", "replace")
+        if not any(hmac.compare_digest(expected.encode(), given) for expected in signed):
             raise exceptions.AuthenticationFailed("The signature does not match the request.")
         KeyPair.objects.filter(pk=keypair.pk).update(last_used=clock.now())
         return keypair.user, keypair

@@ -1,6 +1,7 @@
 """Creating sessions: validation of the request, then the PENDING rows, then a scheduler kick."""
 
 import re
+import uuid
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -10,7 +11,7 @@ from scheduling_app.models import ScalingGroup, default_project
 from scheduling_app.slots import ResourceSlots, SlotError
 
 from . import clock, engine
-from .models import LIVE_STATUSES, Kernel, Session, SessionType, Status
+from .models import FINISHED_STATUSES, LIVE_STATUSES, Kernel, Session, SessionType, Status
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEFAULT_RESOURCES = {"cpu": "1", "mem": "256m"}
@@ -38,7 +39,9 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
                    resources=None, cluster_size=1, cluster_mode="single-node",
                    startup_command="", scaling_group="default", grace_period=None,
                    batch_timeout=None, tag="", project=None, actor=None,
-                   pre_stop_command="") -> Session:
+                   pre_stop_command="", dependencies=()) -> Session:
+    """`dependencies` are sessions that must be RUNNING (or batch sessions finished with
+    success) before this one is scheduled."""
     validate_name(name)
     if not isinstance(image, str) or not image.strip():
         raise SessionRequestError("An image name is required, such as "
@@ -101,6 +104,8 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
                    cluster_idx=1 if i == 0 else i, status_history=queued)
             for i in range(cluster_size)
         )
+        if dependencies:
+            session.dependencies.set(dependencies)
         engine.record_enqueued(session, actor=actor or user.get_username())
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return session
@@ -123,3 +128,47 @@ def cluster_keypair():
 def kick_scheduler(scaling_group_name):
     send_task_safely("scheduling.schedule", queue="manager",
                      kwargs={"scaling_group_name": scaling_group_name})
+
+
+def find_session(sessions, ref):
+    """The session that `ref` names among `sessions`: by id; else by name, a live session
+    first, else the most recent finished one. None when there is none."""
+    try:
+        session_id = uuid.UUID(str(ref))
+    except ValueError:
+        pass
+    else:
+        found = sessions.filter(pk=session_id).first()
+        if found is not None:
+            return found
+    named = sessions.filter(name=ref)
+    return (named.filter(status__in=LIVE_STATUSES).first()
+            or named.order_by("-created_at").first())
+
+
+@transaction.atomic
+def rename_session(session, new_name, *, actor):
+    """Give a live session a name that is unique among its owner's live sessions."""
+    validate_name(new_name)
+    current = Session.objects.select_for_update().get(pk=session.pk)
+    if current.status in FINISHED_STATUSES:
+        raise SessionRequestError(f"The session is {current.status}; only a live session can "
+                                  "be renamed.", "name", status_code=409)
+    old_name = current.name
+    if new_name == old_name:
+        return current
+    taken = Session.objects.filter(keypair_id=current.keypair_id, name=new_name,
+                                   status__in=LIVE_STATUSES).exists()
+    try:
+        with transaction.atomic():
+            if taken:
+                raise IntegrityError
+            Session.objects.filter(pk=current.pk).update(name=new_name)
+    except IntegrityError:  # the check above, or a concurrent rename or create
+        raise SessionRequestError(f"You already have a live session named {new_name!r}.",
+                                  "name", status_code=409) from None
+    current.name = session.name = new_name
+    engine.record_event(current, "session_renamed", actor=actor,
+                        reason=f"renamed from {old_name}",
+                        data={"from": old_name, "to": new_name})
+    return current

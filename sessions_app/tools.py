@@ -1,11 +1,13 @@
-"""Session tools that go through the kernel's agent: the container log and commands."""
+"""Session tools that go through the kernel's agent: the container log, commands, restart."""
 
 from celery.exceptions import TimeoutError as CeleryTimeout
+from django.db import transaction
 from rest_framework.exceptions import APIException
 
 from agents_app import rpc
 
-from .models import Status
+from . import engine
+from .models import Session, Status
 
 LOGS_TIMEOUT = 10
 
@@ -32,14 +34,40 @@ def session_logs(session):
     return {"logs": kernel.log_tail, "source": "kept" if kernel.log_tail else "none"}
 
 
-def execute_in_session(session, *, command, timeout=30):
+def running_main_kernel(session):
     kernel = session.main_kernel
     if kernel.status != Status.RUNNING or not kernel.agent_id:
         raise NotRunning(f"The session is {kernel.status}; commands run only while it is "
                          "RUNNING.")
+    return kernel
+
+
+def execute_on_kernel(kernel, *, command, timeout=30):
+    """docker exec through the kernel's agent; touches no database, so it may wait in any
+    thread."""
     try:
         return rpc.call(kernel.agent_id, "agent.execute", timeout + 10,
                         kernel_id=str(kernel.pk), container_id=kernel.container_id,
                         command=command, timeout=timeout)
     except CeleryTimeout:
         raise AgentUnavailable() from None
+
+
+def execute_in_session(session, *, command, timeout=30):
+    return execute_on_kernel(running_main_kernel(session), command=command, timeout=timeout)
+
+
+@transaction.atomic
+def restart_session(session, *, actor):
+    """Restart every container of a RUNNING session in place (docker restart: SIGTERM,
+    SIGKILL after the grace period, start with the same command). The containers keep
+    their ids and the scratch volume at /home/work; statuses stay RUNNING. The agents
+    report each `kernel_restarted` (or `kernel_restart_failed`) as a session event."""
+    session = Session.objects.select_for_update().get(pk=session.pk)
+    kernels = list(session.kernels.all())
+    if session.status != Status.RUNNING or any(k.status != Status.RUNNING for k in kernels):
+        raise NotRunning(f"The session is {session.status}; only a RUNNING session can be "
+                         "restarted.")
+    engine.record_event(session, "session_restarting", actor=actor, reason="user-requested")
+    for kernel in kernels:
+        transaction.on_commit(lambda k=kernel: rpc.send_restart_kernel(k))

@@ -36,3 +36,16 @@ class SignedClient:
         body = jsonlib.dumps(json) if json is not None else None
         return requests.request(method, self.base_url + path, data=body, headers=headers,
                                 timeout=30)
+
+
+def signed_call(client, keypair, method, path, body=None, *, content_type="application/json",
+                sign_path=None, date=None, secret=None, access=None, host="testserver"):
+    """A request through Django's test client, signed as the Backend.AI SDK signs it; the
+    keyword arguments after `body` tamper with what is signed."""
+    headers = signed_headers(access or keypair.access_key, secret or keypair.secret_key,
+                             method, sign_path or path, host, date=date,
+                             content_type=content_type)
+    headers.pop("Content-Type")
+    data = jsonlib.dumps(body) if body is not None else ""
+    return client.generic(method, path, data=data, content_type=content_type, headers=headers,
+                          CONTENT_TYPE=content_type)  # sent (and signed) without a body too

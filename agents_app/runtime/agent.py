@@ -175,6 +175,8 @@ class Agent:
             container = self.docker.containers.get(container_id)
         except NotFound:
             return  # removed by a destroy meanwhile, which reported
+        if container.status in ("running", "restarting"):
+            return  # restarted in place (a session restart): it did not end
         exit_code = container.attrs.get("State", {}).get("ExitCode")
         _, logs = KernelRunner.from_container(self.docker, self.id, container).teardown()
         self.report(kernel_id, "kernel_terminated", exit_code=exit_code,
@@ -232,6 +234,24 @@ class Agent:
                         log_tail=logs)
         finally:
             self._destroying.discard(kernel_id)
+
+    def restart_kernel(self, kernel_id, container_id="", grace_period=10):
+        """docker restart: the same container, command and scratch volume, started anew."""
+        self._destroying.add(kernel_id)  # its "die" event is not an exit
+        try:
+            container = backend.find_kernel_container(self.docker, self.id, kernel_id,
+                                                      container_id)
+            if container is None:
+                self.report(kernel_id, "kernel_restart_failed",
+                            error="the kernel has no container on this agent")
+                return
+            container.restart(timeout=max(int(grace_period), 0))
+        except (DockerException, OSError) as exc:
+            self.report(kernel_id, "kernel_restart_failed", error=str(exc)[:500])
+            return
+        finally:
+            self._destroying.discard(kernel_id)
+        self.report(kernel_id, "kernel_restarted", container_id=container.id)
 
     def remove_dangling(self, container_id):
         """A container with this agent's labels whose kernel the manager does not know."""

@@ -1,0 +1,90 @@
+"""Errors in Backend.AI's JSON form, `{"type", "title", "msg"}`, for every API response.
+
+The Backend.AI CLI prints `title`, then `msg`, then (for invalid parameters) each entry of
+`data`; so the title names the kind of failure and the message says what exactly.
+"""
+
+import logging
+
+from django.db import DataError, IntegrityError
+from django.db.models import ProtectedError, RestrictedError
+from rest_framework import status
+from rest_framework.exceptions import APIException
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+log = logging.getLogger(__name__)
+PROBLEM_BASE = "https://api.backend.ai/probs/"
+
+# Status → (Backend.AI problem type, title).
+PROBLEMS = {
+    400: ("invalid-api-params", "Missing or invalid API parameters."),
+    401: ("auth-failed", "Credential/signature mismatch."),
+    403: ("generic-forbidden", "Forbidden operation."),
+    404: ("object-not-found", "No such object."),
+    405: ("method-not-allowed", "Unsupported HTTP method."),
+    406: ("not-acceptable", "Not acceptable."),
+    409: ("invalid-session-state", "The request conflicts with the current state."),
+    415: ("unsupported-media-type", "Unsupported media type."),
+    429: ("too-many-requests", "Too many requests."),
+    500: ("internal-server-error", "Something has gone wrong."),
+    503: ("service-unavailable", "Service unavailable."),
+}
+
+
+def error_body(status_code, message, title=None, problem=None, data=None):
+    default_problem, default_title = PROBLEMS.get(
+        status_code, (f"{status_code}", "The request failed."))
+    body = {"type": PROBLEM_BASE + (problem or default_problem),
+            "title": title or default_title, "msg": message}
+    if data is not None:
+        body["data"] = data
+    return body
+
+
+class RequestFailed(APIException):
+    """An error with its status, message and optionally a Backend.AI problem type and data."""
+
+    def __init__(self, message, status_code=400, problem=None, data=None):
+        self.status_code = status_code
+        self.problem, self.data = problem, data
+        super().__init__(message)
+
+
+def _flatten(detail):
+    if isinstance(detail, dict):
+        return "; ".join(f"{key}: {_flatten(value)}" for key, value in detail.items())
+    if isinstance(detail, list):
+        return " ".join(_flatten(item) for item in detail)
+    return str(detail)
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, DataError):  # such as a NUL character, which PostgreSQL cannot store
+        return Response(error_body(400, "The request holds a value the database cannot store "
+                                        "(a NUL character, or a number out of range)."),
+                        status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, ProtectedError | RestrictedError):
+        names = sorted({str(obj) for obj in list(exc.args[1])[:5]})
+        return Response(error_body(409, "It is still in use by: " + ", ".join(names) + "."),
+                        status=status.HTTP_409_CONFLICT)
+    # After ProtectedError, a subclass: a race that validation could not see.
+    if isinstance(exc, IntegrityError):
+        log.info("integrity error in %s: %s", context.get("view"), exc)
+        return Response(error_body(409, "The change conflicts with existing data; reload and "
+                                        "try again."), status=status.HTTP_409_CONFLICT)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        log.exception("unhandled error in %s", context.get("view"))
+        return Response(error_body(500, "Internal server error; the operators have the details."),
+                        status=500)
+    detail = response.data
+    if isinstance(exc, RequestFailed):
+        response.data = error_body(response.status_code, str(exc.detail), problem=exc.problem,
+                                   data=exc.data)
+    elif isinstance(detail, dict) and set(detail) == {"detail"}:
+        response.data = error_body(response.status_code, str(detail["detail"]))
+    else:  # field errors of a serializer
+        response.data = error_body(response.status_code, _flatten(detail), data=detail)
+    return response
+

@@ -1,0 +1,468 @@
+"""The REST routes of the Backend.AI manager (API v7.20230615) at the server root, as the
+Backend.AI client SDK and its `backend.ai` CLI call them.
+
+Thin translations: each view reads the SDK's request shape, calls the same services as
+the DRF API (create_session, destroy_session, the agent tools, the engine's events) and
+answers in the SDK's response shape. Errors are Backend.AI's `{"type", "title", "msg"}`.
+"""
+
+import contextlib
+import shlex
+import uuid
+
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agents_app.models import Image
+from scheduling_app.models import Domain, Project, default_project
+
+from . import activity
+from .api import (
+    create_for,
+    destroy_for,
+    is_true,
+    rename_for,
+    resolve_dependencies,
+    visible_sessions,
+)
+from .api_errors import RequestFailed
+from .events import ADMINS_GROUP, session_group, user_group
+from .models import FINISHED_STATUSES, LIVE_STATUSES, Session
+from .permissions import owner_keypair, request_is_admin
+from .services import find_session
+from .streams import (
+    KEEPALIVE_SECONDS,
+    history_messages,
+    message_key,
+    next_message,
+    sse,
+    subscription,
+    wait_until_started,
+)
+from .tools import execute_on_kernel, restart_session, running_main_kernel, session_logs
+
+RUNTIME_PATH_LABEL = "ai.backend.runtime-path"
+EXECUTE_TIMEOUT = 300  # seconds a query or batch run may take
+
+
+def first_of(data, *keys, default=None):
+    for key in keys:
+        if data.get(key) is not None:
+            return data[key]
+    return default
+
+
+def body_of(request):
+    if not isinstance(request.data, dict):
+        raise RequestFailed("The request body must be a JSON object.")
+    return request.data
+
+
+def whole_number(value, field, minimum):
+    try:
+        number = int(str(value).strip())
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < minimum:
+        raise RequestFailed(f"{field} must be a whole number of at least {minimum}.",
+                            data={field: [f"must be a whole number of at least {minimum}"]})
+    return number
+
+
+def text(value, field):
+    if value is not None and not isinstance(value, str):
+        raise RequestFailed(f"{field} must be a string.", data={field: ["must be a string"]})
+    return value
+
+
+@extend_schema(exclude=True)
+class CompatView(APIView):
+    """Looks sessions up as the manager does: by name among the owner's sessions (live
+    first, else the most recent finished one), or by id; the owner is the caller's
+    keypair, or for admins `owner_access_key`."""
+
+    def owner(self, request):
+        key = first_of(request.query_params, "owner_access_key", "ownerAccessKey")
+        return owner_keypair(request, key)
+
+    def session(self, request, ref, *, touch=True):
+        sessions = visible_sessions(request)
+        found = None
+        with contextlib.suppress(ValueError):
+            found = sessions.filter(pk=uuid.UUID(ref)).first()
+        if found is None:
+            found = find_session(sessions.filter(keypair=self.owner(request)), ref)
+        if found is None:
+            raise RequestFailed(f"There is no session named {ref!r}.", 404,
+                                problem="session-not-found")
+        if touch:
+            activity.touch(found.pk, request.user)
+        return found
+
+
+def project_for(domain_name, group_name):
+    if not domain_name and not group_name:
+        return default_project()
+    domain = Domain.objects.filter(name=domain_name or "default", is_active=True).first()
+    if domain is None:
+        raise RequestFailed(f"There is no active domain {domain_name!r}.",
+                            data={"domain": ["unknown domain"]})
+    project = Project.objects.filter(domain=domain, name=group_name or "default",
+                                     is_active=True).first()
+    if project is None:
+        raise RequestFailed(f"There is no active group {group_name!r} in domain "
+                            f"{domain.name!r}.", data={"group": ["unknown group"]})
+    return project
+
+
+def creation_fields(data):
+    """create_session's arguments from the SDK's create body."""
+    config = first_of(data, "config", default={})
+    if not isinstance(config, dict):
+        raise RequestFailed("config must be an object.", data={"config": ["must be an object"]})
+    unsupported = [name for name, value in (
+        ("config.mounts", config.get("mounts")), ("config.environ", config.get("environ")),
+        ("config.mount_map", config.get("mount_map")),
+        ("config.preopen_ports", config.get("preopen_ports")),
+        ("config.agentList", config.get("agentList")),
+        ("bootstrap_script", data.get("bootstrap_script")),
+        ("starts_at", data.get("starts_at"))) if value]
+    if unsupported:
+        raise RequestFailed(f"Not supported by this server: {', '.join(unsupported)}.",
+                            data={name: ["not supported"] for name in unsupported})
+    dependencies = first_of(data, "dependencies", default=[])
+    if not isinstance(dependencies, list) or not all(isinstance(d, str) for d in dependencies):
+        raise RequestFailed("dependencies must be a list of session ids or names.",
+                            data={"dependencies": ["must be a list of strings"]})
+    resources = first_of(config, "resources", default={}) or None
+    return {
+        "name": text(first_of(data, "name", "session_name", "clientSessionToken"), "name"),
+        "image": text(first_of(data, "image", "lang"), "image"),
+        "session_type": text(first_of(data, "type", "sessionType", default="interactive"),
+                             "type"),
+        "resources": resources,
+        "cluster_size": whole_number(first_of(data, "clusterSize", "cluster_size", default=1),
+                                     "clusterSize", 1),
+        "cluster_mode": text(first_of(data, "clusterMode", "cluster_mode",
+                                      default="single-node"), "clusterMode"),
+        "startup_command": text(first_of(data, "startupCommand", default=""),
+                                "startupCommand"),
+        "scaling_group": text(first_of(config, "scalingGroup", "scaling_group",
+                                       default="default"), "config.scalingGroup"),
+        "tag": text(first_of(data, "tag", default=""), "tag")[:64],
+        "project": project_for(text(data.get("domain"), "domain"),
+                               text(data.get("group"), "group")),
+        "dependencies": dependencies,
+    }
+
+
+def creation_answer(session, created, status_text=None):
+    return {"sessionId": str(session.pk), "sessionName": session.name,
+            "status": status_text or session.status, "servicePorts": [], "created": created}
+
+
+class CreateSession(CompatView):
+    """POST /session: get-or-create; unless `enqueueOnly`, answers once the session is
+    RUNNING, can no longer start, or `maxWaitSeconds` (0: no limit) have passed (status
+    "TIMEOUT")."""
+
+    def post(self, request):
+        data = body_of(request)
+        owner = owner_keypair(request, data.get("owner_access_key"), creating=True)
+        fields = creation_fields(data)
+        enqueue_only = is_true(data.get("enqueueOnly", False))
+        max_wait = whole_number(data.get("maxWaitSeconds", 0), "maxWaitSeconds", 0)
+        existing = Session.objects.filter(keypair=owner, name=fields["name"],
+                                          status__in=LIVE_STATUSES).first()
+        if existing is not None:
+            if not is_true(data.get("reuseIfExists", True)):
+                raise RequestFailed(f"The session {existing.name!r} already exists.", 409,
+                                    problem="session-already-exists",
+                                    data={"existingSessionId": str(existing.pk)})
+            if existing.image != (fields["image"] or "").strip():
+                raise RequestFailed(f"The session {existing.name!r} already exists with "
+                                    f"another image, {existing.image}.", 400)
+            return Response(creation_answer(existing, created=False))
+        fields["dependencies"] = resolve_dependencies(request, owner, fields["dependencies"])
+        session = create_for(request, owner, **fields)
+        response = Response(creation_answer(session, created=True),
+                            status=status.HTTP_201_CREATED)
+        if not enqueue_only:
+            async def follow_up():
+                response.data["status"] = await wait_until_started(session.pk, max_wait)
+                return response
+            response.follow_up = follow_up
+        return response
+
+
+def session_info(session):
+    main = session.main_kernel
+    return {
+        "sessionId": str(session.pk), "sessionName": session.name,
+        "domainName": session.domain.name, "groupName": session.project.name,
+        "groupId": str(session.project_id), "userId": str(session.user_id),
+        "ownerAccessKey": session.keypair_id, "type": session.session_type,
+        "lang": session.image, "image": session.image, "architecture": "x86_64",
+        "registry": "", "tag": session.tag, "clusterMode": session.cluster_mode,
+        "clusterSize": session.cluster_size, "containerId": main.container_id,
+        "agentId": main.agent_id, "requestedSlots": session.requested_slots,
+        "occupyingSlots": session.occupying_slots, "occupiedSlots": main.occupied_slots,
+        "environ": {}, "resourceOpts": {}, "status": session.status,
+        "statusInfo": session.status_info, "statusData": session.status_data,
+        "result": session.result.upper(), "creationTime": session.created_at.isoformat(),
+        "terminationTime": session.terminated_at.isoformat() if session.terminated_at
+        else None, "numQueriesExecuted": 0, "lastStat": main.last_stat,
+        "idleChecks": session.status_data.get("idle_checks", {}),
+    }
+
+
+def dependents_of(session):
+    """Live sessions that depend on `session`, directly or not, the farthest first."""
+    found, frontier = [], [session]
+    while frontier:
+        nxt = list(Session.objects.filter(dependencies__in=frontier, status__in=LIVE_STATUSES)
+                   .exclude(pk__in=[s.pk for s in found] + [session.pk]).distinct())
+        found += nxt
+        frontier = nxt
+    return found[::-1]
+
+
+def run_command(session, data):
+    """The shell command an execute request runs, and its run id."""
+    mode = data.get("mode")
+    run_id = text(data.get("runId"), "runId") or uuid.uuid4().hex
+    if mode == "query":
+        code = text(data.get("code"), "code")
+        if code is None:
+            raise RequestFailed("query mode needs code.", data={"code": ["required"]})
+        image = Image.objects.filter(name=session.image).first()
+        runtime = (image.labels or {}).get(RUNTIME_PATH_LABEL) if image else None
+        if runtime:
+            return f"exec {shlex.quote(runtime)} -c {shlex.quote(code)}", run_id
+        return code, run_id
+    if mode == "batch":
+        options = data.get("options") or {}
+        if not isinstance(options, dict):
+            raise RequestFailed("options must be an object.")
+        steps = [text(options.get(step), f"options.{step}") for step in ("build", "exec")]
+        steps = [f"( {step} )" for step in steps if step and step != "*"]
+        if not text(options.get("exec"), "options.exec"):
+            raise RequestFailed("batch mode needs options.exec.",
+                                data={"options.exec": ["required"]})
+        return " && ".join(steps), run_id
+    if mode == "continue":
+        return None, run_id  # every run finishes within its first request here
+    raise RequestFailed(f"Unsupported execution mode {mode!r}; this server runs query, "
+                        "batch and continue.", data={"mode": ["query, batch or continue"]})
+
+
+def execution_result(run_id, outcome):
+    if outcome.get("error"):
+        raise RequestFailed(outcome["error"], 503)
+    console = [[stream, outcome[stream]] for stream in ("stdout", "stderr")
+               if outcome.get(stream)]
+    return {"result": {"runId": run_id, "status": "finished",
+                       "exitCode": outcome.get("exit_code"), "console": console,
+                       "options": {}, "files": []}}
+
+
+class SessionResource(CompatView):
+    """GET: information; DELETE: destroy (`forced`, `recursive`); PATCH: restart; POST:
+    execute code (`query`) or `options.build` then `options.exec` (`batch`)."""
+
+    def get(self, request, ref):
+        return Response(session_info(self.session(request, ref)))
+
+    def delete(self, request, ref):
+        session = self.session(request, ref, touch=False)
+        forced = is_true(request.query_params.get("forced", ""))
+        if is_true(request.query_params.get("recursive", "")):
+            for dependent in dependents_of(session):
+                destroy_for(request, dependent, forced)
+        result = destroy_for(request, session, forced)
+        return Response({"stats": result.last_stat, "status": result.status})
+
+    def patch(self, request, ref):
+        restart_session(self.session(request, ref), actor=request.user.get_username())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    def post(self, request, ref):
+        data = body_of(request)
+        session = self.session(request, ref)
+        command, run_id = run_command(session, data)
+        if command is None:
+            return Response(execution_result(run_id, {}))
+        kernel = running_main_kernel(session)
+        response = Response()
+
+        async def follow_up():
+            # Waits for the agent in a thread of its own, not Django's shared one.
+            from asgiref.sync import sync_to_async
+
+            outcome = await sync_to_async(execute_on_kernel, thread_sensitive=False)(
+                kernel, command=command, timeout=EXECUTE_TIMEOUT)
+            response.data = execution_result(run_id, outcome)
+            return response
+        response.follow_up = follow_up
+        return response
+
+
+class RenameSession(CompatView):
+    def post(self, request, ref):
+        data = request.data if isinstance(request.data, dict) else {}
+        new_name = first_of(request.query_params, "name", "session_name") or \
+            first_of(data, "name", "session_name")
+        if not isinstance(new_name, str) or not new_name:
+            raise RequestFailed("The new name is required (name).", data={"name": ["required"]})
+        rename_for(request, self.session(request, ref), new_name)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SessionLogs(CompatView):
+    def get(self, request, ref):
+        return Response({"result": {"logs": session_logs(self.session(request, ref))["logs"]}})
+
+
+class StatusHistory(CompatView):
+    def get(self, request, ref):
+        history = self.session(request, ref).status_history
+        # In time order: PostgreSQL's jsonb keeps no key order.
+        return Response({"result": dict(sorted(history.items(), key=lambda item: item[1]))})
+
+
+class SessionEvents(CompatView):
+    """GET /events/session: Server-Sent Events of sessions' lifecycles.
+
+    For one session (`sessionId`, or `name` with `ownerAccessKey`): its stored history
+    first, then live events, and `server_close` once it has finished. A name that matches
+    no session yet follows the first session of that name to appear. `name=*` (the
+    default) follows all of the owner's sessions (admins without an owner: everyone's)
+    and never closes. `scope` is `*`, `session` or `kernel`; `group` a project name.
+    Comment lines keep the connection alive.
+    """
+
+    def get(self, request):
+        params = request.query_params
+        scope = params.get("scope", "*")
+        if scope not in ("*", "session", "kernel"):
+            raise RequestFailed("scope must be *, session or kernel.",
+                                data={"scope": ["*, session or kernel"]})
+        name = first_of(params, "name", "sessionName", default="*")
+        group = first_of(params, "group", "groupName", default="*")
+        project_id = None
+        if group != "*":
+            project = Project.objects.filter(name=group).first()
+            if project is None:
+                raise RequestFailed(f"There is no group {group!r}.", 404)
+            project_id = project.pk
+        owner_key = first_of(params, "ownerAccessKey", "owner_access_key")
+        owner = owner_keypair(request, owner_key)
+        spec = {"scope": scope, "project_id": project_id, "session_id": None, "name": None}
+        if params.get("sessionId"):
+            try:
+                session_id = uuid.UUID(params["sessionId"])
+            except ValueError:
+                raise RequestFailed("sessionId must be a session id.",
+                                    data={"sessionId": ["not a UUID"]}) from None
+            session = visible_sessions(request).filter(pk=session_id).first()
+            if session is None:
+                raise RequestFailed("There is no such session.", 404,
+                                    problem="session-not-found")
+            spec["session_id"] = session.pk
+        elif name != "*":
+            session = find_session(visible_sessions(request).filter(keypair=owner), name)
+            if session is not None:
+                spec["session_id"] = session.pk
+            else:
+                spec["name"] = name
+        if spec["session_id"]:
+            groups = [session_group(spec["session_id"])]
+        elif request_is_admin(request) and not owner_key:
+            groups = [ADMINS_GROUP]
+        else:
+            groups = [user_group(owner.user_id)]
+        spec["owner_id"] = None if groups == [ADMINS_GROUP] else owner.user_id
+
+        async def follow_up():
+            response = StreamingHttpResponse(event_stream(groups, spec),
+                                             content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"
+            return response
+        response = Response()
+        response.follow_up = follow_up
+        return response
+
+
+def session_facts(session_id):
+    return Session.objects.filter(pk=session_id).values(
+        "keypair_id", "project_id", "user_id").first()
+
+
+async def event_stream(groups, spec):
+    """SSE lines for the stream `spec` describes (see SessionEvents)."""
+    from asgiref.sync import sync_to_async
+
+    facts = {}  # session id → owner and project, read once per session
+    target = spec["session_id"] and str(spec["session_id"])
+
+    async def wanted(msg):
+        nonlocal target
+        event = msg.get("event", "")
+        if spec["scope"] != "*" and not event.startswith(spec["scope"] + "_"):
+            return None
+        session_id = msg.get("session_id")
+        if target is None and spec["name"] and msg.get("session_name") == spec["name"]:
+            target = session_id  # the first session of that name to appear
+        if target is not None and session_id != target:
+            return None
+        if session_id not in facts:
+            facts[session_id] = await sync_to_async(session_facts)(session_id) or {}
+        fact = facts[session_id]
+        if spec["owner_id"] is not None and fact.get("user_id") != spec["owner_id"]:
+            return None
+        if spec["project_id"] is not None and fact.get("project_id") != spec["project_id"]:
+            return None
+        return sse(event, sse_data(msg, fact))
+
+    async with subscription(groups) as queue:
+        yield ": connected\n\n"
+        seen = set()
+        if target:
+            history, finished = await sync_to_async(history_messages)(target)
+            for msg in history:
+                seen.add(message_key(msg))
+                line = await wanted(msg)
+                if line:
+                    yield line
+            if finished:
+                yield sse("server_close", {})
+                return
+        while True:
+            msg = await next_message(queue, KEEPALIVE_SECONDS)
+            if msg is None:
+                yield ": keep-alive\n\n"
+                continue
+            if message_key(msg) in seen:
+                continue
+            line = await wanted(msg)
+            if line:
+                yield line
+            if target and msg.get("session_id") == target and \
+                    msg.get("event", "").startswith("session_") and \
+                    msg.get("status") in FINISHED_STATUSES:
+                yield sse("server_close", {})
+                return
+
+
+def sse_data(msg, fact):
+    data = {"reason": msg.get("reason", ""), "sessionName": msg.get("session_name"),
+            "ownerAccessKey": fact.get("keypair_id"), "sessionId": msg.get("session_id"),
+            "exitCode": (msg.get("data") or {}).get("exit_code"),
+            "status": msg.get("status"), "at": msg.get("at")}
+    if msg.get("kernel_id"):
+        data["kernelId"] = msg["kernel_id"]
+    return data

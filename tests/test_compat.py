@@ -1,0 +1,280 @@
+"""The Backend.AI-compatible routes at the server root, through Django's test client.
+
+The real `backend.ai` CLI against a running server is in test_compat_cli.py; here are the
+request and response shapes, the lookups and the refusals, without Docker.
+"""
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from sessions_app.keypairs import main_keypair
+from sessions_app.models import Session, SessionEvent, Status
+from tests.factories import make_agent, make_session
+from tests.signing import signed_call
+
+IMAGE = "bai-local/busybox:latest"
+
+
+@pytest.fixture
+def kp(alice):
+    return main_keypair(alice)
+
+
+@pytest.fixture
+def admin_kp(carol):
+    return main_keypair(carol)
+
+
+def create(client, keypair, **body):
+    body = {"image": IMAGE, "enqueueOnly": True, **body}
+    return signed_call(client, keypair, "POST", "/session", body)
+
+
+def test_version_root_answers_json_to_clients_and_redirects_browsers(client, db):
+    assert client.get("/").json() == {"version": "v7.20230615", "manager": "0.1.0"}
+    response = client.get("/", headers={"Accept": "text/html,application/xhtml+xml"})
+    assert response.status_code == 302 and response["Location"] == "/sessions/"
+
+
+def test_create_in_the_sdk_shape(client, kp):
+    response = create(client, kp, name="s1", type="interactive", clusterSize=1,
+                      clusterMode="single-node", domain="default", group="default",
+                      config={"resources": {"cpu": "1", "mem": "256m"}, "mounts": [],
+                              "environ": {}, "scalingGroup": None}, tag="t",
+                      startupCommand=None, reuseIfExists=True, maxWaitSeconds=0)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    session = Session.objects.get(pk=body["sessionId"])
+    assert body == {"sessionId": str(session.pk), "sessionName": "s1", "status": "PENDING",
+                    "servicePorts": [], "created": True}
+    assert session.requested_slots == {"cpu": "1", "mem": str(256 * 2**20)}
+    assert session.tag == "t" and session.keypair == kp
+    assert response["X-RateLimit-Limit"] == str(kp.rate_limit)
+
+
+def test_create_reuses_a_live_session_of_that_name_unless_told_not_to(client, kp):
+    first = create(client, kp, name="s1").json()
+    again = create(client, kp, name="s1")
+    assert again.status_code == 200
+    assert again.json() == {**first, "created": False}
+    refused = create(client, kp, name="s1", reuseIfExists=False)
+    assert refused.status_code == 409
+    assert refused.json()["type"].endswith("/session-already-exists")
+    assert refused.json()["data"] == {"existingSessionId": first["sessionId"]}
+    other_image = create(client, kp, name="s1", image="other:latest")
+    assert other_image.status_code == 400
+    assert "already exists with another image" in other_image.json()["msg"]
+
+
+def test_create_without_enqueue_only_waits_and_says_timeout(client, kp):
+    response = create(client, kp, name="s1", enqueueOnly=False, maxWaitSeconds=1)
+    assert response.status_code == 201
+    assert response.json()["status"] == "TIMEOUT"  # no scheduler runs in this test
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"name": "s1", "config": {"mounts": ["data"]}}, "Not supported by this server: "
+                                                      "config.mounts"),
+    ({"name": "s1", "clusterSize": "many"}, "clusterSize must be a whole number"),
+    ({"name": "s1", "config": "x"}, "config must be an object"),
+    ({"name": "s1", "config": {"resources": {"cpu": "lots"}}}, "cpu: 'lots' is not a number"),
+    ({"name": "bad name!"}, "A session name is 1 to 64"),
+    ({"name": "s1", "type": "batch"}, "needs a startup command"),
+    ({"name": "s1", "domain": "nowhere"}, "There is no active domain 'nowhere'"),
+    ({"name": "s1", "dependencies": ["nope"]}, "There is no session 'nope' to depend on"),
+    ({"name": 5}, "name must be a string"),
+])
+def test_bad_creates_are_json_errors(client, kp, body, message):
+    response = create(client, kp, **body)
+    assert 400 <= response.status_code < 500
+    assert message in response.json()["msg"]
+    assert {"type", "title", "msg"} <= set(response.json())
+    assert Session.objects.count() == 0
+
+
+def test_a_non_object_body_is_a_400(client, kp):
+    response = signed_call(client, kp, "POST", "/session", ["a"])
+    assert response.status_code == 400
+    assert response.json()["msg"] == "The request body must be a JSON object."
+
+
+def test_create_with_dependencies_by_name(client, kp, alice):
+    make_session(alice, name="first")
+    response = create(client, kp, name="second", dependencies=["first"])
+    session = Session.objects.get(pk=response.json()["sessionId"])
+    assert [d.name for d in session.dependencies.all()] == ["first"]
+
+
+def test_info_status_history_and_logs_by_name(client, kp, alice):
+    session = make_session(alice, Status.RUNNING, name="s1")
+    info = signed_call(client, kp, "GET", "/session/s1").json()
+    assert info["sessionId"] == str(session.pk) and info["status"] == "RUNNING"
+    assert info["image"] == IMAGE and info["containerId"].startswith("c-")
+    history = signed_call(client, kp, "GET", "/session/s1/status-history").json()["result"]
+    assert list(history) == ["PENDING", "SCHEDULED", "PREPARING", "PREPARED", "CREATING",
+                             "RUNNING"]
+    finished = make_session(alice, Status.TERMINATED, name="done")
+    finished.kernels.update(log_tail="the end\n")
+    logs = signed_call(client, kp, "GET", "/session/done/logs")
+    assert logs.json() == {"result": {"logs": "the end\n"}}
+
+
+def test_lookup_by_name_prefers_the_live_session_then_the_latest_finished(client, kp, alice):
+    make_session(alice, Status.CANCELLED, name="s1")
+    newer_finished = make_session(alice, Status.CANCELLED, name="s1")
+    assert signed_call(client, kp, "GET", "/session/s1").json()["sessionId"] == \
+        str(newer_finished.pk)
+    live = make_session(alice, name="s1")
+    assert signed_call(client, kp, "GET", "/session/s1").json()["sessionId"] == str(live.pk)
+    by_id = signed_call(client, kp, "GET", f"/session/{newer_finished.pk}").json()
+    assert by_id["sessionId"] == str(newer_finished.pk)
+
+
+def test_destroy_by_name_follows_the_lifecycle_rules(client, kp, admin_kp, alice):
+    make_session(alice, Status.PREPARING, name="busy")
+    refused = signed_call(client, kp, "DELETE", "/session/busy")
+    assert refused.status_code == 409
+    assert refused.json()["msg"] == ("Cannot destroy kernels in scheduled/preparing/"
+                                     "terminating/error status")
+    forced = signed_call(client, kp, "DELETE", "/session/busy?forced=true")
+    assert forced.status_code == 403
+    assert forced.json()["msg"] == "You are not allowed to force-terminate"
+    # An admin names the owner, as `backend.ai rm -f -o ACCESS_KEY NAME` does.
+    done = signed_call(client, admin_kp, "DELETE",
+                       f"/session/busy?forced=true&owner_access_key={kp.access_key}")
+    assert done.status_code == 200, done.content
+    assert done.json()["status"] == "terminated"
+    pending = make_session(alice, name="waiting")
+    assert signed_call(client, kp, "DELETE", "/session/waiting").json()["status"] == \
+        "cancelled"
+    pending.refresh_from_db()
+    assert pending.status == Status.CANCELLED
+
+
+def test_recursive_destroy_cancels_the_dependents_too(client, kp, alice):
+    base = make_session(alice, name="base")
+    dependent = make_session(alice, name="dependent")
+    dependent.dependencies.add(base)
+    response = signed_call(client, kp, "DELETE", "/session/base?recursive=true")
+    assert response.status_code == 200
+    assert set(Session.objects.values_list("status", flat=True)) == {Status.CANCELLED}
+
+
+def test_rename_keeps_names_unique_among_live_sessions(client, kp, alice):
+    session = make_session(alice, name="old")
+    make_session(alice, name="taken")
+    clash = signed_call(client, kp, "POST", "/session/old/rename?name=taken")
+    assert clash.status_code == 409
+    assert clash.json()["msg"] == "You already have a live session named 'taken'."
+    response = signed_call(client, kp, "POST", "/session/old/rename?name=new")
+    assert response.status_code == 204
+    session.refresh_from_db()
+    assert session.name == "new"
+    event = SessionEvent.objects.get(session=session, name="session_renamed")
+    assert event.data == {"from": "old", "to": "new"}
+
+
+def test_restart_needs_a_running_session(client, kp, alice):
+    make_session(alice, name="pending")
+    response = signed_call(client, kp, "PATCH", "/session/pending")
+    assert response.status_code == 409
+    assert "only a RUNNING session can be restarted" in response.json()["msg"]
+
+
+def test_restart_records_the_request_and_asks_the_agent(client, kp, alice, monkeypatch,
+                                                        django_capture_on_commit_callbacks):
+    sent = []
+    monkeypatch.setattr("agents_app.rpc._send", lambda agent, task, **kw: sent.append(
+        (agent, task, kw)))
+    session = make_session(alice, Status.RUNNING, name="s1")
+    kernel = session.kernels.get()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = signed_call(client, kp, "PATCH", "/session/s1")
+    assert response.status_code == 204
+    assert SessionEvent.objects.filter(session=session, name="session_restarting").exists()
+    assert sent == [(kernel.agent_id, "agent.restart_kernel", {
+        "kernel_id": str(kernel.pk), "container_id": kernel.container_id,
+        "grace_period": 10})]
+
+
+def test_execute_answers_in_the_sdk_result_format(client, kp, alice, monkeypatch):
+    calls = []
+
+    def fake_call(agent_id, task, wait, **kwargs):
+        calls.append(kwargs["command"])
+        return {"exit_code": 3, "stdout": "out\n", "stderr": ""}
+
+    monkeypatch.setattr("agents_app.rpc.call", fake_call)
+    make_session(alice, Status.RUNNING, name="s1")
+    query = signed_call(client, kp, "POST", "/session/s1",
+                        {"mode": "query", "code": "echo out; exit 3", "runId": None})
+    assert query.status_code == 200, query.content
+    result = query.json()["result"]
+    assert result["status"] == "finished" and result["exitCode"] == 3
+    assert result["console"] == [["stdout", "out\n"]] and result["runId"]
+    batch = signed_call(client, kp, "POST", "/session/s1", {
+        "mode": "batch", "code": "", "runId": "r1",
+        "options": {"build": "make", "exec": "./run", "clean": None, "buildLog": False}})
+    assert batch.json()["result"]["runId"] == "r1"
+    assert calls == ["echo out; exit 3", "( make ) && ( ./run )"]
+    unknown = signed_call(client, kp, "POST", "/session/s1", {"mode": "input", "code": "x"})
+    assert unknown.status_code == 400
+    assert "Unsupported execution mode 'input'" in unknown.json()["msg"]
+
+
+def test_query_mode_uses_the_images_interpreter_when_it_names_one(client, kp, alice,
+                                                                 monkeypatch):
+    from agents_app.models import Image
+
+    calls = []
+    monkeypatch.setattr("agents_app.rpc.call", lambda *a, **kw: calls.append(kw["command"])
+                        or {"exit_code": 0, "stdout": "", "stderr": ""})
+    make_agent()
+    Image.objects.filter(name=IMAGE).update(labels={"ai.backend.runtime-path": "/usr/bin/python3"})
+    make_session(alice, Status.RUNNING, name="s1")
+    signed_call(client, kp, "POST", "/session/s1", {"mode": "query", "code": "print('hi')"})
+    assert calls == ["exec /usr/bin/python3 -c 'print('\"'\"'hi'\"'\"')'"]
+
+
+def read_stream(response):
+    async def collect():
+        return [chunk async for chunk in response.streaming_content]
+    return b"".join(async_to_sync(collect)()).decode()
+
+
+def test_events_of_a_finished_session_replay_its_history_and_close(client, kp, alice):
+    session = make_session(alice, Status.CANCELLED, name="s1")
+    response = signed_call(client, kp, "GET", "/events/session?sessionName=s1&scope=*")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    body = read_stream(response)
+    events = [line.split(": ", 1)[1] for line in body.splitlines() if line.startswith("event:")]
+    assert events == ["session_enqueued", "kernel_cancelled", "session_cancelled",
+                      "server_close"]
+    assert f'"sessionId":"{session.pk}"' in body and f'"ownerAccessKey":"{kp.access_key}"' in body
+    scoped = signed_call(client, kp, "GET", "/events/session?sessionName=s1&scope=kernel")
+    body = read_stream(scoped)
+    assert [line for line in body.splitlines() if line.startswith("event:")] == [
+        "event: kernel_cancelled", "event: server_close"]
+
+
+def test_bad_event_stream_parameters_are_json_errors(client, kp):
+    response = signed_call(client, kp, "GET", "/events/session?scope=everything")
+    assert response.status_code == 400
+    assert response.json()["msg"] == "scope must be *, session or kernel."
+    response = signed_call(client, kp, "GET", "/events/session?sessionId=nope")
+    assert response.status_code == 400
+
+
+def test_unknown_session_is_404_in_backendai_form(client, kp):
+    response = signed_call(client, kp, "GET", "/session/nothing")
+    assert response.status_code == 404
+    assert response.json() == {"type": "https://api.backend.ai/probs/session-not-found",
+                               "title": "No such object.",
+                               "msg": "There is no session named 'nothing'."}
+
+
+def test_unknown_compat_paths_are_json_404(client, db):
+    response = client.get("/session/x/nothing")
+    assert response.status_code == 404 and response.json()["msg"] == (
+        "There is no /session/x/nothing.")

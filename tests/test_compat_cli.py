@@ -1,0 +1,145 @@
+"""The real `backend.ai` CLI (backend-ai-client 23.9.10, from PyPI, in its own venv) against
+the running system: daphne serving the web tier, a manager worker, an agent on Docker."""
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from sessions_app.keypairs import main_keypair
+from sessions_app.models import Session, SessionEvent, Status
+from tests.conftest import IMAGE, wait_for
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def backendai(backendai_cli, web_server, live, tmp_path):
+    """Runs the CLI as the owner of `keypair`; answers (exit code, stdout + stderr)."""
+
+    def environment(keypair):
+        return {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8",
+                "BACKEND_ENDPOINT": web_server.url, "BACKEND_ENDPOINT_TYPE": "api",
+                "BACKEND_ACCESS_KEY": keypair.access_key,
+                "BACKEND_SECRET_KEY": keypair.secret_key}
+
+    def run(keypair, *args, timeout=120):
+        done = subprocess.run([str(backendai_cli), *args], env=environment(keypair),
+                              capture_output=True, text=True, timeout=timeout)
+        return done.returncode, done.stdout + done.stderr
+
+    def start(keypair, *args):
+        return subprocess.Popen([str(backendai_cli), *args], env=environment(keypair),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    run.start = start
+    return run
+
+
+def session_named(name):
+    return Session.objects.filter(name=name).order_by("-created_at").first()
+
+
+def streamed_events(output):
+    """(event name, data) of each line `backend.ai session events` printed."""
+    found = []
+    for line in output.splitlines():
+        match = re.match(r"^(\w+) (\{.*\})$", line.strip())
+        if match:
+            found.append((match.group(1), json.loads(match.group(2))))
+    return found
+
+
+def test_the_cli_creates_follows_restarts_and_destroys_a_session(backendai, alice,
+                                                                docker_client):
+    kp = main_keypair(alice)
+    code, out = backendai(kp, "create", "-t", "interactive", "--name", "cli1", "-r", "cpu=1",
+                          "-r", "mem=256m", "--startup-command", "echo hello-from-kernel",
+                          IMAGE)
+    session = session_named("cli1")
+    assert code == 0, out
+    assert f"Session ID {session.pk} is created and ready." in out
+    assert session.status == Status.RUNNING
+    assert session.requested_slots == {"cpu": "1", "mem": str(256 * 2**20)}
+
+    events = backendai.start(kp, "session", "events", "cli1")
+
+    code, out = backendai(kp, "session", "logs", "cli1")
+    assert code == 0 and "hello-from-kernel" in out and "End of logs." in out, out
+
+    code, out = backendai(kp, "session", "status-history", "cli1")
+    assert code == 0, out
+    assert "('PENDING', " in out and "('RUNNING', " in out
+
+    container_id = session.kernels.get().container_id
+    code, out = backendai(kp, "restart", "cli1")
+    assert code == 0 and "Done." in out, out
+    wait_for(lambda: SessionEvent.objects.filter(session=session,
+                                                 name="kernel_restarted").exists(),
+             timeout=60, message="kernel_restarted")
+    assert docker_client.containers.get(container_id).status == "running"
+    assert Session.objects.get(pk=session.pk).status == Status.RUNNING
+
+    code, out = backendai(kp, "session", "rename", "cli1", "cli1-renamed")
+    assert code == 0 and "Session renamed to cli1-renamed." in out, out
+
+    code, out = backendai(kp, "rm", "-f", "cli1-renamed")
+    assert code == 1, out
+    assert "You are not allowed to force-terminate" in out
+    assert Session.objects.get(pk=session.pk).status == Status.RUNNING
+
+    code, out = backendai(kp, "rm", "cli1-renamed")
+    assert code == 0 and "Done." in out, out
+    wait_for(lambda: Session.objects.get(pk=session.pk).status == Status.TERMINATED,
+             message="TERMINATED")
+
+    # The stream ends by itself (server_close) once the session has finished.
+    out, _ = events.communicate(timeout=60)
+    names = [name for name, _ in streamed_events(out)]
+    assert names[0] == "session_enqueued"
+    assert {"session_started", "session_restarting", "kernel_restarted", "session_renamed",
+            "session_terminating", "kernel_terminated"} <= set(names)
+    assert names[-2:] == ["session_terminated", "server_close"]
+    data = dict(streamed_events(out))["session_terminated"]
+    assert data["sessionId"] == str(session.pk) and data["ownerAccessKey"] == kp.access_key
+
+
+def test_an_admin_force_terminates_a_users_session(backendai, alice, carol):
+    user_kp, admin_kp = main_keypair(alice), main_keypair(carol)
+    code, out = backendai(user_kp, "create", "--name", "cli2", IMAGE)
+    assert code == 0, out
+    code, out = backendai(user_kp, "rm", "-f", "cli2")
+    assert code == 1 and "You are not allowed to force-terminate" in out, out
+    code, out = backendai(admin_kp, "rm", "-f", "-o", user_kp.access_key, "cli2")
+    assert code == 0 and "Done." in out, out
+    session = session_named("cli2")
+    wait_for(lambda: Session.objects.get(pk=session.pk).status == Status.TERMINATED,
+             message="TERMINATED")
+    assert Session.objects.get(pk=session.pk).status_info == "force-terminated"
+
+
+def test_a_batch_sessions_exit_is_reported(backendai, alice):
+    kp = main_keypair(alice)
+    code, out = backendai(kp, "create", "--type", "batch", "--name", "batch1",
+                          "--startup-command", "echo batch-output; sleep 1; exit 3", IMAGE)
+    assert code == 0, out
+    session = session_named("batch1")
+    wait_for(lambda: Session.objects.get(pk=session.pk).status == Status.TERMINATED,
+             message="TERMINATED")
+    code, out = backendai(kp, "session", "events", "batch1", timeout=60)
+    events = dict(streamed_events(out))
+    assert events["session_failure"]["exitCode"] == 3
+    assert events["kernel_terminated"]["exitCode"] == 3
+    assert "session_terminated" in events
+    code, out = backendai(kp, "session", "logs", "batch1")
+    assert code == 0 and "batch-output" in out, out
+    code, out = backendai(kp, "rm", "batch1")  # finished already: nothing changes
+    assert code == 0, out
+
+
+def test_cli_errors_are_printed_from_backendai_json(backendai, alice):
+    code, out = backendai(main_keypair(alice), "session", "logs", "no-such-session")
+    assert code == 1
+    assert "No such object." in out and "There is no session named 'no-such-session'." in out
