@@ -98,12 +98,16 @@ def check_progress():
     now = clock.now()
     moved = 0
     for group in ScalingGroup.objects.filter(is_active=True):
-        for kernel in _kernels(S.PULLING, session__scaling_group=group,
-                               status_changed__lt=now - timedelta(seconds=group.pull_timeout)):
-            moved += bool(retry_stage(kernel, "preparing", "image pull timed out"))
-        for kernel in _kernels(S.CREATING, session__scaling_group=group,
-                               status_changed__lt=now - timedelta(seconds=group.create_timeout)):
-            moved += bool(retry_stage(kernel, "creating", "container creation timed out"))
+        for status, stage, timeout, error in (
+                (S.PULLING, "preparing", group.pull_timeout, "image pull timed out"),
+                (S.CREATING, "creating", group.create_timeout, "container creation timed out")):
+            cutoff = now - timedelta(seconds=timeout)
+            for kernel in _kernels(status, session__scaling_group=group,
+                                   status_changed__lt=cutoff):
+                last_try = kernel.status_data.get("last_retry")
+                if last_try and clock.parse(last_try) > cutoff:
+                    continue  # each try gets the whole timeout
+                moved += bool(retry_stage(kernel, stage, error))
         for kernel in _kernels(S.TERMINATING, session__scaling_group=group,
                                status_changed__lt=now - timedelta(
                                    seconds=group.terminate_timeout)):
@@ -135,7 +139,8 @@ def retry_stage(kernel, stage, error):
     retries[stage] = retries.get(stage, 0) + 1
     if retries[stage] < settings.RETRY_LIMIT:
         engine.set_kernel_data(kernel, status_data={**kernel.status_data, "retries": retries,
-                                                    "last_error": error[:500]})
+                                                    "last_error": error[:500],
+                                                    "last_retry": clock.now().isoformat()})
         engine.record_event(kernel.session, f"kernel_retry_{stage}", kernel=kernel,
                             reason=error[:255], actor="scheduler",
                             data={"try": retries[stage] + 1, "error": error[:500]})

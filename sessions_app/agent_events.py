@@ -76,8 +76,9 @@ def _terminated(kernel, data, actor):
     exit_code = data.get("exit_code")
     if data.get("log_tail"):
         engine.set_kernel_data(kernel, log_tail=data["log_tail"][-65536:])
+    # A quick command can end before its kernel_started report is handled: CREATING too.
     if kernel.is_main and kernel.session.session_type == "batch" and \
-            kernel.status == S.RUNNING and exit_code is not None:
+            kernel.status in (S.CREATING, S.RUNNING) and exit_code is not None:
         _record_batch_result(kernel, exit_code, actor)
     moved = engine.mark_kernel_terminated(kernel, reason=reason, exit_code=exit_code,
                                           actor=actor)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.core.management import CommandError
 from django.db import connection
 
 from scheduling_app.models import ensure_defaults
@@ -93,6 +94,29 @@ def sent(monkeypatch):
     monkeypatch.setattr("backendai_web.celery.app.send_task",
                         lambda name, **kw: calls.append((name, kw.get("kwargs"))))
     return calls
+
+
+@pytest.fixture(scope="session", autouse=True)
+def flush_retries_on_deadlock():
+    """The live system's workers keep writing (heartbeats every 0.5 s) while a
+    transactional test's flush truncates every table; PostgreSQL may then pick the flush
+    as a deadlock victim. Try it again instead of failing the next test."""
+    from django.core.management.commands import flush
+
+    original = flush.Command.handle
+
+    def handle(self, *args, **options):
+        for attempt in range(5):
+            try:
+                return original(self, *args, **options)
+            except CommandError as exc:
+                if "deadlock" not in repr(exc.__cause__).lower() or attempt == 4:
+                    raise
+                time.sleep(0.2)
+
+    flush.Command.handle = handle
+    yield
+    flush.Command.handle = original
 
 
 @pytest.fixture(autouse=True)
@@ -203,13 +227,15 @@ class LiveSystem:
         self.agent.stop()
         self.agent = self.agent_process().start()
 
-    def wait_for_agent(self, timeout=60):
+    def wait_for_agent(self, timeout=60, since=None):
+        """The agent ALIVE, with a heartbeat after `since` (a restarted agent is up)."""
         from agents_app.models import Agent, AgentStatus
 
-        return wait_for(
-            lambda: Agent.objects.filter(pk=self.agent_id, status=AgentStatus.ALIVE).first(),
-            timeout=timeout, message=f"agent {self.agent_id} to heartbeat",
-        )
+        agents = Agent.objects.filter(pk=self.agent_id, status=AgentStatus.ALIVE)
+        if since is not None:
+            agents = agents.filter(last_heartbeat__gt=since)
+        return wait_for(agents.first, timeout=timeout,
+                        message=f"agent {self.agent_id} to heartbeat")
 
 
 @pytest.fixture(scope="session")

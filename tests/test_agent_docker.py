@@ -1,5 +1,6 @@
 """The Docker agent against a real engine, through the live system."""
 
+import contextlib
 import io
 import os
 import shutil
@@ -8,6 +9,7 @@ import tarfile
 import time
 
 import pytest
+from docker.errors import ImageNotFound
 
 from agents_app.models import Image
 from sessions_app.models import Kernel, Session, SessionEvent, Status
@@ -186,7 +188,8 @@ def test_an_image_missing_on_the_agent_is_pulled_from_the_registry(live, as_alic
     for line in docker_client.images.push(remote, stream=True, decode=True):
         assert "error" not in line, line
     docker_client.images.remove(remote)
-    Image.objects.create(name=remote, registry=registry)
+    # A heartbeat may have seen the local tag before it was removed, and registered it.
+    Image.objects.update_or_create(name=remote, defaults={"registry": registry})
     session_id = create(as_alice, "pulled", image=remote)
     wait_status(session_id, S.RUNNING, timeout=60)
     names = events(session_id)
@@ -212,7 +215,8 @@ def unhealthy_image(docker_client):
     buffer.seek(0)
     docker_client.images.build(fileobj=buffer, custom_context=True, tag=name)
     yield name
-    docker_client.images.remove(name, force=True)
+    with contextlib.suppress(ImageNotFound):  # removed already
+        docker_client.images.remove(name, force=True)
 
 
 def test_an_unhealthy_container_is_reported_not_killed(live, as_alice, unhealthy_image):

@@ -14,6 +14,7 @@ import pytest
 from agents_app.models import Agent, AgentStatus
 from scheduling_app import handlers
 from scheduling_app.models import ScalingGroup
+from sessions_app import clock
 from sessions_app.models import Kernel, Session, Status
 from tests.conftest import IMAGE, Process, wait_for
 
@@ -41,8 +42,9 @@ def test_agent_killed_while_running_keeps_the_session_on_the_same_container(
     wait_for(lambda: Session.objects.get(pk=session_id).status == S.RUNNING, message="RUNNING")
     kernel = Kernel.objects.get(session_id=session_id)
     live.agent.kill()
+    killed_at = clock.now()
     live.restart_agent()
-    live.wait_for_agent()
+    live.wait_for_agent(since=killed_at)
     time.sleep(2)  # a few heartbeats of the new agent, each one reconciling
     kernel.refresh_from_db()
     assert kernel.status == S.RUNNING
@@ -57,16 +59,17 @@ def test_agent_killed_while_running_keeps_the_session_on_the_same_container(
 
 def test_agent_killed_during_creating_leaves_no_container_and_the_session_runs(
         live, alice, client, docker_client):
-    ScalingGroup.objects.filter(name="default").update(create_timeout=2)
+    ScalingGroup.objects.filter(name="default").update(create_timeout=5)
     client.force_login(alice)
     session_id = create(client, "interrupted")
     wait_for(lambda: Kernel.objects.get(session_id=session_id).status in (S.CREATING,
                                                                            S.RUNNING),
              interval=0.005, message="CREATING")
     live.agent.kill()
+    killed_at = clock.now()
     kernel = Kernel.objects.get(session_id=session_id)
     live.restart_agent()
-    live.wait_for_agent()
+    live.wait_for_agent(since=killed_at)
 
     def settled():
         handlers.check_progress()  # what beat does: a CREATING past its timeout is retried

@@ -222,6 +222,12 @@ def test_stuck_stages_time_out(alice, sent):
     creating_kernel = creating.kernels.get()
     assert creating_kernel.status == S.CREATING
     assert creating_kernel.status_data["retries"] == {"creating": 1}
+    with time_machine.travel(clock.now() + timedelta(seconds=90)):
+        handlers.check_progress()  # 29 s after the retry: it still has its time
+    assert creating.kernels.get().status_data["retries"] == {"creating": 1}
+    with time_machine.travel(clock.now() + timedelta(seconds=122)):
+        handlers.check_progress()
+    assert creating.kernels.get().status_data["retries"] == {"creating": 2}
     t = terminating.kernels.get()
     assert (t.status, t.status_info) == (S.TERMINATED, "force-terminated")
 
