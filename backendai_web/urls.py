@@ -65,5 +65,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     *compat_urls,
-    re_path(r"^(?:api|session|events)(?P<rest>/.*)?$", not_found),
+    # [\s\S], not ".": a path may hold a decoded newline, and must still get JSON.
+    re_path(r"^(?:api|session|events)(?P<rest>/[\s\S]*)?$", not_found),
 ]

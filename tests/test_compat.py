@@ -278,3 +278,9 @@ def test_unknown_compat_paths_are_json_404(client, db):
     response = client.get("/session/x/nothing")
     assert response.status_code == 404 and response.json()["msg"] == (
         "There is no /session/x/nothing.")
+
+
+def test_a_path_with_a_newline_under_the_api_is_a_json_404(client, db):
+    response = client.get("/api/v1/kernels/a%0Ab/")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("application/json")
