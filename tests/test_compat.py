@@ -288,6 +288,8 @@ def test_unknown_compat_paths_are_json_404(client, db):
     response = client.get("/session/x/nothing")
     assert response.status_code == 404 and response.json()["msg"] == (
         "There is no /session/x/nothing.")
+    response = client.get("/api/v1/kernels/a%0Ab/")  # found by schemathesis: an HTML 404
+    assert response.status_code == 404 and response.json()["type"].endswith("/object-not-found")
 
 
 # Whatever the SDK's bodies hold, the answer is a 2xx or a Backend.AI-form 4xx.
