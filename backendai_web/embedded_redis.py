@@ -30,10 +30,13 @@ def answers(port, host="127.0.0.1"):
 
 
 def command(port, directory, daemonize):
+    # Absolute: redis-server changes into --dir before it writes the pidfile, and a
+    # relative pidfile path then names a file that --stop never finds.
+    directory = Path(directory).resolve()
     return [server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(directory),
             "--daemonize", "yes" if daemonize else "no",
-            "--pidfile", str(Path(directory) / "redis.pid")]
+            "--pidfile", str(directory / "redis.pid")]
 
 
 def main(argv=None):

@@ -17,7 +17,7 @@ from django.views.decorators.http import require_POST
 from agents_app.models import Agent, AgentStatus
 from scheduling_app.slots import ResourceSlots, format_bytes
 
-from . import clock, timeline
+from . import activity, clock, timeline
 from .forms import SessionForm
 from .keypairs import is_admin, main_keypair
 from .lifecycle import DestroyRefused, destroy_session
@@ -77,6 +77,7 @@ def session_create(request):
 @login_required
 def session_detail(request, pk):
     session = visible_session(request, pk)
+    activity.touch(session.pk, request.user)  # the owner looking at it is using it
     _, admin = viewer(request)
     events = list(session.events.select_related("kernel").order_by("created_at", "id"))
     return render(request, "dashboard/session_detail.html", {

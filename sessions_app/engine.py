@@ -103,8 +103,11 @@ def derive_session_status(kernel_statuses):
     if statuses <= FINISHED_STATUSES:
         return S.CANCELLED if statuses == {S.CANCELLED} else S.TERMINATED
     if S.TERMINATING in statuses or statuses & FINISHED_STATUSES:
-        # Only unscheduled kernels left: nothing to tear down, they are being cancelled.
-        return S.PENDING if statuses - FINISHED_STATUSES == {S.PENDING} else S.TERMINATING
+        # Cancelled and still-PENDING kernels only: a pending session being cancelled, with
+        # nothing to tear down. A TERMINATED kernel means the session had got further.
+        if statuses - FINISHED_STATUSES == {S.PENDING} and S.TERMINATED not in statuses:
+            return S.PENDING
+        return S.TERMINATING
     if S.ERROR in statuses:
         return S.ERROR
     return min(statuses, key=_PROGRESS.index)

@@ -188,7 +188,7 @@ def test_an_image_missing_on_the_agent_is_pulled_from_the_registry(live, as_alic
     for line in docker_client.images.push(remote, stream=True, decode=True):
         assert "error" not in line, line
     docker_client.images.remove(remote)
-    # The agent's heartbeat may have reported the tag before it was removed.
+    # A heartbeat may have seen the local tag before it was removed, and registered it.
     Image.objects.update_or_create(name=remote, defaults={"registry": registry})
     session_id = create(as_alice, "pulled", image=remote)
     wait_status(session_id, S.RUNNING, timeout=60)

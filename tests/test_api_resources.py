@@ -342,8 +342,8 @@ def test_the_window_slides(alice, redis_available):
 def test_without_redis_requests_pass(client, alice, settings, monkeypatch):
     import sessions_app.ratelimit as ratelimit
 
-    monkeypatch.setattr(ratelimit, "_script", None)  # undone after the test, so rebuilt
-    settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens there
+    monkeypatch.setattr(ratelimit, "_script", None)
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"  # the settings fixture restores it
     response = signed_call(client, main_keypair(alice), "GET", API + "sessions/")
     assert response.status_code == 200 and "X-RateLimit-Limit" not in response
     monkeypatch.setattr(ratelimit, "_script", None)

@@ -81,7 +81,7 @@ def test_agent_never_opens_a_database_connection(live):
     # The agent above ran with DATABASE_URL pointing where nothing listens, and with a
     # guard that raises on any connection; sessions still ran, and nothing tripped it.
     assert live.agent.env["DATABASE_URL"].endswith(":9/none")
-    assert "ready." in live.agent.output()
+    wait_for(lambda: "ready." in live.agent.output(), message="the agent's worker")
     assert "DatabaseForbidden" not in live.agent.output()
     assert "connection" not in live.agent.output().lower().replace(
         "connected to redis", "")

@@ -19,6 +19,7 @@ def test_derive_session_status_from_kernels():
     assert derive([S.ERROR, S.RUNNING]) == S.ERROR
     assert derive([S.TERMINATING, S.ERROR]) == S.TERMINATING
     assert derive([S.CANCELLED, S.PENDING]) == S.PENDING  # mid-cancel: nothing to tear down
+    assert derive([S.TERMINATED, S.PENDING]) == S.TERMINATING
 
 
 def test_every_status_has_a_row_and_finished_statuses_are_final():

@@ -187,3 +187,14 @@ def test_owner_activity_is_recorded_by_the_api_but_not_an_admins_look(alice, car
     client.get(f"/api/v1/sessions/{session.pk}/")
     assert Session.objects.get(pk=session.pk).last_activity is not None
     assert clock.now() >= Session.objects.get(pk=session.pk).last_activity
+
+
+def test_the_owners_session_page_counts_as_activity(alice, carol, client):
+    make_agent()
+    session = make_session(alice, Status.RUNNING)
+    client.force_login(carol)
+    assert client.get(f"/sessions/{session.pk}/").status_code == 200
+    assert Session.objects.get(pk=session.pk).last_activity is None
+    client.force_login(alice)
+    assert client.get(f"/sessions/{session.pk}/").status_code == 200
+    assert Session.objects.get(pk=session.pk).last_activity is not None

@@ -7,7 +7,7 @@ import contextlib
 from collections import defaultdict
 
 from django.contrib.auth import get_user_model
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.django import TestCase
 
@@ -35,6 +35,7 @@ operations = st.lists(st.one_of(
 
 class InvariantTests(TestCase):
     @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @example([("create", 2), ("move", 0, 0, Status.ERROR), ("destroy", 0, True)])
     @given(operations)
     def test_invariants_hold_under_random_operations(self, ops):
         ensure_defaults()
