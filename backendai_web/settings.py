@@ -147,6 +147,7 @@ REST_FRAMEWORK = {
     # at /api/docs/.
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "sessions_app.negotiation.JSONUnlessAsked",
     "PAGE_SIZE": 50,
     "DEFAULT_THROTTLE_CLASSES": ["sessions_app.ratelimit.KeypairRateThrottle"],
     "EXCEPTION_HANDLER": "sessions_app.api_errors.exception_handler",

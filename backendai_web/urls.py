@@ -65,6 +65,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     *compat_urls,
-    # [\s\S], not ".": a path may hold a decoded newline, and must still get JSON.
-    re_path(r"^(?:api|session|events)(?P<rest>/[\s\S]*)?$", not_found),
+    # [\s\S] and \Z: a path with an encoded newline is under /api/ too.
+    re_path(r"^(?:api|session|events)(?P<rest>/[\s\S]*)?\Z", not_found),
 ]

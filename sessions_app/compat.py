@@ -384,7 +384,8 @@ class SessionEvents(CompatView):
             groups = [ADMINS_GROUP]
         else:
             groups = [user_group(owner.user_id)]
-        spec["owner_id"] = None if groups == [ADMINS_GROUP] else owner.user_id
+        # One session was already checked; a user's group carries only that user's.
+        spec["owner_id"] = owner.user_id if groups == [user_group(owner.user_id)] else None
 
         async def follow_up():
             response = StreamingHttpResponse(event_stream(groups, spec),

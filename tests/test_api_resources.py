@@ -170,6 +170,23 @@ def test_resource_policies_validate_slots(client, carol):
     assert response.json()["total_resource_slots"] == {"cpu": "2", "mem": str(4 * 2**30)}
 
 
+def test_browser_sessions_need_the_csrf_token_for_changes(alice):
+    from django.test import Client
+
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(alice)
+    assert browser.get(API + "sessions/").status_code == 200
+    response = browser.post(API + "sessions/", {"name": "s", "image": "x"},
+                            content_type="application/json")
+    assert response.status_code == 403
+    assert "CSRF" in response.json()["msg"]
+    browser.get("/admin/login/")  # sets the csrftoken cookie
+    token = browser.cookies["csrftoken"].value
+    response = browser.post(API + "sessions/", {"name": "s", "image": "x"},
+                            content_type="application/json", headers={"X-CSRFToken": token})
+    assert response.status_code == 201
+
+
 def test_an_admin_keypair_makes_its_user_an_admin(client, alice, bob):
     make_session(bob, name="theirs")
     admin_key = KeyPair.objects.create(user=alice, is_admin=True,
@@ -373,3 +390,10 @@ def test_a_keypair_never_moves_to_another_user(client, alice, carol):
                           content_type="application/json")
     assert response.status_code == 200, response.content
     assert response.json()["user"] == "alice" and response.json()["rate_limit"] == 7
+
+
+def test_a_browser_opening_an_api_url_gets_json(as_alice):
+    response = as_alice.get(API + "sessions/", headers={"Accept": "text/html"})
+    assert response.status_code == 200 and response["Content-Type"] == "application/json"
+    response = as_alice.get(API + "sessions/nope/", headers={"Accept": "text/html"})
+    assert response.status_code == 404 and response.json()["msg"]

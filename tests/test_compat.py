@@ -6,6 +6,8 @@ request and response shapes, the lookups and the refusals, without Docker.
 
 import pytest
 from asgiref.sync import async_to_sync
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, SessionEvent, Status
@@ -258,6 +260,14 @@ def test_events_of_a_finished_session_replay_its_history_and_close(client, kp, a
         "event: kernel_cancelled", "event: server_close"]
 
 
+def test_an_admin_follows_another_users_session_by_id(client, admin_kp, alice):
+    session = make_session(alice, Status.CANCELLED, name="s1")
+    response = signed_call(client, admin_kp, "GET", f"/events/session?sessionId={session.pk}")
+    events = [line for line in read_stream(response).splitlines() if line.startswith("event:")]
+    assert events == ["event: session_enqueued", "event: kernel_cancelled",
+                      "event: session_cancelled", "event: server_close"]
+
+
 def test_bad_event_stream_parameters_are_json_errors(client, kp):
     response = signed_call(client, kp, "GET", "/events/session?scope=everything")
     assert response.status_code == 400
@@ -278,9 +288,55 @@ def test_unknown_compat_paths_are_json_404(client, db):
     response = client.get("/session/x/nothing")
     assert response.status_code == 404 and response.json()["msg"] == (
         "There is no /session/x/nothing.")
+    response = client.get("/api/v1/kernels/a%0Ab/")  # found by schemathesis: an HTML 404
+    assert response.status_code == 404 and response.json()["type"].endswith("/object-not-found")
 
 
-def test_a_path_with_a_newline_under_the_api_is_a_json_404(client, db):
-    response = client.get("/api/v1/kernels/a%0Ab/")
-    assert response.status_code == 404
-    assert response["Content-Type"].startswith("application/json")
+# Whatever the SDK's bodies hold, the answer is a 2xx or a Backend.AI-form 4xx.
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=12)
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=3),
+    max_leaves=6)
+CREATE_KEYS = ["name", "clientSessionToken", "image", "lang", "type", "clusterSize",
+               "clusterMode", "startupCommand", "tag", "dependencies", "domain", "group",
+               "owner_access_key", "reuseIfExists", "maxWaitSeconds", "bootstrap_script",
+               "starts_at"]
+CONFIG = st.fixed_dictionaries({}, optional={
+    key: JSON for key in ("resources", "scalingGroup", "mounts", "environ", "agentList")})
+CREATE_BODY = st.fixed_dictionaries(
+    {"enqueueOnly": st.just(True)},  # never wait: no scheduler runs here
+    optional={**{key: JSON for key in CREATE_KEYS}, "config": JSON | CONFIG,
+              "name": st.sampled_from(["s1", "s-2", "x" * 65, ""]) | JSON,
+              "image": st.just(IMAGE) | JSON})
+EXECUTE_BODY = st.fixed_dictionaries({}, optional={
+    "mode": st.sampled_from(["query", "batch", "continue", "input"]) | JSON,
+    "code": st.text(max_size=20) | JSON, "runId": JSON,
+    "options": JSON | st.fixed_dictionaries({}, optional={
+        "build": st.text(max_size=8) | JSON, "exec": st.text(max_size=8) | JSON})})
+FUZZ = settings(max_examples=60, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def assert_answered_in_form(response):
+    assert response.status_code < 500, response.content
+    if response.status_code >= 400:
+        assert {"type", "title", "msg"} <= set(response.json())
+
+
+@FUZZ
+@given(body=CREATE_BODY)
+def test_any_create_body_is_answered_in_form(client, kp, body):
+    assert_answered_in_form(signed_call(client, kp, "POST", "/session", body))
+
+
+@FUZZ
+@given(body=EXECUTE_BODY)
+def test_any_execute_body_is_answered_in_form(client, kp, alice, monkeypatch, body):
+    monkeypatch.setattr("agents_app.rpc.call", lambda *a, **kw: {
+        "exit_code": 0, "stdout": "", "stderr": ""})
+    if not Session.objects.filter(name="fuzz").exists():
+        make_session(alice, Status.RUNNING, name="fuzz")
+    assert_answered_in_form(signed_call(client, kp, "POST", "/session/fuzz", body))
