@@ -366,10 +366,15 @@ def schedule_sessions(placements, *, actor="scheduler"):
         .filter(session_id__in=[sid for sid, _ in placements], status=S.PENDING)
         .values_list("id", "session_id", "requested_slots", "status_history")
     }
+    session_rows = {
+        row[0]: row for row in Session.objects.select_for_update()
+        .filter(pk__in=[sid for sid, _ in placements], status=S.PENDING)
+        .values_list("id", "name", "user_id", "keypair_id", "status_history")
+    }
     placed, kernel_updates, occupying = [], [], {}
     occupied = {}
     for session_id, placement in placements:
-        if any(kid not in kernel_rows for kid in placement):
+        if session_id not in session_rows or any(kid not in kernel_rows for kid in placement):
             continue  # cancelled or changed since the snapshot
         need = {}
         for kernel_id, agent_id in placement.items():
@@ -400,16 +405,16 @@ def schedule_sessions(placements, *, actor="scheduler"):
     ])
     update_rows(Agent, ["occupied_slots"],
                 [(agent_id, slots.to_json()) for agent_id, slots in occupied.items()])
-    Session.objects.filter(pk__in=placed, status=S.PENDING).update(
-        status=S.SCHEDULED, status_info="", status_changed=now,
-        status_history=JSONMerge("status_history", stamp),
-    )
-    update_rows(Session, ["occupying_slots"], list(occupying.items()))
-    rows = list(Session.objects.filter(pk__in=placed).values_list("id", "name", "user_id",
-                                                                   "keypair_id"))
-    sessions = {pk: _SessionRef(pk, name, user_id) for pk, name, user_id, _ in rows}
-    per_keypair = {}
-    for _, _, _, keypair_id in rows:
+    update_rows(Session, ["status", "status_info", "status_changed", "status_history",
+                          "occupying_slots"], [
+        (session_id, S.SCHEDULED, "", now, {**session_rows[session_id][4], **stamp},
+         occupying[session_id])
+        for session_id in placed
+    ])
+    sessions, per_keypair = {}, {}
+    for session_id in placed:
+        _, name, user_id, keypair_id, _ = session_rows[session_id]
+        sessions[session_id] = _SessionRef(session_id, name, user_id)
         per_keypair[keypair_id] = per_keypair.get(keypair_id, 0) + 1
     keypairs = list(KeyPair.objects.select_for_update().filter(pk__in=per_keypair))
     for keypair in keypairs:

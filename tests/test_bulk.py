@@ -1,0 +1,43 @@
+"""The bulk writers keep every value as Django would store it, on both databases."""
+
+import datetime
+
+from agents_app.models import Agent
+from sessions_app.bulk import insert_rows, update_rows
+from sessions_app.models import Kernel, SessionEvent, Status
+from tests.factories import make_agent, make_session
+
+
+def test_insert_rows_returns_ids_in_order_and_keeps_values(alice):
+    session = make_session(alice, Status.PENDING)
+    kernel = session.kernels.get()
+    at = datetime.datetime(2026, 11, 22, 1, 2, 3, 456789, tzinfo=datetime.UTC)
+    rows = [(session.pk, kernel.pk if i % 2 else None, f"e{i}", "", "", "it's \"quoted\"",
+             "me", {"i": i, "nested": {"list": [1, None, "x"]}}, at + datetime.timedelta(i))
+            for i in range(25)]
+    ids = insert_rows(SessionEvent, ["session", "kernel", "name", "from_status", "to_status",
+                                     "reason", "actor", "data", "created_at"],
+                      rows, batch_size=10, returning="id")
+    events = SessionEvent.objects.in_bulk(ids)
+    assert [events[pk].name for pk in ids] == [f"e{i}" for i in range(25)]
+    first, second = events[ids[0]], events[ids[1]]
+    assert first.kernel_id is None and second.kernel_id == kernel.pk
+    assert first.reason == "it's \"quoted\""
+    assert second.data == {"i": 1, "nested": {"list": [1, None, "x"]}}
+    assert first.created_at == at  # microseconds kept
+
+
+def test_update_rows_writes_each_row_its_values(alice):
+    one, two = make_agent("a1"), make_agent("a2")
+    update_rows(Agent, ["occupied_slots", "addr"], [
+        (one.pk, {"cpu": "1", "mem": "1g"}, "10.0.0.1"), (two.pk, {}, "10.0.0.2")])
+    one.refresh_from_db(), two.refresh_from_db()
+    assert one.occupied_slots == {"cpu": "1", "mem": "1073741824"}  # normalised by the field
+    assert (one.addr, two.occupied_slots, two.addr) == ("10.0.0.1", {}, "10.0.0.2")
+    kernel = make_session(alice, Status.PENDING).kernels.get()
+    changed = datetime.datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=datetime.UTC)
+    update_rows(Kernel, ["status", "status_changed", "agent", "last_stat"],
+                [(kernel.pk, Status.SCHEDULED, changed, one.pk, {"cpu": [1.5, None]})])
+    kernel.refresh_from_db()
+    assert (kernel.status, kernel.status_changed, kernel.agent_id, kernel.last_stat) == (
+        Status.SCHEDULED, changed, one.pk, {"cpu": [1.5, None]})
