@@ -51,6 +51,16 @@ def start_sessions():
     return _advance(S.PREPARED, engine.mark_kernel_creating, rpc.send_create_kernel)
 
 
+@transaction.atomic(savepoint=False)
+def start_session(session):
+    """PREPARED → CREATING for a session whose kernels are all prepared; each is sent to
+    its agent after commit."""
+    for kernel in session.kernels.filter(status=S.PREPARED).order_by("cluster_role",
+                                                                      "cluster_idx"):
+        if engine.mark_kernel_creating(kernel):
+            transaction.on_commit(lambda k=kernel: rpc.send_create_kernel(k))
+
+
 def _advance(status, mark, send):
     """Move the kernels of sessions wholly in `status` on, and send each to its agent
     after commit."""

@@ -34,12 +34,15 @@ def _pulling(kernel, data, actor):
     return engine.mark_kernel_pulling(kernel, progress=data, actor=actor)
 
 
+@transaction.atomic(savepoint=False)
 def _pulled(kernel, data, actor):
     moved = engine.mark_kernel_prepared(kernel, actor=actor)
-    if moved:  # the next step at once, in this worker, rather than one more task away
-        from scheduling_app.handlers import start_sessions
+    if moved and moved.session.status == S.PREPARED:
+        # Its last kernel is ready: the next step at once, in this transaction, rather
+        # than one more task or transaction away.
+        from scheduling_app.handlers import start_session
 
-        transaction.on_commit(start_sessions)
+        start_session(moved.session)
     return moved
 
 

@@ -135,7 +135,6 @@ def record_enqueued(session, *, actor):
             session.created_at)
 
 
-@transaction.atomic
 def transition_kernel(kernel, to_status, *, reason="", actor="system", from_statuses=None,
                       data=None, status_data=None, **fields):
     """Move one kernel to `to_status`; None when it was no longer in `from_statuses`.
@@ -144,8 +143,17 @@ def transition_kernel(kernel, to_status, *, reason="", actor="system", from_stat
     columns to set in the same UPDATE (container_id, exit_code, agent, ...).
     """
     from_statuses = set(from_statuses or {kernel.status})
-    for from_status in from_statuses:
+    for from_status in from_statuses:  # before any write: the caller's transaction goes on
         check_transition(kernel, from_status, to_status)
+    # No savepoint: every transition is on the path of a session's start, and a failure
+    # past this point is a database error that ends the caller's transaction anyway.
+    with transaction.atomic(savepoint=False):
+        return _transition_kernel(kernel, to_status, reason, actor, from_statuses, data,
+                                  status_data, fields)
+
+
+def _transition_kernel(kernel, to_status, reason, actor, from_statuses, data, status_data,
+                       fields):
     current = Kernel.objects.select_for_update().filter(pk=kernel.pk).first()
     if current is None or current.status not in from_statuses:
         return None
@@ -169,10 +177,11 @@ def transition_kernel(kernel, to_status, *, reason="", actor="system", from_stat
     for name, value in values.items():
         setattr(current, name, value)
     _account_kernel(current, held_on, from_status, to_status)
-    session = current.session
+    # The session is locked after its kernel, as everywhere, and read once.
+    session = current.session = Session.objects.select_for_update().get(pk=current.session_id)
     _record(session, current, KERNEL_EVENT_NAMES[to_status], from_status, to_status, reason,
             actor, data, now)
-    refresh_session(session, reason=reason, actor=actor)
+    refresh_session(session, reason=reason, actor=actor, locked=True)
     for name, value in values.items():
         setattr(kernel, name, value)
     return current
@@ -227,10 +236,11 @@ def schedule_kernel(kernel, agent, *, reason="", actor="scheduler"):
     return moved
 
 
-@transaction.atomic
-def refresh_session(session, *, reason="", actor="system"):
-    """Derive the session's status from its kernels and record the change, if any."""
-    current = Session.objects.select_for_update().get(pk=session.pk)
+@transaction.atomic(savepoint=False)
+def refresh_session(session, *, reason="", actor="system", locked=False):
+    """Derive the session's status from its kernels and record the change, if any.
+    `locked`: the caller has just read `session` with select_for_update."""
+    current = session if locked else Session.objects.select_for_update().get(pk=session.pk)
     statuses = list(current.kernels.values_list("status", flat=True))
     to_status = derive_session_status(statuses)
     from_status = current.status
