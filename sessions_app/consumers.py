@@ -21,7 +21,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils.dateparse import parse_datetime
 
-from . import activity, clock
+from . import activity, clock, fanout
 from .events import ADMINS_GROUP, message_of, session_group, user_group
 from .keypairs import is_admin, main_keypair
 from .models import Session, SessionEvent
@@ -51,6 +51,10 @@ def parse_session_id(value):
 
 
 class EventsConsumer(AsyncJsonWebsocketConsumer):
+    # No channel of its own: the process's Fanout receives each group message once and
+    # calls `push` of every consumer in the group.
+    channel_layer_alias = None
+
     async def connect(self):
         self.user = self.scope.get("user")
         self.groups_joined = []
@@ -70,15 +74,18 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
             await self.join([user_group(self.user.pk) if self.mine_only else ADMINS_GROUP])
 
     async def join(self, groups):
-        for group in self.groups_joined:
-            await self.channel_layer.group_discard(group, self.channel_name)
-        for group in groups:
-            await self.channel_layer.group_add(group, self.channel_name)
+        hub = fanout.current()
+        if hub is not None:
+            for group in self.groups_joined:
+                await hub.discard(group, self.push)
+            for group in groups:
+                await hub.add(group, self.push)
         self.groups_joined = groups
 
     async def disconnect(self, code):
-        for group in getattr(self, "groups_joined", []):
-            await self.channel_layer.group_discard(group, self.channel_name)
+        hub = fanout.current()
+        for group in getattr(self, "groups_joined", []) if hub else []:
+            await hub.discard(group, self.push)
 
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict):
@@ -133,16 +140,7 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
                 .select_related("session").order_by("created_at", "id")[:CATCH_UP_LIMIT + 1])
         return [message_of(row) for row in rows]
 
-    async def dispatch(self, message):
-        # Channels closes stale database connections in a worker thread before every
-        # handler. A pushed event touches no database, and that thread hop, once per event
-        # per client, was most of the fan-out's cost (BENCHMARKS.md).
-        if message["type"] == "session.event":
-            await self.session_event(message)
-        else:
-            await super().dispatch(message)
-
-    async def session_event(self, event):
+    async def push(self, event):
         if self.session_events_only and event["message"]["event"].startswith("kernel_"):
             return
         await self.send(text_data=event["text"])

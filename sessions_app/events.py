@@ -139,7 +139,10 @@ async def _send(layer, batch, concurrency=64):
     # Each message is serialized once here rather than once per receiving browser.
     payloads = [(groups, {"type": "session.event", "message": msg, "text": json.dumps(msg)})
                 for groups, msg in batch]
-    sends = [(group, payload) for groups, payload in payloads for group in groups]
+    # Each message names its group: a web process receives it once per group and hands
+    # it to its own listeners of that group (sessions_app.fanout).
+    sends = [(group, {**payload, "group": group}) for groups, payload in payloads
+             for group in groups]
     if len(sends) <= 3:
         for group, payload in sends:
             await layer.group_send(group, payload)

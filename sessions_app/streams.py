@@ -14,10 +14,10 @@ import json
 import logging
 
 from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
 from django.http import JsonResponse
 from rest_framework.exceptions import APIException
 
+from . import fanout
 from .api_errors import error_body
 from .events import message_of
 from .models import FINISHED_STATUSES, Session, SessionEvent, Status
@@ -56,41 +56,23 @@ async def subscription(groups):
     """A queue of the channel-layer messages sent to `groups` while the block runs. Without
     a reachable layer the queue stays empty: callers also poll the database."""
     queue = asyncio.Queue()
-    layer = get_channel_layer()
-    channel, pump = None, None
-    if layer is not None:
-        try:
-            channel = await asyncio.wait_for(layer.new_channel(), SUBSCRIBE_TIMEOUT)
-            for group in groups:
-                await asyncio.wait_for(layer.group_add(group, channel), SUBSCRIBE_TIMEOUT)
-        except Exception as exc:  # Redis away or hanging: the caller still polls
-            log.warning("no channel-layer subscription for %s: %s", groups, exc)
-            channel = None
+    hub, joined = fanout.current(), []
 
-    async def receive_forever():
-        while True:
-            try:
-                queue.put_nowait(await layer.receive(channel))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("channel-layer receive failed: %s", exc)
-                await asyncio.sleep(1)
+    async def deliver(message):
+        queue.put_nowait(message)
 
-    if channel is not None:
-        # A task of its own, so that a waiter's timeout never cancels a receive half-way.
-        pump = asyncio.get_running_loop().create_task(receive_forever())
+    try:
+        for group in groups if hub else []:
+            await asyncio.wait_for(hub.add(group, deliver), SUBSCRIBE_TIMEOUT)
+            joined.append(group)
+    except Exception as exc:  # Redis away or hanging: the caller still polls
+        log.warning("no channel-layer subscription for %s: %s", groups, exc)
     try:
         yield queue
     finally:
-        if pump is not None:
-            pump.cancel()
-            with contextlib.suppress(BaseException):
-                await pump
-        if channel is not None:
-            for group in groups:
-                with contextlib.suppress(Exception):
-                    await layer.group_discard(group, channel)
+        for group in joined:
+            with contextlib.suppress(Exception):
+                await hub.discard(group, deliver)
 
 
 async def next_message(queue, timeout):
