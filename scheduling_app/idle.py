@@ -81,6 +81,15 @@ def remaining_for(report, now):
     return {**report, "remaining": remaining}
 
 
+def checks_of(session, now):
+    """A session's stored reports as the API and the session page show them (RUNNING
+    sessions only: the reports of a finished one are history, not a countdown)."""
+    if session.status != Status.RUNNING:
+        return {}
+    return {name: remaining_for(report, now)
+            for name, report in session.status_data.get("idle_checks", {}).items()}
+
+
 def network_timeout(s: IdleSession, now):
     if s.session_type == "batch" or not s.idle_timeout:
         return None
@@ -261,7 +270,9 @@ def check_idle():
             else:  # activity after the warning
                 data[report.checker].pop("warned", None)
                 warnings.append((s, report, "session_idle_warning_cancelled"))
-        if data != s.reports:  # deadlines stay put: most sessions need no write
+        # Deadlines stay put: most sessions need no write. An empty dict is written once,
+        # so that "no checker applies" can be told apart from "not checked yet".
+        if data != s.reports or "idle_checks" not in s.status_data:
             rows.append((s.id, {**s.status_data, "idle_checks": data}))
     with transaction.atomic():
         engine.set_sessions_status_data(rows)  # RUNNING sessions' status_data is ours
