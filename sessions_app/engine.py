@@ -17,7 +17,7 @@ from scheduling_app.slots import ResourceSlots
 
 from . import clock
 from . import events as events_module
-from .bulk import insert_rows, update_rows
+from .bulk import insert_rows, update_json_rows, update_rows
 from .models import FINISHED_STATUSES, Kernel, Session, SessionEvent, Status
 
 log = logging.getLogger(__name__)
@@ -444,4 +444,4 @@ class _SessionRef:
 def set_sessions_status_data(rows):
     """Bulk write of (session id, status_data): the scheduler's pending reasons, the idle
     checkers' reports."""
-    update_rows(Session, ["status_data"], rows, batch_size=5000)
+    update_json_rows(Session, "status_data", rows)
