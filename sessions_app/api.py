@@ -13,7 +13,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
-from scheduling_app.idle import remaining_for
+from scheduling_app.idle import checks_of as idle_checks_of
 
 from . import activity, clock
 from .api_errors import RequestFailed
@@ -113,11 +113,7 @@ class SessionSerializer(serializers.ModelSerializer):
 
     def get_idle_checks(self, session) -> dict:
         """Every idle checker's report with the seconds left (`remaining`)."""
-        if session.status != "RUNNING":
-            return {}
-        now = clock.now()
-        return {name: remaining_for(report, now)
-                for name, report in session.status_data.get("idle_checks", {}).items()}
+        return idle_checks_of(session, clock.now())
 
     def get_pending_reason(self, session) -> str:
         return session.pending_reason

@@ -4,6 +4,7 @@ Each view is thin: it finds what the user may see and calls the same services, l
 and engine code as the API.
 """
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -24,6 +25,8 @@ from .lifecycle import DestroyRefused, destroy_session
 from .models import FINISHED_STATUSES, Session, Status
 
 LIST_LIMIT = 200
+# Sent by static/js/live.js's refresher when a page re-reads itself.
+REFRESH_HEADER = "X-Dashboard-Refresh"
 
 
 def viewer(request):
@@ -77,14 +80,23 @@ def session_create(request):
 @login_required
 def session_detail(request, pk):
     session = visible_session(request, pk)
-    activity.touch(session.pk, request.user)  # the owner looking at it is using it
+    # The owner opening the page is using the session; the page re-reading itself after
+    # an event or to follow the idle countdown is not (else it would never be culled).
+    if REFRESH_HEADER not in request.headers:
+        activity.touch(session.pk, request.user)
     _, admin = viewer(request)
     events = list(session.events.select_related("kernel").order_by("created_at", "id"))
+    now = clock.now()
+    idle_state, idle_checks = timeline.idle_checks(session, now)
     return render(request, "dashboard/session_detail.html", {
         "session": session, "admin": admin, "events": events,
         "kernels": session.kernels.all(), "phases": timeline.phases(events),
         "progress": timeline.start_progress(session),
-        "finished": session.status in FINISHED_STATUSES, "rendered_at": clock.now(),
+        "finished": session.status in FINISHED_STATUSES, "rendered_at": now,
+        "idle_state": idle_state, "idle_checks": idle_checks,
+        "idle_warning": min((c for c in idle_checks if c.warned and c.remaining is not None),
+                            key=lambda c: c.remaining, default=None),
+        "idle_check_interval": settings.IDLE_CHECK_INTERVAL,
     })
 
 

@@ -459,4 +459,4 @@ class _SessionRef:
 def set_sessions_status_data(rows):
     """Bulk write of (session id, status_data): the scheduler's pending reasons, the idle
     checkers' reports."""
-    update_rows(Session, ["status_data"], rows, batch_size=5000)
+    update_rows(Session, ["status_data"], rows, batch_size=max(len(rows), 1))  # one statement

@@ -97,3 +97,54 @@ def format_duration(seconds):
             rest = (seconds % size) // sub_size
             return f"{seconds // size} {unit}" + (f" {rest} {sub_unit}" if rest else "")
     return f"{seconds} s"
+
+
+def format_countdown(seconds):
+    """4m 12s, 59s, 1h 0m 5s, 2d 3h 0m 0s: every unit from the largest non-zero one down to
+    seconds, so that a ticking countdown keeps its width."""
+    seconds = max(int(seconds), 0)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size or parts:
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return " ".join([*parts, f"{seconds}s"])
+
+
+@dataclass
+class IdleCheck:
+    checker: str
+    reason: str
+    remaining: float | None  # seconds; None: this checker sets no deadline now
+    remaining_time_type: str  # "expire_after" or "grace_period"
+    warned: bool
+    usage: list  # utilization: [(resource, average or None, threshold)]
+
+    @property
+    def label(self):
+        return "grace period ends in" if self.remaining_time_type == "grace_period" \
+            else "expires in"
+
+
+def idle_checks(session, now=None):
+    """The session page's idle-culling section: (state, checks), where state is None for a
+    session that is not RUNNING, "exempt", "unchecked" (no pass yet), "off" (no checker
+    applies) or "on"."""
+    from scheduling_app.idle import checks_of
+
+    if session.status != S.RUNNING:
+        return None, []
+    if session.idle_exempt:
+        return "exempt", []
+    if "idle_checks" not in session.status_data:
+        return "unchecked", []
+    checks = []
+    for name, report in sorted(checks_of(session, now or clock.now()).items()):
+        averages = report.get("averages", {})
+        checks.append(IdleCheck(
+            checker=name, reason=report.get("reason", ""), remaining=report["remaining"],
+            remaining_time_type=report.get("remaining_time_type", "expire_after"),
+            warned=bool(report.get("warned")),
+            usage=[(resource, averages.get(resource), threshold)
+                   for resource, threshold in sorted(report.get("thresholds", {}).items())]))
+    return ("on" if checks else "off"), checks

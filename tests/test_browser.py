@@ -6,6 +6,7 @@ test-artifacts/browser/.
 """
 
 import os
+import re
 import socket
 import sys
 import time
@@ -15,6 +16,8 @@ import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import transaction
 
+from scheduling_app import idle
+from scheduling_app.models import ResourcePolicy, default_of
 from sessions_app import engine
 from sessions_app.models import Session, Status
 from tests.conftest import ROOT, LiveSystem, Process, need, wait_for
@@ -262,3 +265,62 @@ def test_operator_overview_shows_agents_and_sessions(live, carol, browser_contex
     expect(page.locator(f"#agent-{live.agent_id}")).to_contain_text("ALIVE")
     expect(page.locator(f"#agent-{live.agent_id} .slot-bar")).to_have_count(2)
     screenshot(page, "10-overview")
+
+
+def countdown_seconds(text):
+    """ "1m 12s" as 72."""
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([dhms])", text))
+
+
+def test_idle_countdown_ticks_then_warns_then_the_session_is_culled(live, alice, settings,
+                                                                    browser_context):
+    from playwright.sync_api import expect
+
+    settings.IDLE_WARNING_BEFORE = 300  # a 20 s limit is warned at half: 10 s before
+    policy = default_of(ResourcePolicy)
+    policy.idle_timeout = 20
+    policy.save()
+    session = make_running_session_on_the_live_agent(alice, name="browser-idle")
+    page = browser_context.new_page()
+    log_in(page, "alice")
+    page.goto(f"/sessions/{session.pk}/")
+    wait_live(page)
+    expect(page.locator("#idle-checks")).to_contain_text("not checked yet")
+    mark_page(page)
+
+    # The beat task's pass, as the test's own: its report reaches the page with the next
+    # refresh (here the page is reloaded; the page itself re-reads every check interval).
+    idle.check_idle()
+    page.reload()
+    countdown = page.locator("#idle-network-timeout .countdown")
+    expect(page.locator("#idle-network-timeout")).to_contain_text("expires in")
+    first = countdown_seconds(countdown.text_content())
+    assert 10 < first <= 20, countdown.text_content()
+    page.wait_for_timeout(3000)
+    second = countdown_seconds(countdown.text_content())
+    assert first - 4 <= second <= first - 2, (first, second)
+    screenshot(page, "11-idle-countdown")
+    mark_page(page)
+
+    # Passes go on; the warning arrives over the websocket, then the cull.
+    warning = page.locator("#idle-warning")
+    for _ in range(30):
+        if warning.is_visible():
+            break
+        idle.check_idle()
+        page.wait_for_timeout(1000)
+    expect(warning).to_contain_text("idle-timeout")
+    assert 0 < countdown_seconds(warning.locator(".countdown").text_content()) <= 10
+    assert still_the_same_page(page)
+    screenshot(page, "12-idle-warning")
+    for _ in range(30):
+        if Session.objects.get(pk=session.pk).status != S.RUNNING:
+            break
+        idle.check_idle()
+        time.sleep(1)
+    expect(badge(page, session.pk)).to_have_text(re.compile("TERMINAT"))
+    expect(page.locator("#idle-checks")).to_have_count(0)
+    expect(page.locator("#status-info")).to_have_text("idle-timeout")
+    assert still_the_same_page(page)
+    screenshot(page, "13-idle-culled")

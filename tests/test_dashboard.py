@@ -1,13 +1,15 @@
 """The dashboard's pages, through Django's test client (the live parts: test_browser.py)."""
 
 import datetime
+import re
 
 import pytest
 import time_machine
 from django.utils import timezone
 
 from agents_app.models import AgentStatus, Image
-from scheduling_app.models import ResourcePolicy
+from scheduling_app import idle
+from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
 from sessions_app import timeline
 from sessions_app.models import KeyPair, Session, SessionEvent, Status
 from tests.factories import make_agent, make_session
@@ -300,3 +302,87 @@ def test_overview_counts_sessions_and_draws_agents_slots_lost_first(as_carol, al
 def test_browser_requests_act_through_the_main_keypair(as_alice, alice):
     as_alice.get("/sessions/")
     assert KeyPair.objects.filter(user=alice, is_main=True).count() == 1
+
+
+# The idle checks on /sessions/<id>/
+
+@pytest.fixture
+def idle_policy(settings):
+    settings.IDLE_WARNING_BEFORE = 300
+    settings.IDLE_UTILIZATION = {"window": 60, "initial_grace_period": 120,
+                                 "thresholds": {"cpu": 10.0, "mem": 5.0}, "combine": "and"}
+    policy = default_of(ResourcePolicy)
+    policy.idle_timeout, policy.max_session_lifetime = 600, 3600
+    policy.save()
+    ScalingGroup.objects.filter(name="default").update(
+        idle_checkers=["network-timeout", "session-lifetime", "utilization"])
+    return policy
+
+
+def idle_section(response):
+    page = text_of(response)
+    start = page.index('<section id="idle-checks"')
+    return page[start:page.index("</section>", start)]
+
+
+def test_session_page_counts_down_every_idle_checker_from_the_last_pass(as_alice, alice,
+                                                                         idle_policy):
+    session = make_session(alice, S.RUNNING)
+    started = session.starts_at
+    with time_machine.travel(started + datetime.timedelta(seconds=30), tick=False):
+        assert idle.check_idle() == []
+    with time_machine.travel(started + datetime.timedelta(seconds=48), tick=False):
+        section = idle_section(as_alice.get(f"/sessions/{session.pk}/"))
+    # Deadlines of the pass at 30 s, seconds left at the page's 48 s.
+    assert 'data-state="on"' in section
+    assert re.search(r'id="idle-network-timeout".*?expires in <b class="countdown" '
+                     r'data-remaining="552.0">9m 12s</b>', section, re.S)
+    assert re.search(r'id="idle-session-lifetime".*?expires in <b class="countdown" '
+                     r'data-remaining="3552.0">59m 12s</b>', section, re.S)
+    assert re.search(r'id="idle-utilization".*?grace period ends in <b class="countdown" '
+                     r'data-remaining="72.0">1m 12s</b>', section, re.S)
+    assert 'id="idle-warning"' not in section
+
+    # After the grace period, with busy cpu: the averages against the thresholds.
+    kernel = session.kernels.get()
+    at = (started + datetime.timedelta(seconds=200)).timestamp()
+    kernel.last_stat = {"usage": {"cpu": 31.2, "mem": 0.5, "since": at - 60, "until": at}}
+    kernel.save(update_fields=["last_stat"])
+    with time_machine.travel(started + datetime.timedelta(seconds=200), tick=False):
+        idle.check_idle()
+        section = idle_section(as_alice.get(f"/sessions/{session.pk}/"))
+    row = re.search(r'id="idle-utilization".*?</tr>', section, re.S).group()
+    assert "no deadline now" in row
+    assert "cpu 31.2 % / 10 %" in row and "mem 0.5 % / 5 %" in row
+
+
+def test_session_page_shows_the_idle_warning_with_its_reason_and_time_left(as_alice, alice,
+                                                                            idle_policy):
+    session = make_session(alice, S.RUNNING)
+    with time_machine.travel(session.starts_at + datetime.timedelta(seconds=400), tick=False):
+        idle.check_idle()
+        section = idle_section(as_alice.get(f"/sessions/{session.pk}/"))
+    warning = re.search(r'id="idle-warning".*?</div>', section, re.S).group()
+    assert "idle-timeout" in warning and "network-timeout" in warning
+    assert 'data-remaining="200.0">3m 20s</b>' in warning
+
+
+def test_session_page_says_when_idle_culling_is_off_exempt_or_not_checked_yet(as_alice,
+                                                                              alice):
+    session = make_session(alice, S.RUNNING)  # the default policy: no limits
+    assert "Idle culling: not checked yet" in idle_section(
+        as_alice.get(f"/sessions/{session.pk}/"))
+    idle.check_idle()
+    assert "Idle culling: off" in idle_section(as_alice.get(f"/sessions/{session.pk}/"))
+    Session.objects.filter(pk=session.pk).update(idle_exempt=True)
+    assert "Idle culling: exempt" in idle_section(as_alice.get(f"/sessions/{session.pk}/"))
+    pending = make_session(alice, name="waiting")
+    assert 'id="idle-checks"' not in text_of(as_alice.get(f"/sessions/{pending.pk}/"))
+
+
+def test_the_page_refreshing_itself_is_not_activity_on_the_session(as_alice, alice):
+    session = make_session(alice, S.RUNNING)
+    response = as_alice.get(f"/sessions/{session.pk}/",
+                            headers={"X-Dashboard-Refresh": "1"})
+    assert response.status_code == 200
+    assert Session.objects.get(pk=session.pk).last_activity is None

@@ -2,13 +2,16 @@
 
 The tests call the checker pass every second, as beat does every IDLE_CHECK_INTERVAL."""
 
+import json
 import time
+from datetime import timedelta
 
 import pytest
 
+from agents_app.models import Image
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
-from sessions_app.models import Session, SessionEvent, Status
+from sessions_app.models import Kernel, Session, SessionEvent, Status
 from tests.conftest import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker
@@ -16,9 +19,9 @@ S = Status
 INTERVAL = 1.0
 
 
-def create(client, name, **body):
+def create(client, name, image=IMAGE, **body):
     response = client.post("/api/v1/sessions/", {
-        "name": name, "image": IMAGE, "resources": {"cpu": "0.5", "mem": "128m"}, **body,
+        "name": name, "image": image, "resources": {"cpu": "0.5", "mem": "128m"}, **body,
     }, content_type="application/json")
     assert response.status_code == 201, response.content
     return response.json()["id"]
@@ -98,3 +101,87 @@ def test_a_cpu_loop_survives_the_utilization_checker_an_idle_twin_does_not(
     report = loop.status_data["idle_checks"]["utilization"]
     assert report["averages"]["cpu"] > 5.0, report
     client.delete(f"/api/v1/sessions/{loop.pk}/")
+
+
+# App activity: an image that declares a Jupyter-style service (Backend.AI's
+# ai.backend.service-ports label) and serves a fixed /api/kernels with busybox's httpd.
+APP_IMAGE = "bai-local/jupyterish-test:latest"
+APP_PORT = 8888
+
+
+@pytest.fixture(scope="module")
+def app_image(docker_client, tmp_path_factory):
+    context = tmp_path_factory.mktemp("jupyterish")
+    (context / "Dockerfile").write_text(
+        f"FROM {IMAGE}\n"
+        f'LABEL ai.backend.service-ports="jupyter:http:{APP_PORT}"\n')
+    docker_client.images.build(path=str(context), tag=APP_IMAGE, rm=True)
+    yield APP_IMAGE
+    docker_client.images.remove(APP_IMAGE, force=True)
+
+
+def serving_kernels(kernels):
+    """A startup command that serves `kernels` as the app's /api/kernels."""
+    return (f"mkdir -p /www/api && echo '{json.dumps(kernels)}' > /www/api/kernels"
+            f" && exec httpd -f -p {APP_PORT} -h /www")
+
+
+LONG_AGO = "2020-01-01T00:00:00.000000Z"  # as Jupyter writes times
+
+
+def start_notebook(client, owner, policy, image, name, kernels):
+    """A RUNNING session of the app image under a 4 s idle limit, once the agent's probe
+    of its /api/kernels has reached the manager: (session, that report)."""
+    policy.idle_timeout = 4
+    policy.save()
+    wait_for(lambda: Image.objects.filter(name=image).exists(), message="the image")
+    client.force_login(owner)
+    session = running(create(client, name, image=image,
+                             startup_command=serving_kernels(kernels)))
+    return session, wait_for(lambda: app_report(session), message="the agent's app report")
+
+
+def app_report(session):
+    """The agent's probe of the app, as the manager stored it from a heartbeat."""
+    kernel = Kernel.objects.get(session=session, cluster_role=Kernel.ClusterRole.MAIN)
+    return (kernel.last_stat or {}).get("app")
+
+
+def test_a_busy_jupyter_kernel_keeps_its_session_alive_without_any_traffic(
+        live, alice, client, policy, app_image):
+    session, report = start_notebook(client, alice, policy, app_image, "notebook-busy", [
+        {"id": "k1", "execution_state": "idle", "last_activity": LONG_AGO},
+        {"id": "k2", "execution_state": "busy", "last_activity": LONG_AGO}])
+    assert report["busy"] is True and report["kernels"] == 2
+    passes(9)  # more than twice the limit, and nobody calls the API
+    session.refresh_from_db()
+    assert session.status == S.RUNNING
+    checks = session.status_data["idle_checks"]
+    assert checks["app-activity"]["app_busy"] is True
+    assert "network-timeout" not in checks  # the app decides, not the traffic
+    client.delete(f"/api/v1/sessions/{session.pk}/")
+
+
+def test_an_idle_jupyter_kernel_is_culled_even_while_the_owner_runs_commands(
+        live, alice, client, policy, app_image):
+    session, report = start_notebook(client, alice, policy, app_image, "notebook-idle", [
+        {"id": "k1", "execution_state": "idle", "last_activity": LONG_AGO}])
+    assert report == {"busy": False, "last_activity": "2020-01-01T00:00:00+00:00",
+                      "kernels": 1}
+    execute = lambda: client.post(f"/api/v1/sessions/{session.pk}/execute/",  # noqa: E731
+                                  {"command": "true"}, content_type="application/json")
+    for _ in range(12):  # commands would keep it alive under the network checker
+        if Session.objects.get(pk=session.pk).status != S.RUNNING:
+            break
+        execute()
+        idle.check_idle()
+        time.sleep(INTERVAL)
+    session.refresh_from_db()
+    assert session.status != S.RUNNING and session.status_info == "idle-timeout"
+    # The last pass's reports: the app's activity (its old last_activity counts from the
+    # start) decided, and the network checker, which the commands fed, had no say.
+    checks = session.status_data["idle_checks"]
+    assert "network-timeout" not in checks
+    assert checks["app-activity"]["app_busy"] is False
+    assert checks["app-activity"]["expires_at"] == (
+        session.starts_at + timedelta(seconds=4)).isoformat()

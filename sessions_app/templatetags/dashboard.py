@@ -21,3 +21,8 @@ def duration(seconds):
 def agents(session):
     """The agents a session's kernels run on, from the prefetched kernels."""
     return ", ".join(sorted({k.agent_id for k in session.kernels.all() if k.agent_id})) or "—"
+
+
+@register.filter
+def countdown(seconds):
+    return timeline.format_countdown(seconds)

@@ -94,7 +94,10 @@ export function refresher(ids, delay = 150) {
     }
     running = true;
     try {
-      const response = await fetch(location.href, { headers: { Accept: "text/html" } });
+      // Marked as a refresh: the page reading itself is not the owner using the session.
+      const response = await fetch(location.href, {
+        headers: { Accept: "text/html", "X-Dashboard-Refresh": "1" },
+      });
       if (response.ok) {
         const page = new DOMParser().parseFromString(await response.text(), "text/html");
         for (const id of ids) {

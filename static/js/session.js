@@ -54,6 +54,40 @@ function tickPhases() {
 }
 setInterval(tickPhases, 1000);
 
+// Idle checks: each countdown ticks here from the seconds left the server gave; the
+// server's view is read again every check interval (activity moves deadlines without an
+// event) and after every event of this session (a warning, its cancellation, the cull).
+const countdownStart = new WeakMap();
+function tickCountdowns() {
+  const now = performance.now();
+  for (const countdown of document.querySelectorAll(".countdown[data-remaining]")) {
+    if (!countdownStart.has(countdown)) countdownStart.set(countdown, now);
+    const left = Number(countdown.dataset.remaining) - (now - countdownStart.get(countdown)) / 1000;
+    countdown.textContent = formatCountdown(left);
+  }
+}
+setInterval(tickCountdowns, 1000);
+document.addEventListener("fragments:refreshed", tickCountdowns);
+
+const checkInterval = Number(root.dataset.idleCheckInterval) || 15;
+setInterval(() => {
+  if (root.dataset.status === "RUNNING") refresh();
+}, checkInterval * 1000);
+
+// As sessions_app.timeline.format_countdown: 4m 12s, 59s, 1h 0m 5s.
+function formatCountdown(seconds) {
+  let rest = Math.max(Math.floor(seconds), 0);
+  const parts = [];
+  for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60]]) {
+    if (rest >= size || parts.length) {
+      parts.push(`${Math.floor(rest / size)}${unit}`);
+      rest %= size;
+    }
+  }
+  parts.push(`${rest}s`);
+  return parts.join(" ");
+}
+
 async function callApi(url, options = {}) {
   const response = await fetch(url, {
     credentials: "same-origin",
