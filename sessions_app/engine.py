@@ -368,9 +368,11 @@ def schedule_sessions(placements, *, actor="scheduler"):
         return parsed[key]
 
     agent_ids = sorted({a for _, placement in placements for a in placement.values()})
-    agents = {a.pk: a for a in Agent.objects.select_for_update().filter(pk__in=agent_ids)
-              .order_by("pk")}
-    free = {pk: a.free_slots for pk, a in agents.items()}
+    # Only the columns the allocator needs: a dispersed pass locks thousands of agents.
+    agents = {row[0]: row for row in Agent.objects.select_for_update().filter(pk__in=agent_ids)
+              .order_by("pk").values_list("id", "addr", "available_slots", "occupied_slots")}
+    free = {pk: slots_of(available) - slots_of(occupied)
+            for pk, _, available, occupied in agents.values()}
     kernel_rows = {
         row[0]: row for row in Kernel.objects.select_for_update()
         .filter(session_id__in=[sid for sid, _ in placements], status=S.PENDING)
@@ -395,8 +397,7 @@ def schedule_sessions(placements, *, actor="scheduler"):
         total = ResourceSlots()
         for agent_id, slots in need.items():
             free[agent_id] = free[agent_id] - slots
-            occupied[agent_id] = occupied.get(agent_id, ResourceSlots.parse(
-                agents[agent_id].occupied_slots)) + slots
+            occupied[agent_id] = occupied.get(agent_id, slots_of(agents[agent_id][3])) + slots
             total = total + slots
         occupying[session_id] = total.to_json()
         kernel_updates += [(kernel_id, agent_id) for kernel_id, agent_id in placement.items()]
@@ -409,7 +410,7 @@ def schedule_sessions(placements, *, actor="scheduler"):
     # The kernels are locked and PENDING (checked above): one bulk UPDATE writes them all.
     update_rows(Kernel, ["status", "status_info", "status_changed", "agent", "agent_addr",
                          "occupied_slots", "status_history"], [
-        (kernel_id, S.SCHEDULED, "", now, agent_id, agents[agent_id].addr,
+        (kernel_id, S.SCHEDULED, "", now, agent_id, agents[agent_id][1],
          kernel_rows[kernel_id][2], {**kernel_rows[kernel_id][3], **stamp})
         for kernel_id, agent_id in kernel_updates
     ])
