@@ -21,7 +21,7 @@ from agents_app.models import Agent, Image
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_project
 from scheduling_app.scheduler import schedule
 from scheduling_app.slots import ResourceSlots
-from sessions_app import clock
+from sessions_app import clock, events
 from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, Status
 
 SIZES = [{"cpu": "1", "mem": "1g"}, {"cpu": "2", "mem": "2g"}, {"cpu": "2", "mem": "4g"},
@@ -112,6 +112,7 @@ class Command(BaseCommand):
         with transaction.atomic():
             transaction.on_commit(lambda: marks.append(time.perf_counter()))
             placed = len(schedule(group.name))
+        events.flush(timeout=300)  # the publisher thread sends the events after commit
         return marks[0] - started, time.perf_counter() - started, placed
 
     def _reset(self, group, keypairs):
