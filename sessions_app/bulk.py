@@ -54,8 +54,9 @@ def _to_json(value):
     raise TypeError(f"{type(value).__name__} cannot be sent in a bulk statement")
 
 
-def _source(fields, columns):
-    """(SQL of a row source with one column per field, its parameters)."""
+def _source(fields, columns, ordered=False):
+    """(SQL of a row source with one column per field, its parameters); `ordered`: the
+    rows come in the order given."""
     if connection.vendor == "postgresql":
         picks = []
         for i, field in enumerate(fields):
@@ -63,9 +64,11 @@ def _source(fields, columns):
                 picks.append(f"nullif(r -> {i}, 'null'::jsonb)")
             else:
                 picks.append(f"(r ->> {i})::{field.db_type(connection)}")
-        document = json.dumps(list(zip(*columns, strict=True)), default=_to_json)
-        return (f"SELECT {', '.join(picks)} FROM jsonb_array_elements(%s::jsonb)"
-                " WITH ORDINALITY AS e(r, n) ORDER BY n", [document])
+        document = json.dumps(list(zip(*columns, strict=True)), default=_to_json,
+                              separators=(",", ":"))
+        order = " WITH ORDINALITY AS e(r, n) ORDER BY n" if ordered else " AS r"
+        return (f"SELECT {', '.join(picks)} FROM jsonb_array_elements(%s::jsonb){order}",
+                [document])
     width = len(fields)
     values = ", ".join(["(" + ", ".join(["%s"] * width) + ")"] * len(columns[0]))
     return f"VALUES {values}", [value for row in zip(*columns, strict=True) for value in row]
@@ -99,7 +102,8 @@ def insert_rows(model, fields, rows, batch_size=1000, returning=None):
     suffix = f" RETURNING {connection.ops.quote_name(returning)}" if returning else ""
     returned = []
     for start in range(0, len(rows), batch_size):
-        source, params = _source(*_columns(model, fields, rows[start:start + batch_size]))
+        source, params = _source(*_columns(model, fields, rows[start:start + batch_size]),
+                                 ordered=bool(returning))
         with connection.cursor() as cursor:
             cursor.execute(f"INSERT INTO {table} ({', '.join(quoted)}) {source}{suffix}",
                            params)
