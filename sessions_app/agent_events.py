@@ -5,6 +5,7 @@ is, except that a container that turned up for a finished kernel is destroyed.
 """
 
 import logging
+import uuid
 
 from django.db import transaction
 
@@ -18,6 +19,11 @@ S = Status
 
 def handle_kernel_event(kernel_id, event, data=None):
     data = data or {}
+    try:
+        kernel_id = uuid.UUID(str(kernel_id))
+    except ValueError:  # not a kernel of this system: nothing to look up
+        log.warning("%s for malformed kernel id %r", event, kernel_id)
+        return None
     kernel = Kernel.objects.select_related("session").filter(pk=kernel_id).first()
     if kernel is None:
         log.info("%s for unknown kernel %s", event, kernel_id)

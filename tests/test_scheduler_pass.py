@@ -243,3 +243,11 @@ def test_lost_destroy_requests_are_sent_again(alice, sent):
 
 def test_main_keypair_policy_governs(alice):
     assert main_keypair(alice).resource_policy == default_of(ResourcePolicy)
+
+
+def test_a_report_for_a_malformed_kernel_id_is_ignored(db, caplog):
+    from sessions_app.agent_events import handle_kernel_event
+
+    assert handle_kernel_event("not-a-kernel\n", "kernel_started", {}) is None
+    assert handle_kernel_event(None, "image_pulled", {}) is None
+    assert "malformed kernel id" in caplog.text
