@@ -152,6 +152,13 @@ def carol(defaults, django_user_model):
 
 
 @pytest.fixture
+def as_alice(client, alice):
+    """Django's test client logged in as alice."""
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
 def alice_keypair(alice):
     return main_keypair(alice)
 

@@ -38,12 +38,6 @@ def events(session_id):
                 .values_list("name", flat=True))
 
 
-@pytest.fixture
-def as_alice(client, alice):
-    client.force_login(alice)
-    return client
-
-
 def test_batch_session_reports_its_result_and_exit_code(live, as_alice):
     ok = create(as_alice, "ok", session_type="batch", startup_command="echo done; exit 0")
     bad = create(as_alice, "bad", session_type="batch", startup_command="echo oops; exit 3")

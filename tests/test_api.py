@@ -9,12 +9,6 @@ from tests.signing import signed_headers
 URL = "/api/v1/sessions/"
 
 
-@pytest.fixture
-def as_alice(client, alice):
-    client.force_login(alice)
-    return client
-
-
 def post(client, body):
     return client.post(URL, body, content_type="application/json")
 

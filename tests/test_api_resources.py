@@ -16,12 +16,6 @@ API = "/api/v1/"
 
 
 @pytest.fixture
-def as_alice(client, alice):
-    client.force_login(alice)
-    return client
-
-
-@pytest.fixture
 def admin(django_user_model, defaults):
     """An admin who is not a superadmin: staff, acting through an admin keypair."""
     return django_user_model.objects.create_user("dave", "dave@example.com", "x", is_staff=True)

@@ -18,12 +18,6 @@ S = Status
 
 
 @pytest.fixture
-def as_alice(client, alice):
-    client.force_login(alice)
-    return client
-
-
-@pytest.fixture
 def as_carol(client, carol):
     client.force_login(carol)
     return client
