@@ -135,3 +135,18 @@ def format_bytes(value) -> str:
         if value >= factor:
             return f"{_normalize((value / factor).quantize(Decimal('0.01')))} {unit}"
     return f"{value} B"
+
+
+class SlotsCache:
+    """ResourceSlots.parse for a batch of rows that repeat a few slot values (a pass over
+    thousands of sessions sees a handful of sizes): each distinct value is parsed once.
+    Callers must not change what it returns; the arithmetic makes new objects."""
+
+    def __init__(self):
+        self.parsed = {}
+
+    def __call__(self, value):
+        key = tuple(sorted((value or {}).items()))
+        if key not in self.parsed:
+            self.parsed[key] = ResourceSlots.parse(value)
+        return self.parsed[key]

@@ -7,13 +7,12 @@ that follows from a status (an agent's occupied slots, a keypair's concurrency) 
 here too, so that no caller can forget it.
 """
 
-import json
 import logging
 
 from django.db import transaction
-from django.db.models import F, Func, JSONField, Value
+from django.db.models import F
 
-from scheduling_app.slots import ResourceSlots
+from scheduling_app.slots import ResourceSlots, SlotsCache
 
 from . import clock
 from . import events as events_module
@@ -328,23 +327,6 @@ def set_session_data(session, **fields):
         setattr(session, name, value)
 
 
-class JSONMerge(Func):
-    """`column || value` on PostgreSQL, json_patch(column, value) on SQLite: adds keys to a
-    JSON object column inside an UPDATE, so history is written without reading rows."""
-
-    output_field = JSONField()
-
-    def __init__(self, column, value):
-        super().__init__(F(column), Value(json.dumps(value)))
-
-    def as_postgresql(self, compiler, connection, **extra):
-        column, value = (compiler.compile(e) for e in self.source_expressions)
-        return f"({column[0]} || {value[0]}::jsonb)", column[1] + value[1]
-
-    def as_sqlite(self, compiler, connection, **extra):
-        return self.as_sql(compiler, connection, function="json_patch", **extra)
-
-
 @transaction.atomic
 def schedule_sessions(placements, *, actor="scheduler"):
     """The allocator's write: PENDING → SCHEDULED for many sessions in one transaction.
@@ -359,14 +341,7 @@ def schedule_sessions(placements, *, actor="scheduler"):
 
     if not placements:
         return []
-    parsed = {}
-
-    def slots_of(value):  # a pass sees few distinct sizes: parse each once
-        key = tuple(sorted(value.items()))
-        if key not in parsed:
-            parsed[key] = ResourceSlots.parse(value)
-        return parsed[key]
-
+    slots_of = SlotsCache()  # a pass sees few distinct sizes and occupancies
     agent_ids = sorted({a for _, placement in placements for a in placement.values()})
     # Only the columns the allocator needs: a dispersed pass locks thousands of agents.
     agents = {row[0]: row for row in Agent.objects.select_for_update().filter(pk__in=agent_ids)

@@ -2,7 +2,7 @@ from decimal import Decimal
 
 import pytest
 
-from scheduling_app.slots import ResourceSlots, SlotError, humanize, total
+from scheduling_app.slots import ResourceSlots, SlotError, SlotsCache, humanize, total
 
 
 @pytest.mark.parametrize("given, expected", [
@@ -58,3 +58,12 @@ def test_fits_in_compares_every_requested_slot():
 
 def test_humanize_for_pages():
     assert humanize({"cpu": "1", "mem": "256m"}) == "cpu 1, mem 256 MiB"
+
+
+def test_slots_cache_parses_each_distinct_value_once():
+    parse = SlotsCache()
+    first = parse({"cpu": "1", "mem": "1g"})
+    assert first == {"cpu": Decimal(1), "mem": Decimal(2**30)}
+    assert parse({"mem": "1g", "cpu": "1"}) is first  # the same value, keys in any order
+    assert parse(None) == parse({}) == {}
+    assert len(parse.parsed) == 2

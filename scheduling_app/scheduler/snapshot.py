@@ -7,7 +7,7 @@ from sessions_app.engine import CONCURRENCY_HOLDING
 from sessions_app.models import Kernel, KeyPair, Session, Status
 
 from ..models import Domain, Project
-from ..slots import ResourceSlots
+from ..slots import SlotsCache
 from .state import (
     AgentState,
     DependencyState,
@@ -21,16 +21,8 @@ from .state import (
 OCCUPYING = CONCURRENCY_HOLDING | {Status.TERMINATING}
 
 
-def _slots(cache, value):
-    """Parse slot JSON once per distinct value: a pass sees few distinct sizes."""
-    key = tuple(sorted(value.items()))
-    if key not in cache:
-        cache[key] = ResourceSlots.parse(value)
-    return cache[key]
-
-
 def load_pending(group, limit=None):
-    cache = {}
+    parse = SlotsCache()
     rows = (Session.objects.filter(scaling_group=group, status=Status.PENDING)
             .order_by("created_at")
             .values_list("id", "name", "keypair_id", "project_id", "domain_id", "created_at",
@@ -50,7 +42,7 @@ def load_pending(group, limit=None):
                                                         status=Status.PENDING)
                                   .order_by("cluster_role", "cluster_idx")
                                   .values_list("id", "session_id", "requested_slots")):
-        sessions[session_id].kernels.append(PendingKernel(pk, _slots(cache, slots)))
+        sessions[session_id].kernels.append(PendingKernel(pk, parse(slots)))
     through = Session.dependencies.through
     for from_id, to_id in through.objects.filter(from_session_id__in=sessions).values_list(
             "from_session_id", "to_session_id"):
@@ -59,7 +51,7 @@ def load_pending(group, limit=None):
 
 
 def load_snapshot(group, pending):
-    cache = {}
+    parse = SlotsCache()
     agents = {}
     for pk, status, schedulable, available, occupied, addr, arch, docker_error in (
         Agent.objects.filter(scaling_group=group).exclude(status=AgentStatus.TERMINATED)
@@ -67,7 +59,7 @@ def load_snapshot(group, pending):
                      "addr", "architecture", "docker_error")
     ):
         agents[pk] = AgentState(
-            id=pk, capacity=_slots(cache, available), occupied=_slots(cache, occupied),
+            id=pk, capacity=parse(available), occupied=parse(occupied),
             addr=addr, architecture=arch,
             schedulable=schedulable and status == AgentStatus.ALIVE and not docker_error,
         )
@@ -79,22 +71,22 @@ def load_snapshot(group, pending):
     for pk, total, used, allowed in KeyPair.objects.filter(pk__in=keypairs).values_list(
             "access_key", "resource_policy__total_resource_slots", "concurrency_used",
             "resource_policy__max_concurrent_sessions"):
-        snap.keypair_limits[pk] = Limit(_slots(cache, total or {}))
+        snap.keypair_limits[pk] = Limit(parse(total))
         snap.concurrency_used[pk] = used
         snap.max_concurrency[pk] = allowed
     for pk, total in Project.objects.filter(pk__in=projects).values_list(
             "id", "total_resource_slots"):
-        snap.project_limits[pk] = Limit(_slots(cache, total or {}))
+        snap.project_limits[pk] = Limit(parse(total))
     for pk, total in Domain.objects.filter(pk__in=domains).values_list(
             "id", "total_resource_slots"):
-        snap.domain_limits[pk] = Limit(_slots(cache, total or {}))
+        snap.domain_limits[pk] = Limit(parse(total))
 
     # One query: every occupying session of a pending session's keypair, project or domain.
     for kp, project, domain, slots in Session.objects.filter(
         Q(keypair_id__in=keypairs) | Q(project_id__in=projects) | Q(domain_id__in=domains),
         status__in=OCCUPYING,
     ).values_list("keypair_id", "project_id", "domain_id", "occupying_slots"):
-        amount = _slots(cache, slots or {})
+        amount = parse(slots)
         for limits, key in ((snap.keypair_limits, kp), (snap.project_limits, project),
                             (snap.domain_limits, domain)):
             if key in limits:
