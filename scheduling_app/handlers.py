@@ -53,24 +53,28 @@ def start_sessions():
 
 @transaction.atomic(savepoint=False)
 def start_session(session):
-    """PREPARED → CREATING for a session whose kernels are all prepared; each is sent to
-    its agent after commit."""
+    """PREPARED → CREATING for a session whose kernels are all prepared (the event-driven
+    path of start_sessions, inside the caller's transaction)."""
     for kernel in session.kernels.filter(status=S.PREPARED).order_by("cluster_role",
                                                                       "cluster_idx"):
-        if engine.mark_kernel_creating(kernel):
-            transaction.on_commit(lambda k=kernel: rpc.send_create_kernel(k))
+        _move(kernel, engine.mark_kernel_creating, rpc.send_create_kernel)
 
 
 def _advance(status, mark, send):
-    """Move the kernels of sessions wholly in `status` on, and send each to its agent
-    after commit."""
+    """Move the kernels of sessions wholly in `status` on, each in its own transaction."""
     sent = 0
     for kernel in _kernels(status, session__status=status):
         with transaction.atomic():
-            if mark(kernel):
-                transaction.on_commit(lambda k=kernel: send(k))
-                sent += 1
+            sent += _move(kernel, mark, send)
     return sent
+
+
+def _move(kernel, mark, send):
+    """Mark the kernel and, after commit, send it to its agent; whether it moved."""
+    if not mark(kernel):
+        return False
+    transaction.on_commit(lambda: send(kernel))
+    return True
 
 
 def check_pulling_progress():
