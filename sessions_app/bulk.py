@@ -90,6 +90,33 @@ def update_rows(model, fields, rows, batch_size=1000):
                 f"WHERE {table}.{quoted[0]} = v.{quoted[0]}", params)
 
 
+def set_json_key(model, field, key, rows, where=None):
+    """Set one key of a JSON column to each row's value, leaving the column's other keys
+    as they are: rows are (pk, value). `where`, {column name: value}, narrows the rows
+    written (a row that no longer matches is skipped). One statement."""
+    if not rows:
+        return
+    table = connection.ops.quote_name(model._meta.db_table)
+    pk = model._meta.pk
+    quoted_pk = connection.ops.quote_name(pk.column)
+    column = connection.ops.quote_name(model._meta.get_field(field).column)
+    source, params = _source(*_columns(model, [pk.name, field], rows))
+    if connection.vendor == "postgresql":
+        value = f"jsonb_set(coalesce({table}.{column}, '{{}}'::jsonb), %s, v.value)"
+        params = params + [[key]]
+    else:
+        value = f"json_set(coalesce({table}.{column}, '{{}}'), %s, json(v.value))"
+        params = params + [f'$."{key}"']
+    conditions = [f"{table}.{quoted_pk} = v.pk"]
+    for name, wanted in (where or {}).items():
+        conditions.append(
+            f"{table}.{connection.ops.quote_name(model._meta.get_field(name).column)} = %s")
+        params.append(wanted)
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH v (pk, value) AS ({source}) UPDATE {table} SET {column} = "
+                       f"{value} FROM v WHERE {' AND '.join(conditions)}", params)
+
+
 def insert_rows(model, fields, rows, batch_size=1000, returning=None):
     """Each row is (value of fields[0], value of fields[1], ...).
 

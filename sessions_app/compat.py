@@ -17,9 +17,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents_app.models import Image
+from scheduling_app.idle import checks_of as idle_checks_of
 from scheduling_app.models import Domain, Project, default_project
 
-from . import activity
+from . import activity, clock
 from .api import (
     create_for,
     destroy_for,
@@ -215,7 +216,7 @@ def session_info(session):
         "result": session.result.upper(), "creationTime": session.created_at.isoformat(),
         "terminationTime": session.terminated_at.isoformat() if session.terminated_at
         else None, "numQueriesExecuted": 0, "lastStat": main.last_stat,
-        "idleChecks": session.status_data.get("idle_checks", {}),
+        "idleChecks": idle_checks_of(session, clock.now()),
     }
 
 

@@ -16,7 +16,7 @@ from scheduling_app.slots import ResourceSlots, SlotsCache
 
 from . import clock
 from . import events as events_module
-from .bulk import insert_rows, update_rows
+from .bulk import insert_rows, set_json_key, update_rows
 from .models import FINISHED_STATUSES, Kernel, Session, SessionEvent, Status
 
 log = logging.getLogger(__name__)
@@ -433,6 +433,12 @@ class _SessionRef:
 
 
 def set_sessions_status_data(rows):
-    """Bulk write of (session id, status_data): the scheduler's pending reasons, the idle
-    checkers' reports."""
+    """Bulk write of (session id, status_data): the scheduler's pending reasons."""
     update_rows(Session, ["status_data"], rows, batch_size=max(len(rows), 1))  # one statement
+
+
+def set_idle_checks(rows):
+    """Bulk write of (session id, reports) into status_data["idle_checks"] of sessions
+    still RUNNING, in one statement; the rest of status_data stays as it is."""
+    set_json_key(Session, "status_data", "idle_checks", rows,
+                 where={"status": Status.RUNNING.value})

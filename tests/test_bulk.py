@@ -3,8 +3,8 @@
 import datetime
 
 from agents_app.models import Agent
-from sessions_app.bulk import insert_rows, update_rows
-from sessions_app.models import Kernel, SessionEvent, Status
+from sessions_app.bulk import insert_rows, set_json_key, update_rows
+from sessions_app.models import Kernel, Session, SessionEvent, Status
 from tests.factories import make_agent, make_session
 
 
@@ -41,3 +41,18 @@ def test_update_rows_writes_each_row_its_values(alice):
     kernel.refresh_from_db()
     assert (kernel.status, kernel.status_changed, kernel.agent_id, kernel.last_stat) == (
         Status.SCHEDULED, changed, one.pk, {"cpu": [1.5, None]})
+
+
+def test_set_json_key_keeps_the_other_keys_and_skips_rows_that_no_longer_match(alice):
+    kept = make_session(alice, Status.RUNNING, name="kept")
+    Session.objects.filter(pk=kept.pk).update(status_data={"scheduler": {"retries": 2}})
+    moved = make_session(alice, Status.TERMINATED, name="moved")
+    checks = {"network-timeout": {"expires_at": "2026-11-22T01:02:03+00:00", "it's": "\"q\""}}
+    set_json_key(Session, "status_data", "idle_checks",
+                 [(kept.pk, checks), (moved.pk, {"x": 1})], where={"status": "RUNNING"})
+    kept.refresh_from_db(), moved.refresh_from_db()
+    assert kept.status_data == {"scheduler": {"retries": 2}, "idle_checks": checks}
+    assert "idle_checks" not in moved.status_data
+    set_json_key(Session, "status_data", "idle_checks", [(kept.pk, {})])
+    kept.refresh_from_db()
+    assert kept.status_data == {"scheduler": {"retries": 2}, "idle_checks": {}}

@@ -51,7 +51,7 @@ def test_warning_before_the_cull_then_cull_and_activity_cancels_the_warning(sett
     assert actions == []
     _, actions = idle.evaluate(s, at(3400))  # 200 s left: warn once
     assert [(a, r.checker) for a, r in actions] == [("warn", "network-timeout")]
-    s.status_data = {"idle_checks": {"network-timeout": {"warned": True}}}
+    s.reports = {"network-timeout": {"warned": True}}
     assert idle.evaluate(s, at(3500))[1] == []  # not twice
     s.last_activity = at(3450)  # the owner came back
     assert [a for a, _ in idle.evaluate(s, at(3500))[1]] == ["unwarn"]
@@ -112,7 +112,12 @@ def test_utilization_or_combination_and_unrequested_resources(utilization_settin
     utilization_settings["thresholds"]["cuda.device"] = 5
     # cuda was not requested: only cpu and mem are judged
     report = idle.utilization(session(usage=usage(0, 0)), at(200))
-    assert report.remaining == 0 and set(report.extra["thresholds"]) == {"cpu", "mem"}
+    assert report.remaining == 0
+    shown = idle.shown_report("utilization", report.as_dict(), at(200),
+                              requested={"cpu": "1", "mem": "1g"})
+    assert shown["thresholds"] == {"cpu": 1.0, "mem": 1.0}  # as shown: no cuda either
+    assert (shown["averages"], shown["reason"], shown["remaining"]) == (
+        {"cpu": 0, "mem": 0}, "utilization-idle", 0)
 
 
 def test_utilization_needs_samples_over_the_whole_window(utilization_settings):
@@ -146,7 +151,8 @@ def test_the_pass_warns_records_reports_and_culls_through_destroy(alice, setting
     report = session.status_data["idle_checks"]["network-timeout"]
     assert report["warned"] is True
     assert report["expires_at"] == (started + timedelta(seconds=600)).isoformat()
-    assert idle.remaining_for(report, started + timedelta(seconds=400))["remaining"] == 200
+    shown = idle.shown_report("network-timeout", report, started + timedelta(seconds=400))
+    assert (shown["remaining"], shown["reason"]) == (200, "idle-timeout")
     warning = SessionEvent.objects.get(session=session, name="session_idle_warning")
     assert warning.reason == "idle-timeout" and warning.data["remaining"] == 200
     with time_machine.travel(started + timedelta(seconds=450), tick=False):
