@@ -207,7 +207,7 @@ def unhealthy_image(docker_client):
         info.size = len(dockerfile)
         tar.addfile(info, io.BytesIO(dockerfile))
     buffer.seek(0)
-    docker_client.images.build(fileobj=buffer, custom_context=True, tag=name)
+    docker_client.images.build(fileobj=buffer, custom_context=True, tag=name, rm=True)
     yield name
     with contextlib.suppress(ImageNotFound):  # removed already
         docker_client.images.remove(name, force=True)
