@@ -60,6 +60,16 @@ def start_session(session):
         _move(kernel, engine.mark_kernel_creating, rpc.send_create_kernel)
 
 
+def start_single_kernel(kernel, *, actor):
+    """PREPARING/PULLING → PREPARED → CREATING, in one write, for the only kernel of a
+    session whose image is ready (the event-driven path, inside the caller's
+    transaction); the kernel if it moved."""
+    moved = engine.mark_kernel_prepared_and_creating(kernel, actor=actor)
+    if moved:
+        transaction.on_commit(lambda: rpc.send_create_kernel(moved))
+    return moved
+
+
 def _advance(status, mark, send):
     """Move the kernels of sessions wholly in `status` on, each in its own transaction."""
     sent = 0

@@ -42,12 +42,14 @@ def _pulling(kernel, data, actor):
 
 @transaction.atomic(savepoint=False)
 def _pulled(kernel, data, actor):
+    from scheduling_app.handlers import start_session, start_single_kernel
+
+    if kernel.session.cluster_size == 1:
+        return start_single_kernel(kernel, actor=actor)
     moved = engine.mark_kernel_prepared(kernel, actor=actor)
     if moved and moved.session.status == S.PREPARED:
         # Its last kernel is ready: the next step at once, in this transaction, rather
         # than one more task or transaction away.
-        from scheduling_app.handlers import start_session
-
         start_session(moved.session)
     return moved
 

@@ -113,14 +113,24 @@ def derive_session_status(kernel_statuses):
 
 
 def _record(session, kernel, name, from_status, to_status, reason, actor, data, now):
-    row = SessionEvent.objects.create(
-        session=session, kernel=kernel, name=name, from_status=from_status or "",
-        to_status=to_status or "", reason=reason, actor=actor, data=data or {}, created_at=now,
-    )
-    events_module.publish_on_commit(
-        session, name, kernel_id=kernel.pk if kernel else None, status=to_status,
-        previous_status=from_status, reason=reason, at=now, data=data, event_id=row.pk,
-    )
+    _record_many(session, [(kernel, name, from_status, to_status, data)], reason, actor, now)
+
+
+def _record_many(session, events, reason, actor, now):
+    """Store (kernel or None, name, from status, to status, data) events of one session in
+    one INSERT; publish them after commit."""
+    ids = insert_rows(SessionEvent, ["session", "kernel", "name", "from_status", "to_status",
+                                     "reason", "actor", "data", "created_at"],
+                      [(session.pk, kernel.pk if kernel else None, name, from_status or "",
+                        to_status or "", reason, actor, data or {}, now)
+                       for kernel, name, from_status, to_status, data in events],
+                      returning="id")
+    events_module.publish_many_on_commit([
+        (session, name, {"kernel_id": kernel.pk if kernel else None, "status": to_status,
+                         "previous_status": from_status, "reason": reason, "at": now,
+                         "data": data, "event_id": event_id})
+        for (kernel, name, from_status, to_status, data), event_id in zip(events, ids,
+                                                                           strict=True)])
 
 
 def record_event(session, name, *, kernel=None, reason="", actor="system", data=None):
@@ -134,35 +144,39 @@ def record_enqueued(session, *, actor):
             session.created_at)
 
 
-def transition_kernel(kernel, to_status, *, reason="", actor="system", from_statuses=None,
-                      data=None, status_data=None, **fields):
+def transition_kernel(kernel, to_status, *, via=(), reason="", actor="system",
+                      from_statuses=None, data=None, status_data=None, **fields):
     """Move one kernel to `to_status`; None when it was no longer in `from_statuses`.
 
-    `from_statuses` defaults to the status the caller last saw. `fields` are other kernel
-    columns to set in the same UPDATE (container_id, exit_code, agent, ...).
+    `from_statuses` defaults to the status the caller last saw. `via`: statuses passed
+    through on the way, each recorded as a step of its own (history, events, the
+    session's status), in the same single write. `fields` are other kernel columns to set
+    in the same UPDATE (container_id, exit_code, agent, ...).
     """
     from_statuses = set(from_statuses or {kernel.status})
+    steps = [*via, to_status]
     for from_status in from_statuses:  # before any write: the caller's transaction goes on
-        check_transition(kernel, from_status, to_status)
+        for before, after in zip([from_status, *steps], steps, strict=False):
+            check_transition(kernel, before, after)
     # No savepoint: every transition is on the path of a session's start, and a failure
     # past this point is a database error that ends the caller's transaction anyway.
     with transaction.atomic(savepoint=False):
-        return _transition_kernel(kernel, to_status, reason, actor, from_statuses, data,
+        return _transition_kernel(kernel, steps, reason, actor, from_statuses, data,
                                   status_data, fields)
 
 
-def _transition_kernel(kernel, to_status, reason, actor, from_statuses, data, status_data,
+def _transition_kernel(kernel, steps, reason, actor, from_statuses, data, status_data,
                        fields):
     current = Kernel.objects.select_for_update().filter(pk=kernel.pk).first()
     if current is None or current.status not in from_statuses:
         return None
     now = clock.now()
-    from_status = current.status
+    from_status, to_status = current.status, steps[-1]
     values = {
         "status": to_status,
         "status_info": reason,
         "status_changed": now,
-        "status_history": {**current.status_history, to_status: now.isoformat()},
+        "status_history": {**current.status_history, **dict.fromkeys(steps, now.isoformat())},
         **fields,
     }
     if status_data is not None:
@@ -178,12 +192,46 @@ def _transition_kernel(kernel, to_status, reason, actor, from_statuses, data, st
     _account_kernel(current, held_on, from_status, to_status)
     # The session is locked after its kernel, as everywhere, and read once.
     session = current.session = Session.objects.select_for_update().get(pk=current.session_id)
-    _record(session, current, KERNEL_EVENT_NAMES[to_status], from_status, to_status, reason,
-            actor, data, now)
-    refresh_session(session, reason=reason, actor=actor, locked=True)
+    events = _follow(session, current, from_status, steps, data, reason, now)
+    _record_many(session, events, reason, actor, now)
     for name, value in values.items():
         setattr(kernel, name, value)
     return current
+
+
+def _follow(session, kernel, from_status, steps, data, reason, now):
+    """The session follows its kernel's steps: its status is derived from its kernels'
+    after each step, and written once. Returns the events of both, step by step."""
+    # A session of one kernel has no other kernels to read.
+    others = [] if session.cluster_size == 1 else list(
+        session.kernels.exclude(pk=kernel.pk).values_list("status", flat=True))
+    events, previous = [], from_status
+    original = status = session.status
+    history = dict(session.status_history)
+    for step in steps:
+        events.append((kernel, KERNEL_EVENT_NAMES[step], previous, step, data))
+        previous = step
+        derived = derive_session_status([*others, step])
+        if derived != status:
+            check_transition(session, status, derived)
+            events.append((None, SESSION_EVENT_NAMES[derived], status, derived, None))
+            history[derived] = now.isoformat()
+            status = derived
+    if status != original:
+        _write_session_status(session, original, status, history, reason, now)
+    return events
+
+
+def _write_session_status(session, from_status, to_status, history, reason, now):
+    values = {"status": to_status, "status_info": reason, "status_changed": now,
+              "status_history": history}
+    if to_status == S.RUNNING and session.starts_at is None:
+        values["starts_at"] = now
+    if to_status in FINISHED_STATUSES:
+        values["terminated_at"] = now
+    Session.objects.filter(pk=session.pk, status=from_status).update(**values)  # locked
+    for name, value in values.items():
+        setattr(session, name, value)
 
 
 def _account_kernel(kernel, held_on, from_status, to_status):
@@ -235,38 +283,6 @@ def schedule_kernel(kernel, agent, *, reason="", actor="scheduler"):
     return moved
 
 
-@transaction.atomic(savepoint=False)
-def refresh_session(session, *, reason="", actor="system", locked=False):
-    """Derive the session's status from its kernels and record the change, if any.
-    `locked`: the caller has just read `session` with select_for_update."""
-    current = session if locked else Session.objects.select_for_update().get(pk=session.pk)
-    statuses = list(current.kernels.values_list("status", flat=True))
-    to_status = derive_session_status(statuses)
-    from_status = current.status
-    if to_status == from_status:
-        return None
-    check_transition(current, from_status, to_status)
-    now = clock.now()
-    values = {
-        "status": to_status,
-        "status_info": reason,
-        "status_changed": now,
-        "status_history": {**current.status_history, to_status: now.isoformat()},
-    }
-    if to_status == S.RUNNING and current.starts_at is None:
-        values["starts_at"] = now
-    if to_status in FINISHED_STATUSES:
-        values["terminated_at"] = now
-    if not Session.objects.filter(pk=current.pk, status=from_status).update(**values):
-        return None
-    for name, value in values.items():
-        setattr(current, name, value)
-        setattr(session, name, value)
-    _record(current, None, SESSION_EVENT_NAMES[to_status], from_status, to_status, reason,
-            actor, None, now)
-    return current
-
-
 @transaction.atomic
 def set_kernel_data(kernel, **fields):
     """Write non-status columns (last_stat, status_data) without touching the status."""
@@ -287,6 +303,13 @@ def mark_kernel_pulling(kernel, *, progress=None, **kw):
 
 def mark_kernel_prepared(kernel, **kw):
     return transition_kernel(kernel, S.PREPARED, from_statuses={S.PREPARING, S.PULLING}, **kw)
+
+
+def mark_kernel_prepared_and_creating(kernel, **kw):
+    """The image of a session's only kernel is ready: it is started at once, PREPARED and
+    CREATING recorded as two steps of one write."""
+    return transition_kernel(kernel, S.CREATING, via=(S.PREPARED,),
+                             from_statuses={S.PREPARING, S.PULLING}, **kw)
 
 
 def mark_kernel_creating(kernel, **kw):

@@ -1,4 +1,6 @@
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from agents_app.models import Agent
 from sessions_app import engine
@@ -40,11 +42,13 @@ def test_illegal_transition_raises_and_changes_nothing(alice):
 
 
 def test_a_transition_records_history_event_and_timestamps(
-    alice, django_capture_on_commit_callbacks
+    alice, django_capture_on_commit_callbacks, monkeypatch
 ):
     session = make_session(alice, S.PREPARING)
     kernel = session.kernels.get()
-    with django_capture_on_commit_callbacks() as callbacks:
+    published = []
+    monkeypatch.setattr("sessions_app.events.publish_batch", published.extend)
+    with django_capture_on_commit_callbacks(execute=True):
         moved = engine.mark_kernel_pulling(kernel, progress={"layers_done": 0}, actor="agent:a")
     assert moved.status == S.PULLING
     kernel.refresh_from_db()
@@ -58,7 +62,9 @@ def test_a_transition_records_history_event_and_timestamps(
     assert session.status == S.PULLING
     session_event = SessionEvent.objects.filter(session=session, kernel=None).last()
     assert session_event.name == "session_pulling"
-    assert len(callbacks) == 2  # one channel-layer message per change: kernel, session
+    # one channel-layer message per change, after commit: the kernel's, the session's
+    assert [(msg["event"], msg["id"]) for _, msg in published] == [
+        ("kernel_pulling", event.pk), ("session_pulling", session_event.pk)]
 
 
 def test_the_loser_of_a_race_changes_nothing(alice):
@@ -98,3 +104,50 @@ def test_session_starts_at_is_set_when_it_first_runs(alice):
     assert session.starts_at is not None
     by_time = sorted(session.status_history, key=session.status_history.get)
     assert by_time == ["PENDING", "SCHEDULED", "PREPARING", "PREPARED", "CREATING", "RUNNING"]
+
+
+def test_a_pulled_image_starts_a_single_kernel_session_in_one_write(
+        alice, sent, django_capture_on_commit_callbacks):
+    from sessions_app.agent_events import handle_kernel_event
+
+    make_agent()
+    session = make_session(alice, S.PULLING)
+    kernel = session.kernels.get()
+    with CaptureQueriesContext(connection) as captured, \
+            django_capture_on_commit_callbacks(execute=True):
+        handle_kernel_event(kernel.pk, "image_pulled", {"agent_id": "agent-1"})
+    kernel.refresh_from_db(), session.refresh_from_db()
+    assert (kernel.status, session.status) == (S.CREATING, S.CREATING)
+    # Both steps are recorded, for the kernel and for its session, in order.
+    names = list(SessionEvent.objects.filter(session=session).order_by("pk")
+                 .values_list("name", "from_status", "to_status"))[-4:]
+    assert names == [("kernel_prepared", "PULLING", "PREPARED"),
+                     ("session_prepared", "PULLING", "PREPARED"),
+                     ("kernel_creating", "PREPARED", "CREATING"),
+                     ("session_creating", "PREPARED", "CREATING")]
+    assert {"PREPARED", "CREATING"} <= set(kernel.status_history) & set(
+        session.status_history)
+    assert [name for name, _ in sent] == ["agent.create_kernel"]
+    # read, lock and write the kernel; lock and write the session; one INSERT of events
+    writes = [q["sql"].split()[0] for q in captured.captured_queries
+              if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))]
+    assert writes == ["SELECT", "SELECT", "UPDATE", "SELECT", "UPDATE", "INSERT"], writes
+
+
+def test_a_cluster_session_starts_when_its_last_kernel_is_pulled(
+        alice, sent, django_capture_on_commit_callbacks):
+    from sessions_app.agent_events import handle_kernel_event
+
+    make_agent()
+    session = make_session(alice, S.PREPARING, cluster_size=2)
+    first, second = session.kernels.order_by("cluster_idx")
+    with django_capture_on_commit_callbacks(execute=True):
+        handle_kernel_event(first.pk, "image_pulled", {})
+    session.refresh_from_db()
+    assert session.status == S.PREPARING and sent == []  # the other one is not ready
+    with django_capture_on_commit_callbacks(execute=True):
+        handle_kernel_event(second.pk, "image_pulled", {})
+    session.refresh_from_db()
+    assert session.status == S.CREATING
+    assert set(session.kernels.values_list("status", flat=True)) == {S.CREATING}
+    assert [name for name, _ in sent] == ["agent.create_kernel"] * 2
