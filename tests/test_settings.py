@@ -5,6 +5,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+from django.db import connection
+
 from tests.conftest import ROOT
 
 PRINT = ("from django.conf import settings as s; import json; d = s.DATABASES['default']; "
@@ -42,6 +45,7 @@ def test_real_services_come_from_database_url_and_redis_url():
                       REDIS_URL="redis://cache.example:6379/3")
     assert s["engine"] == "django.db.backends.postgresql"
     assert s["name"] == "bai"
+    assert s["options"]["pool"]["max_size"] == 16  # a connection pool per process
     assert s["broker"] == "redis://cache.example:6379/3"
     assert s["layer"] == ["redis://cache.example:6379/3"]
     assert s["layer_prefix"] == "bai-ws/3/"  # pub/sub ignores database numbers
@@ -54,3 +58,16 @@ def test_embedded_redis_port_and_secrets_from_files(tmp_path):
     assert s["broker"] == "redis://127.0.0.1:7001/0"
     assert s["secret"] == "from-a-file"
     assert s["debug"] is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_closed_connection_goes_back_to_the_pool(postgres):
+    """Celery closes the connection after every task: with the pool, the next task gets
+    a PostgreSQL backend already open instead of a new one (~15 ms each)."""
+    backends = set()
+    for _ in range(10):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            backends.add(cursor.fetchone()[0])
+        connection.close()
+    assert len(backends) <= 2, backends  # without the pool: 10
