@@ -159,5 +159,5 @@ class Command(BaseCommand):
         while time.monotonic() < deadline:
             if predicate():
                 return
-            time.sleep(0.01)
+            time.sleep(0.05)  # the latencies come from the history, not from this poll
         raise CommandError(f"timed out waiting for {what}")
