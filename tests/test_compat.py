@@ -4,11 +4,14 @@ The real `backend.ai` CLI against a running server is in test_compat_cli.py; her
 request and response shapes, the lookups and the refusals, without Docker.
 """
 
+from datetime import timedelta
+
 import pytest
 from asgiref.sync import async_to_sync
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sessions_app import clock
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, SessionEvent, Status
 from tests.factories import make_agent, make_session
@@ -340,3 +343,22 @@ def test_any_execute_body_is_answered_in_form(client, kp, alice, monkeypatch, bo
     if not Session.objects.filter(name="fuzz").exists():
         make_session(alice, Status.RUNNING, name="fuzz")
     assert_answered_in_form(signed_call(client, kp, "POST", "/session/fuzz", body))
+
+
+def test_idle_reports_are_shown_with_reason_remaining_and_thresholds(client, kp, alice):
+    session = make_session(alice, Status.RUNNING, name="s1")
+    expires = clock.now() + timedelta(seconds=90)
+    Session.objects.filter(pk=session.pk).update(status_data={"idle_checks": {
+        "network-timeout": {"expires_at": expires.isoformat(), "warned": True},
+        "utilization": {"expires_at": None, "averages": {"cpu": 40.0}}}})
+    checks = signed_call(client, kp, "GET", "/session/s1").json()["idleChecks"]
+    client.force_login(alice)
+    assert client.get(f"/api/v1/sessions/{session.pk}/").json()["idle_checks"] == checks
+    network = checks["network-timeout"]
+    assert (network["reason"], network["remaining_time_type"], network["warned"]) == (
+        "idle-timeout", "expire_after", True)
+    assert 80 < network["remaining"] <= 90
+    utilization = checks["utilization"]
+    assert (utilization["reason"], utilization["remaining"]) == ("utilization-idle", None)
+    assert utilization["thresholds"] == {"cpu": 1.0, "mem": 1.0}  # from the settings
+    assert utilization["averages"] == {"cpu": 40.0}
