@@ -2,15 +2,16 @@
 
 from celery import shared_task
 
+from agents_app import rpc
+
 from . import handlers, idle, scheduler
 
 
 @shared_task(name="scheduling.schedule", ignore_result=True)
 def schedule(scaling_group_name=None):
-    placed = scheduler.schedule(scaling_group_name)
-    if placed:  # the next step at once, in this worker, rather than one more task away
-        handlers.check_preconditions()
-    return len(placed)
+    # The next step at once, in the same write: placed kernels go on to PREPARING and
+    # their agents are asked for the image after commit.
+    return len(scheduler.schedule(scaling_group_name, check_image=rpc.send_check_and_pull))
 
 
 def _periodic(function):

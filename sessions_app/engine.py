@@ -351,12 +351,14 @@ def set_session_data(session, **fields):
 
 
 @transaction.atomic
-def schedule_sessions(placements, *, actor="scheduler"):
+def schedule_sessions(placements, *, actor="scheduler", check_image=None):
     """The allocator's write: PENDING → SCHEDULED for many sessions in one transaction.
 
     `placements` is a list of (session id, {kernel id: agent id}). Agents and kernels are
     locked and re-read; a session whose kernels are no longer all PENDING, or that no
     longer fits its agents' fresh free slots, is left out. Returns the placed session ids.
+    With `check_image` (a function of a kernel), the kernels go on to PREPARING in the
+    same write, both steps recorded, and check_image(kernel) follows the commit.
     """
     from agents_app.models import Agent
 
@@ -374,7 +376,7 @@ def schedule_sessions(placements, *, actor="scheduler"):
     kernel_rows = {
         row[0]: row for row in Kernel.objects.select_for_update()
         .filter(session_id__in=[sid for sid, _ in placements], status=S.PENDING)
-        .values_list("id", "session_id", "requested_slots", "status_history")
+        .values_list("id", "session_id", "requested_slots", "status_history", "image")
     }
     session_rows = {
         row[0]: row for row in Session.objects.select_for_update()
@@ -404,11 +406,13 @@ def schedule_sessions(placements, *, actor="scheduler"):
         return []
 
     now = clock.now()
-    stamp = {S.SCHEDULED: now.isoformat()}
+    steps = [S.SCHEDULED, S.PREPARING] if check_image else [S.SCHEDULED]
+    status = steps[-1]
+    stamp = dict.fromkeys(steps, now.isoformat())
     # The kernels are locked and PENDING (checked above): one bulk UPDATE writes them all.
     update_rows(Kernel, ["status", "status_info", "status_changed", "agent", "agent_addr",
                          "occupied_slots", "status_history"], [
-        (kernel_id, S.SCHEDULED, "", now, agent_id, agents[agent_id][1],
+        (kernel_id, status, "", now, agent_id, agents[agent_id][1],
          kernel_rows[kernel_id][2], {**kernel_rows[kernel_id][3], **stamp})
         for kernel_id, agent_id in kernel_updates
     ])
@@ -416,7 +420,7 @@ def schedule_sessions(placements, *, actor="scheduler"):
                 [(agent_id, slots.to_json()) for agent_id, slots in occupied.items()])
     update_rows(Session, ["status", "status_info", "status_changed", "status_history",
                           "occupying_slots"], [
-        (session_id, S.SCHEDULED, "", now, {**session_rows[session_id][4], **stamp},
+        (session_id, status, "", now, {**session_rows[session_id][4], **stamp},
          occupying[session_id])
         for session_id in placed
     ])
@@ -430,20 +434,34 @@ def schedule_sessions(placements, *, actor="scheduler"):
         keypair.concurrency_used += per_keypair[keypair.pk]
     update_rows(KeyPair, ["concurrency_used"], [(k.pk, k.concurrency_used) for k in keypairs])
 
-    kernel_event, session_event = KERNEL_EVENT_NAMES[S.SCHEDULED], SESSION_EVENT_NAMES[S.SCHEDULED]
-    events = [(kernel_rows[kernel_id][1], kernel_id, kernel_event)
-              for kernel_id, _ in kernel_updates]
-    events += [(session_id, None, session_event) for session_id in placed]
+    events = []  # (session id, kernel id, name, from, to), step by step
+    for before, step in zip([S.PENDING, *steps], steps, strict=False):
+        events += [(kernel_rows[kernel_id][1], kernel_id, KERNEL_EVENT_NAMES[step], before, step)
+                   for kernel_id, _ in kernel_updates]
+        events += [(session_id, None, SESSION_EVENT_NAMES[step], before, step)
+                   for session_id in placed]
     ids = insert_rows(SessionEvent, ["session", "kernel", "name", "from_status", "to_status",
                                      "reason", "actor", "data", "created_at"],
-                      [(sid, kid, name, S.PENDING, S.SCHEDULED, "", actor, {}, now)
-                       for sid, kid, name in events], returning="id")
+                      [(sid, kid, name, before, step, "", actor, {}, now)
+                       for sid, kid, name, before, step in events], returning="id")
     events_module.publish_many_on_commit(
-        [(sessions[sid], name, {"kernel_id": kid, "status": S.SCHEDULED,
-                                "previous_status": S.PENDING, "reason": "", "at": now,
-                                "event_id": event_id})
-         for (sid, kid, name), event_id in zip(events, ids, strict=True)])
+        [(sessions[sid], name, {"kernel_id": kid, "status": step, "previous_status": before,
+                                "reason": "", "at": now, "event_id": event_id})
+         for (sid, kid, name, before, step), event_id in zip(events, ids, strict=True)])
+    if check_image:
+        kernels = [_KernelRef(kernel_id, agent_id, kernel_rows[kernel_id][4])
+                   for kernel_id, agent_id in kernel_updates]
+        transaction.on_commit(lambda: [check_image(kernel) for kernel in kernels])
     return placed
+
+
+class _KernelRef:
+    """What an agent call about a kernel's image needs of it."""
+
+    __slots__ = ("pk", "agent_id", "image")
+
+    def __init__(self, pk, agent_id, image):
+        self.pk, self.agent_id, self.image = pk, agent_id, image
 
 
 class _SessionRef:

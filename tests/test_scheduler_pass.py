@@ -251,3 +251,31 @@ def test_a_report_for_a_malformed_kernel_id_is_ignored(db, caplog):
     assert handle_kernel_event("not-a-kernel\n", "kernel_started", {}) is None
     assert handle_kernel_event(None, "image_pulled", {}) is None
     assert "malformed kernel id" in caplog.text
+
+
+def test_the_schedule_task_places_and_prepares_in_one_write(
+        alice, django_capture_on_commit_callbacks, sent):
+    from scheduling_app import tasks
+
+    make_agent(slots={"cpu": "6", "mem": "4g"})
+    session = make_session(alice, name="one", cluster_size=2, cluster_mode="multi-node")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert tasks.schedule("default") == 1
+    session.refresh_from_db()
+    kernels = list(session.kernels.all())
+    assert session.status == S.PREPARING
+    assert {k.status for k in kernels} == {S.PREPARING}
+    assert {"SCHEDULED", "PREPARING"} <= set(session.status_history)
+    # Both steps are recorded, each kernel's and the session's, in order.
+    names = list(SessionEvent.objects.filter(session=session).order_by("pk")
+                 .values_list("name", "kernel", "from_status", "to_status"))[1:]
+    assert [(n, f, t) for n, _, f, t in names] == [
+        ("kernel_scheduled", "PENDING", "SCHEDULED")] * 2 + [
+        ("session_scheduled", "PENDING", "SCHEDULED")] + [
+        ("kernel_preparing", "SCHEDULED", "PREPARING")] * 2 + [
+        ("session_preparing", "SCHEDULED", "PREPARING")]
+    # After commit, each kernel's agent is asked for the image.
+    assert sorted(kw["kernel_id"] for name, kw in sent if name == "agent.check_and_pull") == \
+        sorted(str(k.pk) for k in kernels)
+    assert all(kw["image"] == session.image for name, kw in sent
+               if name == "agent.check_and_pull")

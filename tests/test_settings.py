@@ -64,10 +64,17 @@ def test_embedded_redis_port_and_secrets_from_files(tmp_path):
 def test_a_closed_connection_goes_back_to_the_pool(postgres):
     """Celery closes the connection after every task: with the pool, the next task gets
     a PostgreSQL backend already open instead of a new one (~15 ms each)."""
-    backends = set()
-    for _ in range(10):
+    def backend():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_backend_pid()")
-            backends.add(cursor.fetchone()[0])
+            return cursor.fetchone()[0]
+
+    backend()
+    connection.close()
+    pooled = connection.pool.get_stats()["pool_size"]  # the connections it holds
+    seen = set()
+    for _ in range(10):
+        seen.add(backend())
         connection.close()
-    assert len(backends) <= 2, backends  # without the pool: 10
+    assert len(seen) <= pooled < 10, (seen, pooled)  # without the pool: 10 new backends
+    assert connection.pool.get_stats()["pool_size"] == pooled  # none opened meanwhile

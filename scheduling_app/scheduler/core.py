@@ -30,8 +30,10 @@ class PassResult:
     cancelled: dict = field(default_factory=dict)  # session id → reason
 
 
-def schedule(scaling_group_name=None):
-    """A pass over each active scaling group (or the named one); returns the placed ids."""
+def schedule(scaling_group_name=None, *, check_image=None):
+    """A pass over each active scaling group (or the named one); returns the placed ids.
+    With `check_image` (a function of a kernel), placed kernels go on to PREPARING in the
+    same write and `check_image` is called for each after commit."""
     groups = ScalingGroup.objects.filter(is_active=True).order_by("name")
     if scaling_group_name:
         groups = groups.filter(name=scaling_group_name)
@@ -41,11 +43,11 @@ def schedule(scaling_group_name=None):
             # Two passes on one group never overlap. NO KEY UPDATE lets new sessions
             # reference the group (their FK check takes KEY SHARE) while a pass runs.
             locked = ScalingGroup.objects.select_for_update(no_key=True).get(pk=group.pk)
-            placed += run_pass(locked).scheduled
+            placed += run_pass(locked, check_image=check_image).scheduled
     return placed
 
 
-def run_pass(group) -> PassResult:
+def run_pass(group, *, check_image=None) -> PassResult:
     result = PassResult()
     pending = load_pending(group)
     if not pending:
@@ -76,7 +78,8 @@ def run_pass(group) -> PassResult:
 
     chunk = settings.SCHEDULER_CHUNK_SIZE
     for start in range(0, len(placements), chunk):
-        result.scheduled += engine.schedule_sessions(placements[start:start + chunk])
+        result.scheduled += engine.schedule_sessions(placements[start:start + chunk],
+                                                     check_image=check_image)
     scheduled = set(result.scheduled)
     for session_id, _ in placements:
         if session_id not in scheduled:  # lost to a change since the snapshot
