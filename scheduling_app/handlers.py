@@ -64,10 +64,8 @@ def start_single_kernel(kernel, *, actor):
     """PREPARING/PULLING → PREPARED → CREATING, in one write, for the only kernel of a
     session whose image is ready (the event-driven path, inside the caller's
     transaction); the kernel if it moved."""
-    moved = engine.mark_kernel_prepared_and_creating(kernel, actor=actor)
-    if moved:
-        transaction.on_commit(lambda: rpc.send_create_kernel(moved))
-    return moved
+    return _move(kernel, lambda k: engine.mark_kernel_prepared_and_creating(k, actor=actor),
+                 rpc.send_create_kernel)
 
 
 def _advance(status, mark, send):
@@ -75,16 +73,16 @@ def _advance(status, mark, send):
     sent = 0
     for kernel in _kernels(status, session__status=status):
         with transaction.atomic():
-            sent += _move(kernel, mark, send)
+            sent += bool(_move(kernel, mark, send))
     return sent
 
 
 def _move(kernel, mark, send):
-    """Mark the kernel and, after commit, send it to its agent; whether it moved."""
-    if not mark(kernel):
-        return False
-    transaction.on_commit(lambda: send(kernel))
-    return True
+    """Mark the kernel and, after commit, send it to its agent; the kernel if it moved."""
+    moved = mark(kernel)
+    if moved:
+        transaction.on_commit(lambda: send(moved))
+    return moved
 
 
 def check_pulling_progress():

@@ -451,7 +451,12 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
     if check_image:
         kernels = [_KernelRef(kernel_id, agent_id, kernel_rows[kernel_id][4])
                    for kernel_id, agent_id in kernel_updates]
-        transaction.on_commit(lambda: [check_image(kernel) for kernel in kernels])
+
+        def check_images():
+            for kernel in kernels:
+                check_image(kernel)
+
+        transaction.on_commit(check_images)
     return placed
 
 

@@ -142,8 +142,8 @@ def idle_checks(session, now=None):
     for name, report in sorted(checks_of(session, now or clock.now()).items()):
         averages = report.get("averages", {})
         checks.append(IdleCheck(
-            checker=name, reason=report.get("reason", ""), remaining=report["remaining"],
-            remaining_time_type=report.get("remaining_time_type", "expire_after"),
+            checker=name, reason=report["reason"], remaining=report["remaining"],
+            remaining_time_type=report["remaining_time_type"],
             warned=bool(report.get("warned")),
             usage=[(resource, averages.get(resource), threshold)
                    for resource, threshold in sorted(report.get("thresholds", {}).items())]))
