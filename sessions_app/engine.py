@@ -478,9 +478,11 @@ class _SessionRef:
         self.pk, self.name, self.user_id = pk, name, user_id
 
 
-def set_sessions_status_data(rows):
-    """Bulk write of (session id, status_data): the scheduler's pending reasons."""
-    update_rows(Session, ["status_data"], rows, batch_size=max(len(rows), 1))  # one statement
+def set_pending_reasons(rows):
+    """Bulk write of (session id, the scheduler's record) into status_data["scheduler"] of
+    sessions still PENDING, in one statement; the rest of status_data stays as it is."""
+    set_json_key(Session, "status_data", "scheduler", rows,
+                 where={"status": Status.PENDING.value})
 
 
 def set_idle_checks(rows):

@@ -141,15 +141,14 @@ def _record_waits(waiting):
         if session is None:
             continue
         previous = session.status_data.get("scheduler", {})
-        data = {**session.status_data, "scheduler": {
+        rows.append((session_id, {
             **previous,
             "retries": previous.get("retries", 0) + 1,
             "last_try": now,
             "failed_predicates": [{"name": f.name, "msg": f.msg} for f in failures],
             "passed_predicates": [{"name": n} for n in passed],
-        }}
-        rows.append((session_id, data))
-    engine.set_sessions_status_data(rows)
+        }))
+    engine.set_pending_reasons(rows)
 
 
 def _cancel(cancelled, group_name):
