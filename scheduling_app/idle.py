@@ -18,6 +18,7 @@ from django.db import transaction
 from sessions_app import clock, engine
 from sessions_app.bulk import insert_rows
 from sessions_app.events import publish_many_on_commit
+from sessions_app.lifecycle.destroy import DestroyRefused, destroy_session
 from sessions_app.models import Kernel, Session, SessionEvent, Status
 
 from .models import ScalingGroup
@@ -340,8 +341,6 @@ class _Ref:
 
 
 def _cull(s, report):
-    from sessions_app.lifecycle import DestroyRefused, destroy_session
-
     session = Session.objects.filter(pk=s.id, status=Status.RUNNING).first()
     if session is None:
         return None

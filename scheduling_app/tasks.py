@@ -3,8 +3,9 @@
 from celery import shared_task
 
 from agents_app import rpc
+from sessions_app.lifecycle import progress
 
-from . import handlers, idle, scheduler
+from . import idle, scheduler
 
 
 @shared_task(name="scheduling.schedule", ignore_result=True)
@@ -19,10 +20,10 @@ def _periodic(function):
 
 
 check_idle = _periodic(idle.check_idle)
-check_preconditions = _periodic(handlers.check_preconditions)
-check_pulling_progress = _periodic(handlers.check_pulling_progress)
-start_sessions = _periodic(handlers.start_sessions)
-terminate_sessions = _periodic(handlers.terminate_sessions)
-check_progress = _periodic(handlers.check_progress)
-sweep_pending = _periodic(handlers.sweep_pending)
-sweep_lost_agents = _periodic(handlers.sweep_lost_agents)
+check_preconditions = _periodic(progress.check_preconditions)
+check_pulling_progress = _periodic(progress.check_pulling_progress)
+start_sessions = _periodic(progress.start_sessions)
+terminate_sessions = _periodic(progress.terminate_sessions)
+check_progress = _periodic(progress.check_progress)
+sweep_pending = _periodic(progress.sweep_pending)
+sweep_lost_agents = _periodic(progress.sweep_lost_agents)

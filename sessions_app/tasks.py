@@ -2,9 +2,8 @@
 
 from celery import shared_task
 
-from agents_app.registry import handle_heartbeat
-
-from .agent_events import handle_kernel_event
+from .lifecycle.agent_reports import handle_kernel_event
+from .lifecycle.heartbeats import handle_heartbeat
 
 
 @shared_task(name="manager.heartbeat", ignore_result=True)

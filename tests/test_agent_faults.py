@@ -12,9 +12,9 @@ import uuid
 import pytest
 
 from agents_app.models import Agent, AgentStatus
-from scheduling_app import handlers
 from scheduling_app.models import ScalingGroup
 from sessions_app import clock
+from sessions_app.lifecycle import progress
 from sessions_app.models import Kernel, Session, Status
 from tests.conftest import IMAGE, Process, wait_for
 
@@ -72,7 +72,7 @@ def test_agent_killed_during_creating_leaves_no_container_and_the_session_runs(
     live.wait_for_agent(since=killed_at)
 
     def settled():
-        handlers.check_progress()  # what beat does: a CREATING past its timeout is retried
+        progress.check_progress()  # what beat does: a CREATING past its timeout is retried
         kernel.refresh_from_db()
         return kernel.status == S.RUNNING
 

@@ -108,7 +108,7 @@ def test_session_starts_at_is_set_when_it_first_runs(alice):
 
 def test_a_pulled_image_starts_a_single_kernel_session_in_one_write(
         alice, sent, django_capture_on_commit_callbacks):
-    from sessions_app.agent_events import handle_kernel_event
+    from sessions_app.lifecycle.agent_reports import handle_kernel_event
 
     make_agent()
     session = make_session(alice, S.PULLING)
@@ -136,7 +136,7 @@ def test_a_pulled_image_starts_a_single_kernel_session_in_one_write(
 
 def test_a_cluster_session_starts_when_its_last_kernel_is_pulled(
         alice, sent, django_capture_on_commit_callbacks):
-    from sessions_app.agent_events import handle_kernel_event
+    from sessions_app.lifecycle.agent_reports import handle_kernel_event
 
     make_agent()
     session = make_session(alice, S.PREPARING, cluster_size=2)

@@ -15,8 +15,8 @@ from agents_app.models import Agent
 from scheduling_app.models import ensure_defaults
 from scheduling_app.slots import ResourceSlots
 from sessions_app import engine
-from sessions_app.agent_events import handle_kernel_event
 from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, Status
 from tests.factories import make_agent, make_session
 

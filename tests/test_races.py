@@ -6,8 +6,8 @@ import pytest
 from django.db import connection
 
 from sessions_app.accounting import reconcile_usage
-from sessions_app.agent_events import handle_kernel_event
 from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.models import Kernel, Session, SessionEvent, Status
 from tests.factories import make_agent, make_session
 

@@ -5,8 +5,8 @@ import time
 import pytest
 
 from agents_app.models import Agent, AgentStatus, Image
-from scheduling_app import handlers
 from scheduling_app.models import ScalingGroup
+from sessions_app.lifecycle import progress
 from sessions_app.models import Kernel, Session, SessionEvent, Status
 from tests.conftest import IMAGE, wait_for
 
@@ -60,7 +60,7 @@ def test_a_pending_session_past_its_timeout_is_cancelled(live, alice, client):
     waiting = create(client, "waits")
     time.sleep(2.5)
     assert status_of(waiting) == S.PENDING
-    assert handlers.sweep_pending() == 1
+    assert progress.sweep_pending() == 1
     session = Session.objects.get(pk=waiting)
     assert (session.status, session.status_info) == (S.CANCELLED, "pending-timeout")
     assert status_of(full) == S.RUNNING
@@ -76,7 +76,7 @@ def test_an_agent_whose_heartbeat_stops_is_lost_within_three_intervals(live, ali
     wait_for(lambda: status_of(session_id) == S.RUNNING, message="RUNNING")
     live.agent.kill()  # kill -9: no goodbye
     try:
-        while handlers.sweep_lost_agents() == []:
+        while progress.sweep_lost_agents() == []:
             time.sleep(0.1)
         agent = Agent.objects.get(pk=live.agent_id)
         assert agent.status == AgentStatus.LOST

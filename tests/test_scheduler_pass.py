@@ -7,11 +7,11 @@ import pytest
 import time_machine
 
 from agents_app.models import Agent, AgentStatus
-from scheduling_app import handlers
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
 from scheduling_app.scheduler import schedule
 from sessions_app import clock
 from sessions_app.keypairs import main_keypair
+from sessions_app.lifecycle import progress
 from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, Status
 from sessions_app.services import SessionRequestError
 from tests.factories import make_agent, make_session
@@ -139,9 +139,9 @@ def test_sweep_pending_cancels_after_the_groups_timeout(alice):
     ScalingGroup.objects.filter(name="default").update(pending_timeout=60)
     make_session(alice, name="old")
     with time_machine.travel(clock.now() + timedelta(seconds=30)):
-        assert handlers.sweep_pending() == 0
+        assert progress.sweep_pending() == 0
     with time_machine.travel(clock.now() + timedelta(seconds=61)):
-        assert handlers.sweep_pending() == 1
+        assert progress.sweep_pending() == 1
     session = Session.objects.get()
     assert (session.status, session.status_info) == (S.CANCELLED, "pending-timeout")
 
@@ -151,9 +151,9 @@ def test_an_agent_without_heartbeat_is_lost_and_its_kernels_released(alice, sett
     agent = make_agent(slots={"cpu": "4", "mem": "4g"})
     make_session(alice, S.RUNNING, agent=agent)
     with time_machine.travel(clock.now() + timedelta(seconds=14)):
-        assert handlers.sweep_lost_agents() == []
+        assert progress.sweep_lost_agents() == []
     with time_machine.travel(clock.now() + timedelta(seconds=16)):
-        assert handlers.sweep_lost_agents() == [agent.pk]
+        assert progress.sweep_lost_agents() == [agent.pk]
     agent.refresh_from_db()
     assert agent.status == AgentStatus.LOST and agent.free_slots == {"cpu": 4, "mem": 4 * 2**30}
     kernel = Kernel.objects.get()
@@ -165,7 +165,7 @@ def test_failed_pulls_are_retried_then_rescheduled_on_another_agent(alice, sent)
     bad = make_agent("bad")
     session = make_session(alice, S.PULLING, agent=bad)
     kernel = session.kernels.get()
-    from sessions_app.agent_events import handle_kernel_event
+    from sessions_app.lifecycle.agent_reports import handle_kernel_event
 
     for _ in (1, 2):
         assert handle_kernel_event(kernel.pk, "pull_failed", {"error": "connection refused"}) \
@@ -188,7 +188,7 @@ def test_failed_pulls_are_retried_then_rescheduled_on_another_agent(alice, sent)
 
 def test_an_error_no_retry_can_fix_cancels_the_session(alice):
     session = make_session(alice, S.PULLING)
-    from sessions_app.agent_events import handle_kernel_event
+    from sessions_app.lifecycle.agent_reports import handle_kernel_event
 
     handle_kernel_event(session.kernels.get().pk, "pull_failed",
                         {"error": "manifest unknown: manifest unknown"})
@@ -204,15 +204,15 @@ def test_stuck_stages_time_out(alice, sent):
     creating = make_session(alice, S.CREATING, agent=agent, name="c")
     terminating = make_session(alice, S.TERMINATING, agent=agent, name="t")
     with time_machine.travel(clock.now() + timedelta(seconds=61)):
-        assert handlers.check_progress() == 2
+        assert progress.check_progress() == 2
     creating_kernel = creating.kernels.get()
     assert creating_kernel.status == S.CREATING
     assert creating_kernel.status_data["retries"] == {"creating": 1}
     with time_machine.travel(clock.now() + timedelta(seconds=90)):
-        handlers.check_progress()  # 29 s after the retry: it still has its time
+        progress.check_progress()  # 29 s after the retry: it still has its time
     assert creating.kernels.get().status_data["retries"] == {"creating": 1}
     with time_machine.travel(clock.now() + timedelta(seconds=122)):
-        handlers.check_progress()
+        progress.check_progress()
     assert creating.kernels.get().status_data["retries"] == {"creating": 2}
     t = terminating.kernels.get()
     assert (t.status, t.status_info) == (S.TERMINATED, "force-terminated")
@@ -221,8 +221,8 @@ def test_stuck_stages_time_out(alice, sent):
 def test_lost_destroy_requests_are_sent_again(alice, sent):
     session = make_session(alice, S.TERMINATING)
     with time_machine.travel(clock.now() + timedelta(seconds=31)):
-        assert handlers.terminate_sessions() == 1
-        assert handlers.terminate_sessions() == 0  # not again at once
+        assert progress.terminate_sessions() == 1
+        assert progress.terminate_sessions() == 0  # not again at once
     assert [n for n, _ in sent] == ["agent.destroy_kernel"]
     assert sent[0][1]["kernel_id"] == str(session.kernels.get().pk)
 
@@ -232,7 +232,7 @@ def test_main_keypair_policy_governs(alice):
 
 
 def test_a_report_for_a_malformed_kernel_id_is_ignored(db, caplog):
-    from sessions_app.agent_events import handle_kernel_event
+    from sessions_app.lifecycle.agent_reports import handle_kernel_event
 
     assert handle_kernel_event("not-a-kernel\n", "kernel_started", {}) is None
     assert handle_kernel_event(None, "image_pulled", {}) is None

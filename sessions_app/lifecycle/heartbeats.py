@@ -7,14 +7,15 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
+from agents_app import rpc
+from agents_app.models import Agent, AgentStatus, Image
 from scheduling_app.idle import add_sample, summarize
 from scheduling_app.models import ScalingGroup
-from sessions_app import clock, engine
-from sessions_app.bulk import update_rows
-from sessions_app.models import FINISHED_STATUSES, Kernel, Status
 
-from . import rpc
-from .models import Agent, AgentStatus, Image
+from .. import clock, engine
+from ..bulk import update_rows
+from ..models import FINISHED_STATUSES, Kernel, Status
+from ..services import kick_scheduler
 
 log = logging.getLogger(__name__)
 S = Status
@@ -57,8 +58,6 @@ def handle_heartbeat(info):
     if "kernels" in info:  # only a heartbeat that could list its containers
         reconcile_containers(agent, info["kernels"], info.get("taken_at"))
     if became_alive:
-        from sessions_app.services import kick_scheduler
-
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return agent
 

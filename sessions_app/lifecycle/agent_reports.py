@@ -9,9 +9,13 @@ import uuid
 
 from django.db import transaction
 
-from . import clock, engine
-from . import events as events_module
-from .models import FINISHED_STATUSES, Kernel, Session, SessionResult, Status
+from agents_app import rpc
+
+from .. import clock, engine
+from .. import events as events_module
+from ..models import FINISHED_STATUSES, Kernel, Session, SessionResult, Status
+from ..services import kick_scheduler
+from .progress import retry_stage, start_session, start_single_kernel
 
 log = logging.getLogger(__name__)
 S = Status
@@ -42,8 +46,6 @@ def _pulling(kernel, data, actor):
 
 @transaction.atomic(savepoint=False)
 def _pulled(kernel, data, actor):
-    from scheduling_app.handlers import start_session, start_single_kernel
-
     if kernel.session.cluster_size == 1:
         return start_single_kernel(kernel, actor=actor)
     moved = engine.mark_kernel_prepared(kernel, actor=actor)
@@ -55,8 +57,6 @@ def _pulled(kernel, data, actor):
 
 
 def _pull_failed(kernel, data, actor):
-    from scheduling_app.handlers import retry_stage
-
     return retry_stage(kernel, "preparing", f"image pull failed: {data.get('error', '?')}")
 
 
@@ -73,8 +73,6 @@ def _started(kernel, data, actor):
 
 
 def _creation_failed(kernel, data, actor):
-    from scheduling_app.handlers import retry_stage
-
     return retry_stage(kernel, "creating", f"failed-to-start: {data.get('error', '?')}")
 
 
@@ -96,7 +94,7 @@ def _terminated(kernel, data, actor):
     if moved is None and kernel.exit_code is None and exit_code is not None:
         engine.set_kernel_data(kernel, exit_code=exit_code)
     if moved:
-        transaction.on_commit(lambda: _kick_schedule(kernel.session.scaling_group.name))
+        transaction.on_commit(lambda: kick_scheduler(kernel.session.scaling_group.name))
     elif kernel.status in (S.RUNNING, S.TERMINATING):
         # A report for a kernel that was not in a live status we expected: nothing to do.
         log.info("kernel_terminated for %s in %s ignored", kernel.pk, kernel.status)
@@ -136,39 +134,9 @@ def _health(kernel, data, actor):
                         reason=f"health check: {status}", data={"health": status})
 
 
-@transaction.atomic
-def fail_session(kernel, reason, actor):
-    """A kernel that cannot start takes its whole session down."""
-    moved = engine.mark_kernel_terminated(
-        kernel, reason=reason, actor=actor,
-        from_statuses={S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING},
-    )
-    if moved is None:  # a stale or repeated report: the kernel is elsewhere already
-        return None
-    for sibling in kernel.session.kernels.exclude(pk=kernel.pk).exclude(
-        status__in=FINISHED_STATUSES | {S.TERMINATING}
-    ):
-        if sibling.status == S.PENDING:
-            engine.mark_kernel_cancelled(sibling, reason=reason, actor=actor)
-        elif sibling.status == S.RUNNING:
-            engine.mark_kernel_terminating(sibling, reason=reason, actor=actor)
-            transaction.on_commit(lambda k=sibling: _destroy_on_agent(k, reason))
-        else:
-            engine.mark_kernel_terminated(sibling, reason=reason, actor=actor)
-    return moved
-
-
 def _destroy_on_agent(kernel, reason):
-    from agents_app.rpc import send_destroy_kernel
-
     if kernel.agent_id:
-        send_destroy_kernel(kernel, reason)
-
-
-def _kick_schedule(group_name):
-    from .services import kick_scheduler
-
-    kick_scheduler(group_name)
+        rpc.send_destroy_kernel(kernel, reason)
 
 
 HANDLERS = {

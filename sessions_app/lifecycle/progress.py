@@ -1,4 +1,4 @@
-"""The periodic handlers: each a plain function; scheduling_app.tasks wraps each in a thin
+"""The progress handlers: each a plain function; scheduling_app.tasks wraps each in a thin
 Celery task that beat fires (intervals editable in the admin). Together they make sure no
 session stays in a transitional status: a lost message is re-sent, a stage that fails or
 hangs is retried, then rescheduled elsewhere, and what cannot succeed is cancelled."""
@@ -12,11 +12,10 @@ from django.db import transaction
 from agents_app import rpc
 from agents_app.models import Agent, AgentStatus
 from backendai_web.celery import send_task_safely
-from sessions_app import clock, engine
-from sessions_app.agent_events import fail_session
-from sessions_app.models import Kernel, Status
+from scheduling_app.models import ScalingGroup
 
-from .models import ScalingGroup
+from .. import clock, engine
+from ..models import FINISHED_STATUSES, Kernel, Status
 
 log = logging.getLogger(__name__)
 S = Status
@@ -110,6 +109,29 @@ def _resend_stale(status, marker, send):
         send(kernel)
         sent += 1
     return sent
+
+
+@transaction.atomic
+def fail_session(kernel, reason, actor):
+    """A kernel that cannot start takes its whole session down."""
+    moved = engine.mark_kernel_terminated(
+        kernel, reason=reason, actor=actor,
+        from_statuses={S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING},
+    )
+    if moved is None:  # a stale or repeated report: the kernel is elsewhere already
+        return None
+    for sibling in kernel.session.kernels.exclude(pk=kernel.pk).exclude(
+        status__in=FINISHED_STATUSES | {S.TERMINATING}
+    ):
+        if sibling.status == S.PENDING:
+            engine.mark_kernel_cancelled(sibling, reason=reason, actor=actor)
+        elif sibling.status == S.RUNNING:
+            engine.mark_kernel_terminating(sibling, reason=reason, actor=actor)
+            transaction.on_commit(lambda k=sibling: rpc.send_destroy_kernel(k, reason))
+        else:
+            engine.mark_kernel_terminated(sibling, reason=reason, actor=actor)
+    return moved
+
 
 
 # Progress

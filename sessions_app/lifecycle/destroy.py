@@ -7,9 +7,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils.module_loading import import_string
 
-from . import engine
-from .keypairs import is_admin
-from .models import Status
+from agents_app import rpc
+
+from .. import engine
+from ..accounting import reconcile_usage
+from ..keypairs import is_admin
+from ..models import Status
 
 log = logging.getLogger(__name__)
 S = Status
@@ -117,12 +120,8 @@ def _destroy_kernel(kernel, *, forced, reason, actor):
 
 
 def _send_destroy(kernel, reason):
-    from agents_app.rpc import send_destroy_kernel
-
-    send_destroy_kernel(kernel, reason)
+    rpc.send_destroy_kernel(kernel, reason)
 
 
 def reconcile_after_force():
-    from .accounting import reconcile_usage
-
     reconcile_usage()

@@ -1,0 +1,13 @@
+"""The session lifecycle: what happens next to a session, in one place.
+
+- destroy: the per-status rules of a destroy (users, admins, the system);
+- progress: the periodic and event-driven handlers that move kernels on, retry, reschedule
+  and sweep (beat fires them through scheduling_app.tasks);
+- agent_reports: what agents report about kernels (pulls, starts, exits);
+- heartbeats: agent heartbeats, and reconciling their containers with the kernels;
+- invariants: the checks of ARCHITECTURE.md's invariants (manage.py check_invariants).
+"""
+
+from .destroy import DestroyRefused, DestroyResult, destroy_session
+
+__all__ = ["DestroyRefused", "DestroyResult", "destroy_session"]
