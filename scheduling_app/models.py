@@ -100,6 +100,15 @@ class ScalingGroup(models.Model):
     roundrobin_cursor = models.CharField(
         max_length=64, blank=True, editable=False,
         help_text="The agent the round-robin selector placed a kernel on last.")
+    reservation_after = models.PositiveIntegerField(
+        default=600,
+        help_text="Seconds a session may wait before it gets a reservation: the earliest time "
+                  "and agents at which it fits; smaller sessions then start before it only on "
+                  "other agents or if they end before that time (backfill). 0 means off.")
+    aging_interval = models.PositiveIntegerField(
+        default=0,
+        help_text="Every this many seconds of waiting raise a pending session's priority by "
+                  "one; 0 means off.")
 
     def __str__(self):
         return self.name
@@ -114,6 +123,10 @@ class ResourcePolicy(models.Model):
     )
     idle_timeout = models.PositiveIntegerField(default=0, help_text="Seconds; 0 means off.")
     max_session_lifetime = models.PositiveIntegerField(default=0, help_text="Seconds; 0 means off.")
+    default_priority = models.PositiveIntegerField(
+        default=10, help_text="A new session's priority; users may ask for a lower one.")
+    max_priority = models.PositiveIntegerField(
+        default=100, help_text="The highest priority an admin may give a session.")
 
     class Meta:
         verbose_name_plural = "resource policies"

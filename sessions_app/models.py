@@ -139,6 +139,8 @@ class Session(StatusFields):
         help_text="The owner's last use: API calls on it, commands, dashboard and websocket.")
     idle_exempt = models.BooleanField(
         default=False, help_text="Never culled for idleness or lifetime.")
+    priority = models.PositiveIntegerField(
+        default=10, help_text="Higher goes first in its scaling group's queue.")
     starts_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
     result = models.CharField(

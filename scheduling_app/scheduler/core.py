@@ -15,10 +15,11 @@ from sessions_app.models import Kernel, Session, Status
 from ..models import ScalingGroup
 from ..session_types import hook_for
 from ..slots import ResourceSlots
-from .predicates import Failure, evaluate, validators_for
-from .selectors import AgentIndex, select
+from .predicates import Failure, validators_for
+from .selectors import AgentIndex
 from .sequencers import SEQUENCERS
 from .snapshot import load_pending, load_snapshot
+from .timeline import NO_ROOM, Placer, Timeline, load_occupants, occupant_of, predict
 
 log = logging.getLogger(__name__)
 
@@ -52,27 +53,30 @@ def run_pass(group, *, check_image=None) -> PassResult:
     pending = load_pending(group)
     if not pending:
         return result
+    now = clock.now()
     _apply_type_hooks(pending)
+    rank(pending, now, group.aging_interval)
     snap = load_snapshot(group, pending)
     validators = validators_for(group.validators)
     index = AgentIndex(snap, group.agent_selection_strategy)
     no_room = _NoRoomReason(snap)
-    placements = []
+    timeline = _LazyTimeline(group, snap, now)
+    placer = Placer(snap, index, validators, now, reservation_after=group.reservation_after,
+                    timeline=timeline)
+    placements, order = [], []
     for session in SEQUENCERS[group.scheduler](pending, snap):
-        failures, passed = evaluate(session, snap, validators)
+        order.append(session)
+        placement, failures, passed = placer.try_place(session)
         if failures and failures[0].permanent:
             result.cancelled[session.id] = failures[0].msg
             continue
-        if failures:
+        if failures and failures[0] is not NO_ROOM:
             result.waiting[session.id] = (session, failures, passed)
             continue
-        placement = select(session, index)
         if placement is None:
             result.waiting[session.id] = (session, [no_room(session)], passed)
             continue
-        snap.commit(session, placement)
-        for agent_id in set(placement.values()):
-            index.placed(agent_id)
+        timeline.placed(session, placement)
         no_room.stale = True
         placements.append((session.id, placement))
 
@@ -84,11 +88,48 @@ def run_pass(group, *, check_image=None) -> PassResult:
     for session_id, _ in placements:
         if session_id not in scheduled:  # lost to a change since the snapshot
             result.waiting[session_id] = (None, [Failure("allocation", "retrying")], [])
-    _record_waits(result.waiting)
+    queue = [s for s in order if s.id in result.waiting]
+    predictions, cursor = {}, index.cursor
+    if queue:
+        predictions = predict(queue, snap, index, validators, timeline(), now,
+                              reservation_after=group.reservation_after)
+    _record_waits(result.waiting, queue, predictions, placer.reservations, now)
     _cancel(result.cancelled, group.name)
-    if group.agent_selection_strategy == "roundrobin" and index.cursor != snap.roundrobin_cursor:
-        ScalingGroup.objects.filter(pk=group.pk).update(roundrobin_cursor=index.cursor)
+    if group.agent_selection_strategy == "roundrobin" and cursor != snap.roundrobin_cursor:
+        ScalingGroup.objects.filter(pk=group.pk).update(roundrobin_cursor=cursor)
     return result
+
+
+def rank(pending, now, aging_interval):
+    """Each session's rank: its priority, plus one per `aging_interval` seconds waited."""
+    for session in pending:
+        session.rank = session.priority
+        if aging_interval:
+            waited = (now - session.created_at).total_seconds()
+            session.rank += max(0, int(waited // aging_interval))
+
+
+class _LazyTimeline:
+    """The group's Timeline, loaded on first use (a pass that places everything needs
+    none), with the sessions this pass placed."""
+
+    def __init__(self, group, snap, now):
+        self.group, self.snap, self.now = group, snap, now
+        self.timeline, self.placed_now = None, []
+
+    def placed(self, session, placement):
+        occupant = occupant_of(session, placement, self.now)
+        if self.timeline is None:
+            self.placed_now.append(occupant)
+        else:
+            self.timeline.add(occupant)
+
+    def __call__(self):
+        if self.timeline is None:
+            placed = {o.id for o in self.placed_now}  # in the database too once written
+            occupants = [o for o in load_occupants(self.group, self.now) if o.id not in placed]
+            self.timeline = Timeline(self.snap, occupants + self.placed_now, self.now)
+        return self.timeline
 
 
 class _NoRoomReason:
@@ -132,22 +173,36 @@ def _apply_type_hooks(pending):
         Session.objects.filter(pk__in=ids).update(**{name: value})
 
 
-def _record_waits(waiting):
+def _record_waits(waiting, queue, predictions, reservations, now):
+    """Why each session waits, its place in the queue, its predicted start and its
+    reservation, into status_data["scheduler"] (sessions still PENDING only)."""
     if not waiting:
         return
-    now = clock.now().isoformat()
+    position = {s.id: n for n, s in enumerate(queue, 1)}
+    stamp = now.isoformat()
     rows = []
     for session_id, (session, failures, passed) in waiting.items():
         if session is None:
             continue
         previous = session.status_data.get("scheduler", {})
-        rows.append((session_id, {
+        record = {
             **previous,
             "retries": previous.get("retries", 0) + 1,
-            "last_try": now,
+            "last_try": stamp,
             "failed_predicates": [{"name": f.name, "msg": f.msg} for f in failures],
             "passed_predicates": [{"name": n} for n in passed],
-        }))
+            "queue_position": position.get(session_id),
+            "queue_length": len(queue),
+            "rank": session.rank,
+        }
+        prediction = predictions.get(session_id)
+        record["predicted_start"] = prediction and prediction.start and (
+            prediction.start.isoformat())
+        record["prediction_unknown"] = prediction.reason if prediction else "not predicted"
+        reservation = reservations.get(session_id)
+        record["reservation"] = reservation and {
+            "at": reservation[0] and reservation[0].isoformat(), "agents": reservation[1]}
+        rows.append((session_id, record))
     engine.set_pending_reasons(rows)
 
 

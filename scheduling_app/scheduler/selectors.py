@@ -10,6 +10,7 @@ from bisect import bisect_right
 
 from sortedcontainers import SortedList
 
+from ..slots import ResourceSlots
 from .state import AgentState, PendingSession, Snapshot
 
 
@@ -69,6 +70,22 @@ class AgentIndex:
         if self.strategy != "roundrobin":
             self.by_shape.clear()
 
+    def released(self, agent_id):
+        """The agent has more room than before (a session ended): back into the shape
+        lists it fits again, and re-ordered."""
+        if self.strategy == "roundrobin":
+            return
+        agent = self.snap.agents[agent_id]
+        if agent_id not in self.keys:
+            return  # not schedulable
+        old, new = self.keys[agent_id], self.key(agent)
+        self.keys[agent_id] = new
+        for shape, keys in self.by_shape.items():
+            if old in keys:
+                keys.remove(old)
+            if ResourceSlots(shape).fits_in(agent.capacity):
+                keys.add(new)
+
     def placed(self, agent_id):
         """The snapshot's occupancy of this agent changed: re-order it."""
         self.cursor = agent_id
@@ -82,13 +99,14 @@ class AgentIndex:
                 keys.add(new)
 
 
-def select(session: PendingSession, index: AgentIndex):
+def select(session: PendingSession, index: AgentIndex, excluded=None):
     """A placement {kernel id: agent id}, or None when no agent has room.
 
     The caller commits a placement to the snapshot (Snapshot.commit) and tells the index
     (AgentIndex.placed) before asking for the next session.
     """
-    excluded = session.excluded_agents
+    if excluded is None:
+        excluded = session.excluded_agents
     if session.cluster_mode == "single-node":
         agent = index.first_fit(session.total, excluded)
         return None if agent is None else {k.id: agent.id for k in session.kernels}

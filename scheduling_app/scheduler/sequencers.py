@@ -48,4 +48,17 @@ def drf(sessions: list[PendingSession], snap: Snapshot):
             heapq.heappush(heap, entry(owner))
 
 
-SEQUENCERS = {"fifo": fifo, "lifo": lifo, "drf": drf}
+def by_priority(sequencer):
+    """The sequencer within each priority tier, the highest tier first (a session's rank:
+    its priority plus what aging added)."""
+    def ordered(sessions: list[PendingSession], snap: Snapshot):
+        tiers = defaultdict(list)
+        for session in sessions:
+            tiers[session.rank].append(session)
+        for rank in sorted(tiers, reverse=True):
+            yield from sequencer(tiers[rank], snap)
+    ordered.__name__ = sequencer.__name__
+    return ordered
+
+
+SEQUENCERS = {"fifo": by_priority(fifo), "lifo": by_priority(lifo), "drf": by_priority(drf)}

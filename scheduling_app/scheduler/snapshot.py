@@ -27,15 +27,18 @@ def load_pending(group, limit=None):
             .order_by("created_at")
             .values_list("id", "name", "keypair_id", "project_id", "domain_id", "created_at",
                          "image", "session_type", "cluster_mode", "status_data",
-                         "batch_timeout"))
+                         "batch_timeout", "priority",
+                         "keypair__resource_policy__max_session_lifetime"))
     if limit:
         rows = rows[:limit]
     sessions = {}
-    for (pk, name, kp, project, domain, created, image, stype, mode, data, timeout) in rows:
+    for (pk, name, kp, project, domain, created, image, stype, mode, data, timeout, priority,
+         lifetime) in rows:
         sessions[pk] = PendingSession(
             id=pk, name=name, keypair_id=kp, project_id=project, domain_id=domain,
             created_at=created, image=image, session_type=stype, cluster_mode=mode,
-            kernels=[], status_data=data, batch_timeout=timeout,
+            kernels=[], status_data=data, batch_timeout=timeout, priority=priority,
+            rank=priority, max_lifetime=lifetime or 0,
             excluded_agents=frozenset(data.get("scheduler", {}).get("excluded_agents", [])),
         )
     for pk, session_id, slots in (Kernel.objects.filter(session_id__in=sessions,

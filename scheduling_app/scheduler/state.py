@@ -32,6 +32,23 @@ class PendingSession:
     dependencies: list = field(default_factory=list)
     excluded_agents: frozenset = frozenset()
     status_data: dict = field(default_factory=dict)
+    priority: int = 10
+    rank: int = 10  # the priority the sequencers order by: with aging added
+    max_lifetime: int = 0  # seconds, from the owner's resource policy; 0 = none
+
+    def lifetime(self) -> int | None:
+        """Seconds the session may run at most once started (None: no bound known)."""
+        bounds = [b for b in (self.max_lifetime,
+                              self.batch_timeout if self.session_type == "batch" else None)
+                  if b]
+        return min(bounds) if bounds else None
+
+    @property
+    def shape(self):
+        """What the selectors see of a request: equal shapes fit in the same places."""
+        if self.cluster_mode == "single-node":
+            return ("single", tuple(sorted(self.total.items())))
+        return ("multi", tuple(tuple(sorted(k.slots.items())) for k in self.kernels))
 
     @property
     def total(self) -> ResourceSlots:
