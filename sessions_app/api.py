@@ -7,7 +7,12 @@ Backend.AI-compatible routes in `compat`, which only translate request and respo
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
@@ -42,7 +47,8 @@ def create_for(request, owner, **fields):
     """create_session for `owner` (a keypair), asked by the request's user."""
     try:
         return create_session(keypair=owner, user=owner.user,
-                              actor=request.user.get_username(), **fields)
+                              actor=request.user.get_username(),
+                              may_raise_priority=request_is_admin(request), **fields)
     except SessionRequestError as exc:
         raise RequestFailed(exc.message, exc.status_code,
                             data={exc.field: [exc.message]} if exc.field else None) from None
@@ -94,12 +100,22 @@ class SessionEventSerializer(serializers.ModelSerializer):
                   "data", "created_at"]
 
 
+QUEUE_SCHEMA = inline_serializer("SessionQueue", {
+    "position": serializers.IntegerField(), "length": serializers.IntegerField(),
+    "rank": serializers.IntegerField(),
+    "predicted_start": serializers.DateTimeField(allow_null=True),
+    "unknown_reason": serializers.CharField(),
+    "reservation": serializers.DictField(allow_null=True),
+    "as_of": serializers.DateTimeField()}, allow_null=True)
+
+
 class SessionSerializer(serializers.ModelSerializer):
     scaling_group = serializers.CharField(source="scaling_group.name")
     owner_access_key = serializers.CharField(source="keypair_id")
     owner = serializers.CharField(source="user.username")
     pending_reason = serializers.SerializerMethodField()
     idle_checks = serializers.SerializerMethodField()
+    queue = serializers.SerializerMethodField()
     kernels = KernelSerializer(many=True)
 
     class Meta:
@@ -109,7 +125,13 @@ class SessionSerializer(serializers.ModelSerializer):
                   "requested_slots", "occupying_slots", "scaling_group", "owner",
                   "owner_access_key", "startup_command", "grace_period", "batch_timeout", "tag",
                   "created_at", "starts_at", "terminated_at", "result", "last_activity",
-                  "idle_exempt", "idle_checks", "kernels"]
+                  "idle_exempt", "idle_checks", "priority", "queue", "kernels"]
+
+    @extend_schema_field(QUEUE_SCHEMA)
+    def get_queue(self, session):
+        """PENDING: position in the scaling group's queue (1 = next), predicted start (null:
+        unknown, with the reason), the rank it is ordered by, its reservation if any."""
+        return session.queue
 
     def get_idle_checks(self, session) -> dict:
         """Every idle checker's report with the seconds left (`remaining`)."""
@@ -147,6 +169,10 @@ class SessionCreateSerializer(serializers.Serializer):
         child=serializers.CharField(max_length=64), required=False, default=list,
         help_text="Ids or names of the owner's sessions that must be RUNNING (or, if batch, "
                   "finished with success) first.")
+    priority = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=2**31 - 1,
+        help_text="Higher goes first; default: the resource policy's. Users may ask for less "
+                  "than the default, admins up to the policy's maximum.")
 
 
 class ExecuteSerializer(serializers.Serializer):

@@ -157,6 +157,8 @@ def creation_fields(data):
         "project": project_for(text(data.get("domain"), "domain"),
                                text(data.get("group"), "group")),
         "dependencies": dependencies,
+        "priority": None if data.get("priority") is None else whole_number(
+            data["priority"], "priority", 0),
     }
 
 
@@ -217,6 +219,7 @@ def session_info(session):
         "terminationTime": session.terminated_at.isoformat() if session.terminated_at
         else None, "numQueriesExecuted": 0, "lastStat": main.last_stat,
         "idleChecks": idle_checks_of(session, clock.now()),
+        "priority": session.priority, "queue": session.queue,
     }
 
 

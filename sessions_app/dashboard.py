@@ -67,7 +67,7 @@ def session_list(request):
 @login_required
 def session_create(request):
     keypair, admin = viewer(request)
-    form = SessionForm(request.POST or None, keypair=keypair)
+    form = SessionForm(request.POST or None, keypair=keypair, may_raise_priority=admin)
     if request.method == "POST" and form.is_valid():
         session = form.save(request.user)
         if session is not None:

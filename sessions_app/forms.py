@@ -41,11 +41,22 @@ class SessionForm(forms.Form):
         required=False, min_value=0, max_value=3600,
         help_text=f"Seconds between SIGTERM and SIGKILL when it stops; empty for "
                   f"{settings.DEFAULT_GRACE_PERIOD}.")
+    priority = forms.IntegerField(
+        required=False, min_value=0,
+        help_text="Higher goes first in the queue; empty for your policy's default.")
 
-    def __init__(self, *args, keypair, **kwargs):
+    def __init__(self, *args, keypair, may_raise_priority=False, **kwargs):
         super().__init__(*args, **kwargs)
         self.keypair = keypair
         self.quota = quota_of(keypair)
+        policy = keypair.resource_policy
+        self.may_raise_priority = may_raise_priority
+        self.fields["priority"].max_value = (
+            policy.max_priority if self.may_raise_priority else policy.default_priority)
+        self.fields["priority"].validators.append(MaxValueValidator(
+            self.fields["priority"].max_value))
+        self.fields["priority"].widget.attrs["max"] = str(self.fields["priority"].max_value)
+        self.fields["priority"].initial = policy.default_priority
         self.fields["image"].initial = settings.DEFAULT_KERNEL_IMAGE
         remaining = self.quota.remaining
         if remaining is not None:
@@ -101,7 +112,8 @@ class SessionForm(forms.Form):
                 session_type=data["session_type"],
                 resources={"cpu": str(data["cpu"]), "mem": f"{data['mem']}m"},
                 cluster_size=data["cluster_size"], startup_command=data["startup_command"],
-                grace_period=data["grace_period"],
+                grace_period=data["grace_period"], priority=data.get("priority"),
+                may_raise_priority=self.may_raise_priority,
             )
         except SessionRequestError as exc:
             self.add_error(exc.field if exc.field in self.fields else None, exc.message)

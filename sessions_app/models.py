@@ -181,6 +181,20 @@ class Session(StatusFields):
         return "; ".join(p["msg"] for p in failed) or "waiting for the scheduler"
 
     @property
+    def queue(self):
+        """A PENDING session's place in its scaling group's queue and predicted start, as
+        the scheduler's last pass wrote them; None in other statuses or before a pass."""
+        record = self.status_data.get("scheduler", {})
+        if self.status != Status.PENDING or record.get("queue_position") is None:
+            return None
+        return {"position": record["queue_position"], "length": record.get("queue_length"),
+                "rank": record.get("rank", self.priority),
+                "predicted_start": record.get("predicted_start"),
+                "unknown_reason": record.get("prediction_unknown") or "",
+                "reservation": record.get("reservation"),
+                "as_of": record.get("last_try")}
+
+    @property
     def main_kernel(self):
         return min(self.kernels.all(), key=lambda k: (k.cluster_role != "main", k.cluster_idx))
 

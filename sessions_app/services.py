@@ -39,9 +39,12 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
                    resources=None, cluster_size=1, cluster_mode="single-node",
                    startup_command="", scaling_group="default", grace_period=None,
                    batch_timeout=None, tag="", project=None, actor=None,
-                   pre_stop_command="", dependencies=()) -> Session:
+                   pre_stop_command="", dependencies=(), priority=None,
+                   may_raise_priority=False) -> Session:
     """`dependencies` are sessions that must be RUNNING (or batch sessions finished with
-    success) before this one is scheduled."""
+    success) before this one is scheduled. `priority` defaults to the resource policy's;
+    only with `may_raise_priority` (admins) may it be above that, up to the policy's
+    maximum."""
     validate_name(name)
     if not isinstance(image, str) or not image.strip():
         raise SessionRequestError("An image name is required, such as "
@@ -70,6 +73,7 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
         raise SessionRequestError("A batch session needs a startup command.", "startup_command")
     project = project or default_project()
     policy = keypair.resource_policy
+    priority = check_priority(priority, policy, may_raise_priority)
     with transaction.atomic():
         if policy.max_pending_session_count is not None:
             pending = Session.objects.filter(keypair=keypair, status=Status.PENDING).count()
@@ -92,7 +96,7 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
                     requested_slots=slots.to_json(), scaling_group=group,
                     startup_command=startup_command or "", grace_period=grace_period,
                     batch_timeout=batch_timeout, tag=tag or "", status_history=queued,
-                    pre_stop_command=pre_stop_command or "",
+                    pre_stop_command=pre_stop_command or "", priority=priority,
                     cluster_ssh=cluster_keypair() if cluster_size > 1 else {},
                 )
         except IntegrityError:  # a concurrent create with the same name won
@@ -109,6 +113,19 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
         engine.record_enqueued(session, actor=actor or user.get_username())
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return session
+
+
+def check_priority(priority, policy, may_raise):
+    if priority is None:
+        return policy.default_priority
+    highest = policy.max_priority if may_raise else policy.default_priority
+    if isinstance(priority, bool) or not isinstance(priority, int) or not (
+            0 <= priority <= highest):
+        who = "" if may_raise else " (only an admin may set it higher)"
+        raise SessionRequestError(
+            f"priority must be a whole number from 0 to {highest}, the highest your resource "
+            f"policy {policy.name!r} allows{who}.", "priority")
+    return priority
 
 
 def cluster_keypair():

@@ -183,45 +183,42 @@ class Timeline:
 class Placer:
     """One scan of the queue at time `t`: the validators, then the selector, with
     reservations for sessions that have waited `reservation_after` seconds and backfill
-    around them. Within a scan agents only fill up, so a request shape that found no room
-    finds none later in the scan (`blocked`)."""
+    around them. Within a scan agents only fill up and reservations only grow, so a request
+    shape that found no room finds none later in the scan (`blocked`)."""
 
     def __init__(self, snap, index, validators, t, *, reservation_after=0, timeline=None):
         self.snap, self.index, self.validators, self.t = snap, index, validators, t
         self.reservation_after = reservation_after
         self.timeline = timeline  # a function returning the Timeline, made on first use
         self.reservations = {}  # session id → (time or None, [agent ids])
-        self.reserved_agents = set()
-        self.reserved_until = None  # the earliest reservation's time
-        self.unknown_reservation = False
-        self.blocked_all, self.blocked_unreserved = set(), set()
+        self.reserved = {}  # agent id → the earliest time it is due (None: unknown)
+        self.blocked = set()  # (shape, reserved agents kept out)
 
-    def may_backfill(self, session):
-        """May the session use reserved agents? Only if it surely ends before they are due."""
-        if not self.reserved_agents:
-            return True
+    def kept_out(self, session):
+        """The reserved agents this session may not use: those due before it surely ends
+        (all of them when nothing bounds its end)."""
+        if not self.reserved:
+            return frozenset()
         lifetime = session.lifetime()
-        return (not self.unknown_reservation and self.reserved_until is not None
-                and lifetime is not None
-                and self.t + timedelta(seconds=lifetime) <= self.reserved_until)
+        if lifetime is None:
+            return frozenset(self.reserved)
+        end = self.t + timedelta(seconds=lifetime)
+        return frozenset(a for a, due in self.reserved.items() if due is None or end > due)
 
     def try_place(self, session):
         """(placement, failures, passed): a placement (already committed to the snapshot
         and the index), or None with the failures."""
         shape = session.shape
-        backfill = self.may_backfill(session)
-        if shape in self.blocked_all or (not backfill and shape in self.blocked_unreserved):
+        kept_out = self.kept_out(session)
+        if (shape, frozenset()) in self.blocked or (shape, kept_out) in self.blocked:
             return None, [NO_ROOM], []
         failures, passed = evaluate(session, self.snap, self.validators)
         if failures:
             return None, failures, passed
-        excluded = session.excluded_agents
-        if not backfill:
-            excluded = excluded | self.reserved_agents
-        placement = select(session, self.index, excluded)
+        placement = select(session, self.index, session.excluded_agents | kept_out)
         if placement is None:
             if not session.excluded_agents:
-                (self.blocked_all if backfill else self.blocked_unreserved).add(shape)
+                self.blocked.add((shape, kept_out))
             self._reserve(session)
             return None, [NO_ROOM], passed
         self.snap.commit(session, placement)
@@ -229,23 +226,22 @@ class Placer:
             self.index.placed(agent_id)
         return placement, [], passed
 
+    def blocked_everywhere(self, shapes):
+        return all((shape, frozenset()) in self.blocked for shape in shapes)
+
     def _reserve(self, session):
         if (not self.reservation_after or self.timeline is None
                 or len(self.reservations) >= MAX_RESERVATIONS
                 or (self.t - session.created_at).total_seconds() < self.reservation_after):
             return
         found = self.timeline().earliest_fit(
-            session, session.excluded_agents | self.reserved_agents)
+            session, session.excluded_agents | frozenset(self.reserved))
         if found is None:
             return
         at, agents = found
         self.reservations[session.id] = found
-        self.reserved_agents.update(agents)
-        if at is None:
-            self.unknown_reservation = True  # no backfill on reserved agents at all
-        else:
-            self.reserved_until = at if self.reserved_until is None else min(
-                self.reserved_until, at)
+        for agent_id in agents:
+            self.reserved[agent_id] = at
 
 
 NO_ROOM = Failure("agent-resources", "no agent with enough free resources")
@@ -286,7 +282,7 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
             placement, _, _ = placer.try_place(session)
             if placement is None:
                 left.append(session)
-                if shapes <= placer.blocked_all:  # nothing further can fit now
+                if placer.blocked_everywhere(shapes):  # nothing further can fit now
                     left.extend(remaining[position + 1:])
                     break
                 continue

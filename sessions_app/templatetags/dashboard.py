@@ -1,4 +1,7 @@
+from datetime import datetime
+
 from django import template
+from django.utils.timezone import localtime
 
 from scheduling_app.slots import humanize
 from sessions_app import timeline
@@ -26,3 +29,24 @@ def agents(session):
 @register.filter
 def countdown(seconds):
     return timeline.format_countdown(seconds)
+
+
+def ordinal(n):
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+@register.filter
+def queue_text(session):
+    """"3rd in queue · expected to start by 14:20" for a PENDING session ("" before the
+    scheduler's first pass over it)."""
+    queue = session.queue
+    if not queue:
+        return ""
+    text = f"{ordinal(queue['position'])} in queue"
+    if queue["predicted_start"]:
+        start = localtime(datetime.fromisoformat(queue["predicted_start"]))
+        shown = start.strftime("%H:%M") if start.date() == localtime().date() else (
+            start.strftime("%Y-%m-%d %H:%M"))
+        return f"{text} · expected to start by {shown}"
+    return f"{text} · start unknown: {queue['unknown_reason']}"

@@ -1,0 +1,160 @@
+"""Priorities through every interface, and the queue position and predicted start that a
+pass writes and the API, the Backend.AI route and the dashboard show (database, no
+broker, frozen clock)."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import time_machine
+
+from scheduling_app.models import ResourcePolicy, ScalingGroup
+from scheduling_app.scheduler import schedule
+from sessions_app.keypairs import main_keypair
+from sessions_app.models import Session, Status
+from sessions_app.templatetags.dashboard import ordinal
+from tests.factories import make_agent, make_session
+from tests.signing import signed_call
+
+S = Status
+T0 = datetime(2026, 3, 2, 13, 0, tzinfo=UTC)
+URL = "/api/v1/sessions/"
+pytestmark = pytest.mark.usefixtures("sent")
+
+
+def post(client, **body):
+    return client.post(URL, {"image": "bai-local/busybox:latest", **body},
+                       content_type="application/json")
+
+
+def test_priority_defaults_to_the_policy_and_users_may_only_lower_it(as_alice):
+    policy = ResourcePolicy.objects.get(name="default")
+    assert (policy.default_priority, policy.max_priority) == (10, 100)
+    assert post(as_alice, name="plain").json()["priority"] == 10
+    assert post(as_alice, name="low", priority=3).json()["priority"] == 3
+    refused = post(as_alice, name="high", priority=11)
+    assert refused.status_code == 400
+    assert refused.json()["msg"] == (
+        "priority must be a whole number from 0 to 10, the highest your resource policy "
+        "'default' allows (only an admin may set it higher).")
+    assert post(as_alice, name="neg", priority=-1).status_code == 400
+    assert post(as_alice, name="word", priority="high").status_code == 400
+
+
+def test_admins_may_raise_priority_up_to_the_policy_maximum(client, carol):
+    client.force_login(carol)
+    assert post(client, name="urgent", priority=100).json()["priority"] == 100
+    refused = post(client, name="beyond", priority=101)
+    assert refused.status_code == 400 and "from 0 to 100" in refused.json()["msg"]
+
+
+def test_the_backendai_route_takes_priority(client, alice):
+    kp = main_keypair(alice)
+    body = {"image": "bai-local/busybox:latest", "enqueueOnly": True}
+    response = signed_call(client, kp, "POST", "/session", {**body, "name": "p", "priority": 4})
+    assert response.status_code == 201
+    assert Session.objects.get(name="p").priority == 4
+    refused = signed_call(client, kp, "POST", "/session", {**body, "name": "q",
+                                                            "priority": 50})
+    assert refused.status_code == 400 and "priority must be" in refused.json()["msg"]
+
+
+def test_a_higher_priority_session_is_placed_first(alice):
+    make_agent(slots={"cpu": "1", "mem": "1g"})
+    make_session(alice, name="first-come", resources={"cpu": "1", "mem": "256m"})
+    make_session(alice, name="urgent", resources={"cpu": "1", "mem": "256m"}, priority=10,
+                 may_raise_priority=True)
+    Session.objects.filter(name="first-come").update(priority=5)
+    schedule("default")
+    assert dict(Session.objects.values_list("name", "status")) == {
+        "first-come": S.PENDING, "urgent": S.SCHEDULED}
+
+
+def test_aging_lets_a_long_waiting_low_priority_session_overtake(alice):
+    make_agent(slots={"cpu": "1", "mem": "1g"})
+    ScalingGroup.objects.filter(name="default").update(aging_interval=600)
+    with time_machine.travel(T0, tick=False):
+        make_session(alice, name="old-low", priority=5)
+    with time_machine.travel(T0 + timedelta(minutes=55), tick=False):
+        make_session(alice, name="new", priority=10)
+        schedule("default")  # old-low: 5 + 55 min // 10 min = 10, and it came first
+    assert Session.objects.get(name="old-low").status == S.SCHEDULED
+
+
+def busy_agent_and_queue(alice):
+    """One agent of 4 cpu, held by `busy` until 14:00 (a one-hour lifetime, started 13:00);
+    the policy's lifetime bounds the waiting sessions too (one hour each)."""
+    ResourcePolicy.objects.filter(name="default").update(max_session_lifetime=3600)
+    agent = make_agent(slots={"cpu": "4", "mem": "4g"})
+    with time_machine.travel(T0, tick=False):
+        make_session(alice, S.RUNNING, agent=agent, name="busy",
+                     resources={"cpu": "4", "mem": "1g"})
+    for minute, name, cpu in ((5, "a", "2"), (6, "b", "2"), (7, "c", "4")):
+        with time_machine.travel(T0 + timedelta(minutes=minute), tick=False):
+            make_session(alice, name=name, resources={"cpu": cpu, "mem": "1g"})
+    with time_machine.travel(T0 + timedelta(minutes=10), tick=False):
+        schedule("default")
+
+
+def test_a_pass_writes_each_waiting_sessions_queue_position_and_predicted_start(alice):
+    busy_agent_and_queue(alice)
+    queues = {s.name: s.queue for s in Session.objects.filter(status=S.PENDING)}
+    # busy ends 14:00: a and b start then (until 15:00), c when they end.
+    assert {n: (q["position"], q["predicted_start"]) for n, q in queues.items()} == {
+        "a": (1, "2026-03-02T14:00:00+00:00"), "b": (2, "2026-03-02T14:00:00+00:00"),
+        "c": (3, "2026-03-02T15:00:00+00:00")}
+    assert queues["c"]["length"] == 3 and queues["c"]["unknown_reason"] == ""
+    assert Session.objects.get(name="busy").queue is None
+
+
+def test_the_start_is_unknown_behind_a_session_with_no_end_bound(alice):
+    agent = make_agent(slots={"cpu": "4", "mem": "4g"})
+    make_session(alice, S.RUNNING, agent=agent, name="forever",
+                 resources={"cpu": "4", "mem": "1g"})
+    make_session(alice, name="waiting", resources={"cpu": "1", "mem": "1g"})
+    schedule("default")
+    queue = Session.objects.get(name="waiting").queue
+    assert queue["position"] == 1 and queue["predicted_start"] is None
+    assert queue["unknown_reason"] == "blocked by sessions with no end bound: forever"
+
+
+def test_the_api_the_backendai_route_and_the_dashboard_show_the_queue(alice, as_alice):
+    busy_agent_and_queue(alice)
+    with time_machine.travel(T0 + timedelta(minutes=11), tick=False):
+        listed = {s["name"]: s for s in as_alice.get(URL).json()["results"]}
+        detail = as_alice.get(f"{URL}{listed['b']['id']}/").json()
+        info = signed_call(as_alice, main_keypair(alice), "GET", "/session/b").json()
+        page = as_alice.get(f"/sessions/{listed['b']['id']}/").content.decode()
+        rows = as_alice.get("/sessions/").content.decode()
+    assert listed["b"]["queue"]["position"] == 2 and listed["busy"]["queue"] is None
+    assert detail["queue"]["predicted_start"] == "2026-03-02T14:00:00+00:00"
+    assert info["queue"] == detail["queue"] and info["priority"] == 10
+    assert info["statusData"]["scheduler"]["queue_position"] == 2
+    # The page shows the server's local time (TIME_ZONE); the test settings keep UTC.
+    assert "2nd in queue · expected to start by 14:00" in page
+    assert "3rd in queue · expected to start by 15:00" in rows
+
+
+def test_ordinals():
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
+
+
+def test_a_reservation_is_written_and_keeps_younger_sessions_off_its_agent(alice):
+    ScalingGroup.objects.filter(name="default").update(reservation_after=600)
+    ResourcePolicy.objects.filter(name="default").update(max_session_lifetime=3600)
+    agent = make_agent(slots={"cpu": "4", "mem": "4g"})
+    with time_machine.travel(T0, tick=False):
+        make_session(alice, S.RUNNING, agent=agent, name="busy",
+                     resources={"cpu": "2", "mem": "1g"})  # until 14:00
+        make_session(alice, name="big", resources={"cpu": "4", "mem": "1g"})
+    with time_machine.travel(T0 + timedelta(minutes=20), tick=False):
+        make_session(alice, name="small", resources={"cpu": "2", "mem": "1g"})
+        schedule("default")  # small would run to 14:20, past big's reservation at 14:00
+    big = Session.objects.get(name="big")
+    assert big.queue["reservation"] == {"at": "2026-03-02T14:00:00+00:00",
+                                        "agents": ["agent-1"]}
+    assert Session.objects.get(name="small").status == S.PENDING
+    ScalingGroup.objects.filter(name="default").update(reservation_after=0)
+    with time_machine.travel(T0 + timedelta(minutes=21), tick=False):
+        schedule("default")
+    assert Session.objects.get(name="small").status == S.SCHEDULED  # no reservation: it goes
