@@ -105,6 +105,12 @@ class ScalingGroup(models.Model):
         help_text="Seconds a session may wait before it gets a reservation: the earliest time "
                   "and agents at which it fits; smaller sessions then start before it only on "
                   "other agents or if they end before that time (backfill). 0 means off.")
+    allow_preemption = models.BooleanField(
+        default=False,
+        help_text="A waiting session may end preemptible RUNNING sessions of lower priority "
+                  "(gracefully, reason preempted) when no agent has room for it.")
+    preemption_min_runtime = models.PositiveIntegerField(
+        default=600, help_text="Seconds a session runs before it may be preempted.")
     aging_interval = models.PositiveIntegerField(
         default=0,
         help_text="Every this many seconds of waiting raise a pending session's priority by "
@@ -125,6 +131,8 @@ class ResourcePolicy(models.Model):
     max_session_lifetime = models.PositiveIntegerField(default=0, help_text="Seconds; 0 means off.")
     default_priority = models.PositiveIntegerField(
         default=10, help_text="A new session's priority; users may ask for a lower one.")
+    preemptible = models.BooleanField(
+        default=False, help_text="Every session of this policy may be preempted.")
     max_priority = models.PositiveIntegerField(
         default=100, help_text="The highest priority an admin may give a session.")
 

@@ -125,7 +125,8 @@ class SessionSerializer(serializers.ModelSerializer):
                   "requested_slots", "occupying_slots", "scaling_group", "owner",
                   "owner_access_key", "startup_command", "grace_period", "batch_timeout", "tag",
                   "created_at", "starts_at", "terminated_at", "result", "last_activity",
-                  "idle_exempt", "idle_checks", "priority", "queue", "kernels"]
+                  "idle_exempt", "idle_checks", "priority", "preemptible", "queue",
+                  "kernels"]
 
     @extend_schema_field(QUEUE_SCHEMA)
     def get_queue(self, session):
@@ -173,6 +174,11 @@ class SessionCreateSerializer(serializers.Serializer):
         required=False, allow_null=True, min_value=0, max_value=2**31 - 1,
         help_text="Higher goes first; default: the resource policy's. Users may ask for less "
                   "than the default, admins up to the policy's maximum.")
+    preemptible = serializers.BooleanField(
+        required=False, default=False,
+        help_text="May be ended gracefully (reason preempted) for a waiting session of higher "
+                  "priority, where the scaling group allows preemption; the resource policy "
+                  "may make every session preemptible.")
 
 
 class ExecuteSerializer(serializers.Serializer):

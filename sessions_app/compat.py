@@ -219,7 +219,8 @@ def session_info(session):
         "terminationTime": session.terminated_at.isoformat() if session.terminated_at
         else None, "numQueriesExecuted": 0, "lastStat": main.last_stat,
         "idleChecks": idle_checks_of(session, clock.now()),
-        "priority": session.priority, "queue": session.queue,
+        "priority": session.priority, "preemptible": session.preemptible,
+        "queue": session.queue,
     }
 
 

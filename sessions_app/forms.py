@@ -45,6 +45,10 @@ class SessionForm(forms.Form):
         required=False, min_value=0,
         help_text="Higher goes first in the queue; empty for your policy's default.")
 
+    preemptible = forms.BooleanField(
+        required=False, help_text="May be ended for a waiting session of higher priority "
+                                  "(where the scaling group allows it).")
+
     def __init__(self, *args, keypair, may_raise_priority=False, **kwargs):
         super().__init__(*args, **kwargs)
         self.keypair = keypair
@@ -114,6 +118,7 @@ class SessionForm(forms.Form):
                 cluster_size=data["cluster_size"], startup_command=data["startup_command"],
                 grace_period=data["grace_period"], priority=data.get("priority"),
                 may_raise_priority=self.may_raise_priority,
+                preemptible=data.get("preemptible", False),
             )
         except SessionRequestError as exc:
             self.add_error(exc.field if exc.field in self.fields else None, exc.message)

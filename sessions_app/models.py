@@ -141,6 +141,9 @@ class Session(StatusFields):
         default=False, help_text="Never culled for idleness or lifetime.")
     priority = models.PositiveIntegerField(
         default=10, help_text="Higher goes first in its scaling group's queue.")
+    preemptible = models.BooleanField(
+        default=False, help_text="May be ended for a waiting session of higher priority, in "
+                                 "a scaling group that allows preemption.")
     starts_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
     result = models.CharField(

@@ -40,11 +40,12 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
                    startup_command="", scaling_group="default", grace_period=None,
                    batch_timeout=None, tag="", project=None, actor=None,
                    pre_stop_command="", dependencies=(), priority=None,
-                   may_raise_priority=False) -> Session:
+                   may_raise_priority=False, preemptible=False) -> Session:
     """`dependencies` are sessions that must be RUNNING (or batch sessions finished with
     success) before this one is scheduled. `priority` defaults to the resource policy's;
     only with `may_raise_priority` (admins) may it be above that, up to the policy's
-    maximum."""
+    maximum. A session is `preemptible` when its owner says so or its policy makes every
+    session so."""
     validate_name(name)
     if not isinstance(image, str) or not image.strip():
         raise SessionRequestError("An image name is required, such as "
@@ -97,6 +98,7 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
                     startup_command=startup_command or "", grace_period=grace_period,
                     batch_timeout=batch_timeout, tag=tag or "", status_history=queued,
                     pre_stop_command=pre_stop_command or "", priority=priority,
+                    preemptible=bool(preemptible) or policy.preemptible,
                     cluster_ssh=cluster_keypair() if cluster_size > 1 else {},
                 )
         except IntegrityError:  # a concurrent create with the same name won

@@ -158,3 +158,53 @@ def test_a_reservation_is_written_and_keeps_younger_sessions_off_its_agent(alice
     with time_machine.travel(T0 + timedelta(minutes=21), tick=False):
         schedule("default")
     assert Session.objects.get(name="small").status == S.SCHEDULED  # no reservation: it goes
+
+
+def preemption_case(alice, allow=True, **group):
+    ScalingGroup.objects.filter(name="default").update(allow_preemption=allow, **group)
+    agent = make_agent(slots={"cpu": "3", "mem": "4g"})
+    with time_machine.travel(T0, tick=False):
+        make_session(alice, S.RUNNING, agent=agent, name="keeper", priority=1,
+                     resources={"cpu": "1", "mem": "1g"})
+        make_session(alice, S.RUNNING, agent=agent, name="victim", priority=5,
+                     preemptible=True, resources={"cpu": "1", "mem": "1g"})
+    with time_machine.travel(T0 + timedelta(minutes=25), tick=False):
+        make_session(alice, S.RUNNING, agent=agent, name="too-young", priority=5,
+                     preemptible=True, resources={"cpu": "1", "mem": "1g"})
+        make_session(alice, name="urgent", resources={"cpu": "1", "mem": "1g"})
+    with time_machine.travel(T0 + timedelta(minutes=30), tick=False):
+        schedule("default")
+
+
+def test_a_waiting_session_of_higher_priority_preempts_gracefully(alice):
+    preemption_case(alice, preemption_min_runtime=600)
+    states = dict(Session.objects.values_list("name", "status"))
+    assert states == {"keeper": S.RUNNING, "victim": S.TERMINATING, "too-young": S.RUNNING,
+                      "urgent": S.PENDING}
+    victim = Session.objects.get(name="victim")
+    event = victim.events.get(name="session_preempted")
+    assert event.reason == "preempted for urgent (priority 10)" and event.actor == "scheduler"
+    assert victim.kernels.get().status_info == "preempted"
+    urgent = Session.objects.get(name="urgent")
+    assert urgent.status_data["scheduler"]["preempting"] == ["victim"]
+    assert urgent.queue["predicted_start"] == "2026-03-02T13:30:00+00:00"
+    with time_machine.travel(T0 + timedelta(minutes=31), tick=False):
+        schedule("default")  # the victim is still ending: nobody else is preempted
+    assert Session.objects.get(name="too-young").status == S.RUNNING
+
+
+def test_no_preemption_unless_the_group_allows_it(alice):
+    preemption_case(alice, allow=False)
+    assert set(Session.objects.values_list("status", flat=True)) == {S.RUNNING, S.PENDING}
+    assert "preempting" not in Session.objects.get(name="urgent").status_data["scheduler"]
+
+
+def test_a_longer_minimum_runtime_protects_the_victim(alice):
+    preemption_case(alice, preemption_min_runtime=3600)
+    assert Session.objects.get(name="victim").status == S.RUNNING
+
+
+def test_a_policy_can_make_every_session_preemptible(alice):
+    ResourcePolicy.objects.filter(name="default").update(preemptible=True)
+    make_agent()
+    assert make_session(alice, name="s").preemptible is True

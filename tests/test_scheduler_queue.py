@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 from scheduling_app.scheduler.core import rank
 from scheduling_app.scheduler.predicates import validators_for
+from scheduling_app.scheduler.preemption import Candidate, Preemptor
 from scheduling_app.scheduler.selectors import AgentIndex
 from scheduling_app.scheduler.sequencers import SEQUENCERS
 from scheduling_app.scheduler.timeline import (
@@ -199,3 +200,65 @@ def test_a_reservation_behind_a_session_without_end_bound_has_no_time_and_no_bac
     placed, reservations = run_scan(snap, timeline, queue, reservation_after=600)
     assert reservations == {"big": (None, ["a"])}
     assert placed == []  # "a" drains for big: nothing else starts there
+
+
+# Preemption
+
+def candidate(name, agent_id, cpu, priority=5, started_minutes_ago=60):
+    return Candidate(name, name, priority, T0 - started_minutes_ago * MIN,
+                     [(agent_id, slots(cpu=cpu, mem="1g"))])
+
+
+def preemptor_of(agents, candidates, freeing=None):
+    return Preemptor(snapshot(*agents), candidates, freeing or {})
+
+
+def test_preemption_picks_the_fewest_sessions_on_one_agent():
+    """a: three 1-cpu sessions; b: one 3-cpu session. A 3-cpu session needs one victim on b
+    rather than three on a."""
+    full = [agent("a", used_cpu=3, used_mem="3g"), agent("b", used_cpu=3, used_mem="1g")]
+    for a in full:
+        a.capacity = slots(cpu=3, mem="8g")
+        a.occupied = a.occupied
+    preemptor = preemptor_of(full, [candidate("a1", "a", 1), candidate("a2", "a", 1),
+                                    candidate("a3", "a", 1), candidate("b1", "b", 3)])
+    urgent = ranked("urgent", 20, cpu=3)
+    assert [v.name for v in preemptor.victims_for(urgent)] == ["b1"]
+
+
+def test_preemption_takes_the_lowest_priority_then_the_youngest_and_no_more_than_needed():
+    a = agent("a", cpu=4, used_cpu=4, used_mem="3g")
+    preemptor = preemptor_of([a], [
+        candidate("old-low", "a", 1, priority=1, started_minutes_ago=300),
+        candidate("young-low", "a", 1, priority=1, started_minutes_ago=20),
+        candidate("young-mid", "a", 1, priority=5, started_minutes_ago=15),
+        candidate("big-mid", "a", 1, priority=5, started_minutes_ago=400)])
+    assert [v.name for v in preemptor.victims_for(ranked("urgent", 20, cpu=1))] == [
+        "young-low"]
+    # The next waiting session does not count young-low's slots again, nor take it twice.
+    assert [v.name for v in preemptor.victims_for(ranked("next", 20, cpu=2))] == [
+        "old-low", "young-mid"]
+
+
+def test_preemption_never_ends_a_session_of_equal_or_higher_priority():
+    a = agent("a", cpu=4, used_cpu=4, used_mem="1g")
+    preemptor = preemptor_of([a], [candidate("peer", "a", 4, priority=10)])
+    assert preemptor.victims_for(ranked("waiting", 10, cpu=1)) is None
+    assert [v.name for v in preemptor.victims_for(ranked("higher", 11, cpu=1))] == ["peer"]
+
+
+def test_a_non_candidate_is_never_counted_and_too_little_room_preempts_nothing():
+    """Only candidates (preemptible, run long enough) are offered; when ending all of them
+    would still not make room, none is ended."""
+    a = agent("a", cpu=4, used_cpu=4, used_mem="2g")  # 3 cpu held by a non-preemptible one
+    preemptor = preemptor_of([a], [candidate("small", "a", 1, priority=1)])
+    assert preemptor.victims_for(ranked("urgent", 20, cpu=2)) is None
+    assert preemptor.chosen == set()
+
+
+def test_slots_already_being_freed_make_room_without_another_victim():
+    a = agent("a", cpu=4, used_cpu=4, used_mem="2g")
+    preemptor = preemptor_of([a], [candidate("victim", "a", 2, priority=1)],
+                             {"a": slots(cpu=2, mem="1g")})  # a session TERMINATING there
+    assert preemptor.victims_for(ranked("urgent", 20, cpu=2)) == []
+    assert [v.name for v in preemptor.victims_for(ranked("second", 20, cpu=2))] == ["victim"]

@@ -16,6 +16,7 @@ from ..models import ScalingGroup
 from ..session_types import hook_for
 from ..slots import ResourceSlots
 from .predicates import Failure, validators_for
+from .preemption import Preemptor, load_candidates, preempt
 from .selectors import AgentIndex
 from .sequencers import SEQUENCERS
 from .snapshot import load_pending, load_snapshot
@@ -89,15 +90,38 @@ def run_pass(group, *, check_image=None) -> PassResult:
         if session_id not in scheduled:  # lost to a change since the snapshot
             result.waiting[session_id] = (None, [Failure("allocation", "retrying")], [])
     queue = [s for s in order if s.id in result.waiting]
+    preempting = {}
+    if group.allow_preemption and queue:
+        preempting = _preempt(group, snap, queue, result.waiting, now, timeline)
     predictions, cursor = {}, index.cursor
     if queue:
         predictions = predict(queue, snap, index, validators, timeline(), now,
                               reservation_after=group.reservation_after)
-    _record_waits(result.waiting, queue, predictions, placer.reservations, now)
+    _record_waits(result.waiting, queue, predictions, placer.reservations, now, preempting)
     _cancel(result.cancelled, group.name)
     if group.agent_selection_strategy == "roundrobin" and cursor != snap.roundrobin_cursor:
         ScalingGroup.objects.filter(pk=group.pk).update(roundrobin_cursor=cursor)
     return result
+
+
+def _preempt(group, snap, queue, waiting, now, timeline):
+    """Victims for the sessions no agent had room for, in queue order; ended gracefully."""
+    short = [s for s in queue if waiting[s.id][1][0].name == "agent-resources"]
+    if not short:
+        return {}
+    candidates, freeing = load_candidates(group, now, group.preemption_min_runtime)
+    if not candidates:
+        return {}
+    preemptor = Preemptor(snap, candidates, freeing)
+    victims = {}
+    for session in short:
+        chosen = preemptor.victims_for(session)
+        if chosen:
+            victims[session.id] = chosen
+    done = preempt(victims, {s.id: s for s in short})
+    if done and timeline.timeline is not None:
+        timeline.timeline.end_now({v.id for chosen in victims.values() for v in chosen})
+    return done
 
 
 def rank(pending, now, aging_interval):
@@ -173,7 +197,7 @@ def _apply_type_hooks(pending):
         Session.objects.filter(pk__in=ids).update(**{name: value})
 
 
-def _record_waits(waiting, queue, predictions, reservations, now):
+def _record_waits(waiting, queue, predictions, reservations, now, preempting=None):
     """Why each session waits, its place in the queue, its predicted start and its
     reservation, into status_data["scheduler"] (sessions still PENDING only)."""
     if not waiting:
@@ -202,6 +226,8 @@ def _record_waits(waiting, queue, predictions, reservations, now):
         reservation = reservations.get(session_id)
         record["reservation"] = reservation and {
             "at": reservation[0] and reservation[0].isoformat(), "agents": reservation[1]}
+        if preempting and session_id in preempting:
+            record["preempting"] = preempting[session_id]
         rows.append((session_id, record))
     engine.set_pending_reasons(rows)
 

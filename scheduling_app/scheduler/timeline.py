@@ -118,6 +118,15 @@ class Timeline:
         for agent_id, slots in occupant.parts:
             insort(self.by_agent[agent_id], (occupant.end, self.sequence, slots))
 
+    def end_now(self, ids):
+        """These sessions end now (they were preempted)."""
+        occupants = [event[2] for event in self.events] + self.unbounded
+        self.events, self.by_agent, self.unbounded = [], defaultdict(list), []
+        for occupant in occupants:
+            if occupant.id in ids:
+                occupant.end = self.now
+            self.add(occupant)
+
     def next_time(self):
         return self.events[0][0] if self.events else None
 

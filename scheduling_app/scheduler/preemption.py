@@ -1,0 +1,143 @@
+"""Opt-in preemption: in a scaling group that allows it, a waiting session that no agent
+has room for may end RUNNING sessions of lower priority that are preemptible and have run
+their minimum time. Whole sessions only, never more than needed: on the agent that needs
+the fewest, then the lowest-priority, then the youngest ones. The ends are graceful
+(destroy_session with reason `preempted`); the slots come back when they have ended, and
+the waiting session, ranked higher, goes first then.
+"""
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sessions_app import engine
+from sessions_app.lifecycle.destroy import DestroyRefused, destroy_session
+from sessions_app.models import Kernel, Session, Status
+
+from ..slots import ResourceSlots, SlotsCache
+from .state import PendingSession, Snapshot
+
+log = logging.getLogger(__name__)
+FINISHED = {Status.TERMINATED, Status.CANCELLED}
+
+
+@dataclass
+class Candidate:
+    """A RUNNING preemptible session that has run its minimum time."""
+
+    id: object
+    name: str
+    priority: int
+    started_at: datetime
+    parts: list  # [(agent id, slots)]
+
+    def on(self, agent_id) -> ResourceSlots:
+        result = ResourceSlots()
+        for agent, slots in self.parts:
+            if agent == agent_id:
+                result = result + slots
+        return result
+
+
+def load_candidates(group, now, min_runtime):
+    """(candidates, {agent id: slots being freed by TERMINATING kernels}), two queries."""
+    parse = SlotsCache()
+    candidates = {}
+    for pk, name, priority, started in Session.objects.filter(
+            scaling_group=group, status=Status.RUNNING, preemptible=True,
+            starts_at__lte=now - timedelta(seconds=min_runtime)).values_list(
+            "id", "name", "priority", "starts_at"):
+        candidates[pk] = Candidate(pk, name, priority, started, [])
+    freeing = defaultdict(ResourceSlots)
+    for session_id, agent_id, status, occupied, requested in (
+            Kernel.objects.filter(session__scaling_group=group, agent_id__isnull=False)
+            .filter(status=Status.TERMINATING) | Kernel.objects.filter(session_id__in=candidates)
+    ).exclude(status__in=FINISHED).values_list("session_id", "agent_id", "status",
+                                               "occupied_slots", "requested_slots"):
+        slots = parse(occupied or requested)
+        if status == Status.TERMINATING:
+            freeing[agent_id] = freeing[agent_id] + slots
+        elif session_id in candidates:
+            candidates[session_id].parts.append((agent_id, slots))
+    return list(candidates.values()), freeing
+
+
+class Preemptor:
+    """Chooses victims for waiting sessions one after another within a pass; a victim is
+    chosen once, and what is freed for one waiting session is not counted for the next."""
+
+    def __init__(self, snap: Snapshot, candidates, freeing):
+        self.snap = snap
+        self.candidates = candidates
+        self.by_agent = defaultdict(list)
+        for candidate in candidates:
+            for agent_id in {a for a, _ in candidate.parts}:
+                self.by_agent[agent_id].append(candidate)
+        self.coming = defaultdict(ResourceSlots, freeing)  # freed soon, not yet claimed
+        self.chosen = set()
+
+    def victims_for(self, session: PendingSession):
+        """The sessions to end so that `session` fits: [] when what is already ending
+        makes room; None when preemption cannot (multi-node sessions are not handled)."""
+        if session.cluster_mode != "single-node":
+            return None
+        need = session.total
+        best = None
+        for agent in self.snap.agents.values():
+            if (not agent.schedulable or agent.id in session.excluded_agents
+                    or not need.fits_in(agent.capacity)):
+                continue
+            free = agent.free + self.coming[agent.id]
+            if need.fits_in(free):
+                self.coming[agent.id] = free - need - agent.free  # claimed by this session
+                return []
+            eligible = sorted(
+                (c for c in self.by_agent.get(agent.id, ())
+                 if c.id not in self.chosen and c.priority < session.rank),
+                key=lambda c: (c.priority, -c.started_at.timestamp(), str(c.id)))
+            taken = []
+            for candidate in eligible:
+                taken.append(candidate)
+                free = free + candidate.on(agent.id)
+                if need.fits_in(free):
+                    break
+            else:
+                continue
+            for candidate in reversed(taken[:-1]):  # never more than needed
+                if need.fits_in(free - candidate.on(agent.id)):
+                    taken.remove(candidate)
+                    free = free - candidate.on(agent.id)
+            key = (len(taken), sorted((c.priority for c in taken), reverse=True),
+                   sorted(-c.started_at.timestamp() for c in taken))
+            if best is None or key < best[0]:
+                best = (key, agent, taken, free)
+        if best is None:
+            return None
+        _, agent, taken, free = best
+        self.chosen.update(c.id for c in taken)
+        self.coming[agent.id] = free - need - agent.free
+        return taken
+
+
+def preempt(victims_by_session, pending_by_id):
+    """End each victim gracefully, reason `preempted`, with an event naming the session
+    it makes room for; returns {waiting session id: [victim names]}."""
+    done = defaultdict(list)
+    for session_id, victims in victims_by_session.items():
+        waiting = pending_by_id[session_id]
+        for victim in victims:
+            session = Session.objects.filter(pk=victim.id, status=Status.RUNNING).first()
+            if session is None:
+                continue
+            try:
+                destroy_session(session, reason="preempted")
+            except DestroyRefused as exc:
+                log.info("could not preempt %s: %s", victim.name, exc.message)
+                continue
+            engine.record_event(session, "session_preempted", actor="scheduler",
+                                reason=f"preempted for {waiting.name} (priority "
+                                       f"{waiting.rank})",
+                                data={"for": str(waiting.id), "priority": waiting.rank})
+            done[session_id].append(victim.name)
+    return done
