@@ -91,3 +91,28 @@ def test_an_agent_whose_heartbeat_stops_is_lost_within_three_intervals(live, ali
         live.restart_agent()
     wait_for(lambda: Agent.objects.get(pk=live.agent_id).status == AgentStatus.ALIVE,
              message="the agent to come back ALIVE")
+
+
+def test_a_preempted_session_ends_gracefully_and_the_waiting_one_starts(live, alice, client):
+    ScalingGroup.objects.filter(name="default").update(allow_preemption=True,
+                                                      preemption_min_runtime=0)
+    client.force_login(alice)
+    response = client.post("/api/v1/sessions/", {
+        "name": "lowly", "image": IMAGE, "resources": {"cpu": "2", "mem": "128m"},
+        "priority": 1, "preemptible": True, "grace_period": 1,
+    }, content_type="application/json")
+    assert response.status_code == 201, response.content
+    victim = response.json()["id"]
+    wait_for(lambda: status_of(victim) == S.RUNNING, message="the victim RUNNING")
+    urgent = create(client, "urgent", cpu="2")  # the agent has 2 cpu: no room beside it
+    wait_for(lambda: status_of(urgent) == S.RUNNING, timeout=90,
+             message="the waiting session RUNNING")
+    ended = Session.objects.get(pk=victim)
+    assert (ended.status, ended.status_info) == (S.TERMINATED, "preempted")
+    preempted = SessionEvent.objects.get(session_id=victim, name="session_preempted")
+    assert preempted.reason == "preempted for urgent (priority 10)"
+    assert SessionEvent.objects.filter(session_id=victim, name="kernel_terminating",
+                                       reason="preempted").exists()
+    assert Session.objects.get(pk=urgent).status_data["scheduler"]["preempting"] == ["lowly"]
+    client.delete(f"/api/v1/sessions/{urgent}/")
+    wait_for(lambda: status_of(urgent) == S.TERMINATED, message="TERMINATED")
