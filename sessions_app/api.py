@@ -25,7 +25,13 @@ from .api_errors import RequestFailed
 from .lifecycle import DestroyRefused, destroy_session
 from .models import Kernel, Session, SessionEvent, SessionType
 from .permissions import acting_keypair, owner_keypair, request_is_admin
-from .services import SessionRequestError, create_session, find_session, rename_session
+from .services import (
+    SessionRequestError,
+    create_session,
+    dry_run_session,
+    find_session,
+    rename_session,
+)
 from .tools import execute_in_session, restart_session, session_logs
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
@@ -49,6 +55,17 @@ def create_for(request, owner, **fields):
         return create_session(keypair=owner, user=owner.user,
                               actor=request.user.get_username(),
                               may_raise_priority=request_is_admin(request), **fields)
+    except SessionRequestError as exc:
+        raise RequestFailed(exc.message, exc.status_code,
+                            data={exc.field: [exc.message]} if exc.field else None) from None
+
+
+def dry_run_for(request, owner, **fields):
+    """dry_run_session for `owner`, asked by the request's user."""
+    try:
+        return dry_run_session(keypair=owner, user=owner.user,
+                               actor=request.user.get_username(),
+                               may_raise_priority=request_is_admin(request), **fields)
     except SessionRequestError as exc:
         raise RequestFailed(exc.message, exc.status_code,
                             data={exc.field: [exc.message]} if exc.field else None) from None
@@ -202,6 +219,16 @@ ExecuteResultSerializer = inline_serializer("ExecuteResult", {
     "error": serializers.CharField(required=False)})
 RestartResultSerializer = inline_serializer("RestartResult", {
     "status": serializers.CharField()})
+DryRunSerializer = inline_serializer("DryRun", {
+    "dry_run": serializers.BooleanField(), "scaling_group": serializers.CharField(),
+    "now": serializers.DateTimeField(),
+    "start": serializers.DateTimeField(allow_null=True,
+                                       help_text="now: at once; null: unknown (see reason)"),
+    "agents": serializers.ListField(child=serializers.CharField()),
+    "queue_position": serializers.IntegerField(allow_null=True),
+    "unknown_reason": serializers.CharField(),
+    "failed_predicates": serializers.ListField(child=serializers.DictField()),
+    "reservation": serializers.DictField(allow_null=True, required=False)})
 EventPageSerializer = inline_serializer("PaginatedSessionEventList", {
     "count": serializers.IntegerField(),
     "next": serializers.URLField(allow_null=True),
@@ -262,7 +289,11 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         session = Session.objects.prefetch_related("events__kernel").get(pk=session.pk)
         return Response(SessionDetailSerializer(session).data)
 
-    @extend_schema(request=SessionCreateSerializer, responses={201: SessionSerializer})
+    @extend_schema(request=SessionCreateSerializer,
+                   parameters=[OpenApiParameter("dry_run", OpenApiTypes.BOOL, description=(
+                       "Answer where and when the session would start (200, DryRun) "
+                       "without creating it."))],
+                   responses={201: SessionSerializer, 200: DryRunSerializer})
     def create(self, request, *args, **kwargs):
         """A new session, PENDING until the scheduler places it."""
         body = SessionCreateSerializer(data=request.data)
@@ -270,6 +301,8 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         fields = dict(body.validated_data)
         owner = owner_keypair(request, fields.pop("owner_access_key", None), creating=True)
         fields["dependencies"] = resolve_dependencies(request, owner, fields["dependencies"])
+        if is_true(request.query_params.get("dry_run", "")):
+            return Response(dry_run_for(request, owner, **fields))
         session = create_for(request, owner, **fields)
         session = self.get_queryset().get(pk=session.pk)
         return Response(SessionSerializer(session).data, status=status.HTTP_201_CREATED)

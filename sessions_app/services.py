@@ -130,6 +130,25 @@ def check_priority(priority, policy, may_raise):
     return priority
 
 
+class _DryRun(Exception):
+    def __init__(self, answer):
+        self.answer = answer
+
+
+def dry_run_session(**fields) -> dict:
+    """Where and when a session of create_session's `fields` would start, without creating
+    it: the rows are made, the scheduler's dry run answers, and all is rolled back (the
+    scheduler kick and the events go with the transaction)."""
+    from scheduling_app.scheduler import dry_run
+
+    try:
+        with transaction.atomic():
+            session = create_session(**fields)
+            raise _DryRun(dry_run(session.scaling_group, session.pk))
+    except _DryRun as done:
+        return {"dry_run": True, **done.answer}
+
+
 def cluster_keypair():
     """An SSH keypair for the kernels of one cluster session to reach one another."""
     from cryptography.hazmat.primitives import serialization

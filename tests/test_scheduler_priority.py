@@ -2,15 +2,17 @@
 pass writes and the API, the Backend.AI route and the dashboard show (database, no
 broker, frozen clock)."""
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
+from django.core.management import call_command
 
 from scheduling_app.models import ResourcePolicy, ScalingGroup
 from scheduling_app.scheduler import schedule
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import Session, Status
+from sessions_app.models import Session, SessionEvent, Status
 from sessions_app.templatetags.dashboard import ordinal
 from tests.factories import make_agent, make_session
 from tests.signing import signed_call
@@ -208,3 +210,53 @@ def test_a_policy_can_make_every_session_preemptible(alice):
     ResourcePolicy.objects.filter(name="default").update(preemptible=True)
     make_agent()
     assert make_session(alice, name="s").preemptible is True
+
+
+def test_a_dry_run_answers_where_and_when_without_creating(alice, as_alice):
+    busy_agent_and_queue(alice)
+    with time_machine.travel(T0 + timedelta(minutes=12), tick=False):
+        answer = as_alice.post(f"{URL}?dry_run=true", {
+            "name": "what-if", "image": "bai-local/busybox:latest",
+            "resources": {"cpu": "4", "mem": "1g"}}, content_type="application/json")
+        events_before = SessionEvent.objects.count()
+        low = as_alice.post(f"{URL}?dry_run=1", {
+            "name": "low", "image": "bai-local/busybox:latest", "priority": 1,
+            "resources": {"cpu": "1", "mem": "1g"}}, content_type="application/json")
+    assert answer.status_code == 200
+    body = answer.json()
+    # Behind a, b (until 15:00) and c (until 16:00); c is ahead in FIFO.
+    assert (body["start"], body["agents"], body["queue_position"]) == (
+        "2026-03-02T16:00:00+00:00", ["agent-1"], 4)
+    assert body["failed_predicates"] == [{"name": "agent-resources", "msg":
+                                          "no agent with enough free cpu in scaling group "
+                                          "default"}]
+    assert low.json()["queue_position"] == 4 and low.json()["start"] == (
+        "2026-03-02T16:00:00+00:00")  # 1 cpu fits beside nothing until c ends
+    assert not Session.objects.filter(name__in=["what-if", "low"]).exists()
+    assert SessionEvent.objects.count() == events_before
+
+
+def test_a_dry_run_of_a_session_that_fits_starts_now_and_bad_input_is_a_400(alice, as_alice):
+    make_agent(slots={"cpu": "4", "mem": "4g"})
+    with time_machine.travel(T0, tick=False):
+        body = as_alice.post(f"{URL}?dry_run=true", {
+            "name": "fits", "image": "bai-local/busybox:latest"},
+            content_type="application/json").json()
+    assert (body["start"], body["agents"], body["queue_position"]) == (
+        "2026-03-02T13:00:00+00:00", ["agent-1"], None)
+    huge = as_alice.post(f"{URL}?dry_run=true", {
+        "name": "huge", "image": "bai-local/busybox:latest", "resources": {"cpu": "64"}},
+        content_type="application/json").json()
+    assert huge["start"] is None and huge["unknown_reason"] == (
+        "it would be cancelled: asks for more cpu than any agent of scaling group default has")
+    bad = as_alice.post(f"{URL}?dry_run=true", {"name": "bad name!", "image": "x"},
+                        content_type="application/json")
+    assert bad.status_code == 400 and "session name" in bad.json()["msg"]
+
+
+def test_the_dry_run_command(alice, capsys):
+    make_agent(slots={"cpu": "4", "mem": "4g"})
+    call_command("dry_run_session", "--user", "alice", "--cpu", "2")
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["dry_run"] is True and answer["agents"] == ["agent-1"]
+    assert Session.objects.count() == 0

@@ -187,14 +187,64 @@ class _NoRoomReason:
                        f"{self.snap.group}")
 
 
-def _apply_type_hooks(pending):
+def _apply_type_hooks(pending, write=True):
     updates = {}
     for session in pending:
         for name, value in hook_for(session.session_type).prepare(session).items():
             setattr(session, name, value)
             updates.setdefault((name, value), []).append(session.id)
     for (name, value), ids in updates.items():
-        Session.objects.filter(pk__in=ids).update(**{name: value})
+        if write:
+            Session.objects.filter(pk__in=ids).update(**{name: value})
+
+
+def dry_run(group, session_id):
+    """Where and when the PENDING session `session_id` would start: the pass's stages and
+    the prediction, with no write. A dict for the API and the dry_run_session command."""
+    now = clock.now()
+    pending = load_pending(group)
+    _apply_type_hooks(pending, write=False)
+    rank(pending, now, group.aging_interval)
+    snap = load_snapshot(group, pending)
+    validators = validators_for(group.validators)
+    index = AgentIndex(snap, group.agent_selection_strategy)
+    timeline = _LazyTimeline(group, snap, now)
+    placer = Placer(snap, index, validators, now, reservation_after=group.reservation_after,
+                    timeline=timeline)
+    answer = {"scaling_group": group.name, "now": now.isoformat(), "start": None,
+              "agents": [], "queue_position": None, "unknown_reason": "",
+              "failed_predicates": []}
+    queue, mine = [], None
+    for session in SEQUENCERS[group.scheduler](pending, snap):
+        placement, failures, _ = placer.try_place(session)
+        if session.id == session_id:
+            mine = session
+            if failures and failures[0].permanent:
+                return {**answer, "unknown_reason": f"it would be cancelled: {failures[0].msg}",
+                        "failed_predicates": [{"name": f.name, "msg": f.msg}
+                                              for f in failures]}
+            if placement is not None:
+                return {**answer, "start": now.isoformat(),
+                        "agents": sorted(set(placement.values()))}
+            if failures[0] is NO_ROOM:
+                failures = [_NoRoomReason(snap)(session)]
+            answer["failed_predicates"] = [{"name": f.name, "msg": f.msg} for f in failures]
+        if placement is not None:
+            timeline.placed(session, placement)
+        elif not (failures and failures[0].permanent):
+            queue.append(session)
+    if mine is None:
+        return {**answer, "unknown_reason": "not a pending session of this scaling group"}
+    prediction = predict(queue, snap, index, validators, timeline(), now,
+                         reservation_after=group.reservation_after)[session_id]
+    return {**answer, "queue_position": queue.index(mine) + 1,
+            "start": prediction.start and prediction.start.isoformat(),
+            "agents": list(prediction.agents), "unknown_reason": prediction.reason,
+            "reservation": _reservation(placer.reservations.get(session_id))}
+
+
+def _reservation(found):
+    return found and {"at": found[0] and found[0].isoformat(), "agents": found[1]}
 
 
 def _record_waits(waiting, queue, predictions, reservations, now, preempting=None):
@@ -223,9 +273,7 @@ def _record_waits(waiting, queue, predictions, reservations, now, preempting=Non
         record["predicted_start"] = prediction and prediction.start and (
             prediction.start.isoformat())
         record["prediction_unknown"] = prediction.reason if prediction else "not predicted"
-        reservation = reservations.get(session_id)
-        record["reservation"] = reservation and {
-            "at": reservation[0] and reservation[0].isoformat(), "agents": reservation[1]}
+        record["reservation"] = _reservation(reservations.get(session_id))
         if preempting and session_id in preempting:
             record["preempting"] = preempting[session_id]
         rows.append((session_id, record))

@@ -260,6 +260,7 @@ NO_ROOM = Failure("agent-resources", "no agent with enough free resources")
 class Prediction:
     start: datetime | None
     reason: str = ""  # why the start is unknown
+    agents: tuple = ()  # where it starts
 
 
 def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservation_after=0):
@@ -295,7 +296,7 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
                     left.extend(remaining[position + 1:])
                     break
                 continue
-            result[session.id] = Prediction(t)
+            result[session.id] = Prediction(t, agents=tuple(sorted(set(placement.values()))))
             timeline.add(occupant_of(session, placement, t))
         remaining = left
     if remaining:
