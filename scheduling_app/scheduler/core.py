@@ -96,7 +96,7 @@ def run_pass(group, *, check_image=None) -> PassResult:
     predictions, cursor = {}, index.cursor
     if queue:
         predictions = predict(queue, snap, index, validators, timeline(), now,
-                              reservation_after=group.reservation_after)
+                              reservations=placer.reservations)
     _record_waits(result.waiting, queue, predictions, placer.reservations, now, preempting)
     _cancel(result.cancelled, group.name)
     if group.agent_selection_strategy == "roundrobin" and cursor != snap.roundrobin_cursor:
@@ -162,17 +162,18 @@ class _NoRoomReason:
 
     def __init__(self, snap):
         self.snap, self.stale, self.max_free = snap, True, ResourceSlots()
+        self.agents = [a for a in snap.agents.values() if a.schedulable]
 
     def __call__(self, session):
-        agents = [a for a in self.snap.agents.values() if a.schedulable]
+        agents = self.agents
         if not agents:
             return Failure("no-available-agent",
                            f"no ALIVE agent in scaling group {self.snap.group}")
-        usable = [a for a in agents if a.id not in session.excluded_agents]
-        if not usable:
+        excluded = session.excluded_agents
+        if excluded and not any(a.id not in excluded for a in agents):
             return Failure("no-available-agent",
                            f"every agent of scaling group {self.snap.group} failed to start this"
-                           f" session (excluded: {', '.join(sorted(session.excluded_agents))})")
+                           f" session (excluded: {', '.join(sorted(excluded))})")
         if self.stale:
             self.max_free = ResourceSlots()
             for agent in agents:
@@ -236,7 +237,7 @@ def dry_run(group, session_id):
     if mine is None:
         return {**answer, "unknown_reason": "not a pending session of this scaling group"}
     prediction = predict(queue, snap, index, validators, timeline(), now,
-                         reservation_after=group.reservation_after)[session_id]
+                         reservations=placer.reservations)[session_id]
     return {**answer, "queue_position": queue.index(mine) + 1,
             "start": prediction.start and prediction.start.isoformat(),
             "agents": list(prediction.agents), "unknown_reason": prediction.reason,

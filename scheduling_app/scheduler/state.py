@@ -6,6 +6,7 @@ occupancy left by the ones before it.
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 
 from ..slots import ResourceSlots
 
@@ -43,15 +44,15 @@ class PendingSession:
                   if b]
         return min(bounds) if bounds else None
 
-    @property
+    @cached_property
     def shape(self):
         """What the selectors see of a request: equal shapes fit in the same places."""
         if self.cluster_mode == "single-node":
             return ("single", tuple(sorted(self.total.items())))
         return ("multi", tuple(tuple(sorted(k.slots.items())) for k in self.kernels))
 
-    @property
-    def total(self) -> ResourceSlots:
+    @cached_property
+    def total(self) -> ResourceSlots:  # kernels are fixed once loaded
         result = ResourceSlots()
         for kernel in self.kernels:
             result = result + kernel.slots

@@ -12,14 +12,14 @@ ends a Timeline knows when which agent frees what. It gives
 
 import heapq
 from bisect import insort
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sessions_app.models import Kernel, Session, Status
 
 from ..slots import ResourceSlots, SlotsCache
-from .predicates import Failure, evaluate
+from .predicates import PERMANENT, Failure, evaluate
 from .selectors import select
 from .snapshot import OCCUPYING
 from .state import PendingSession, Snapshot
@@ -28,6 +28,7 @@ from .state import PendingSession, Snapshot
 MAX_RESERVATIONS = 16
 # A prediction looks this far ahead; a session that would start later is "unknown".
 HORIZON = timedelta(days=7)
+FAR = datetime.max.replace(tzinfo=UTC)  # behind a session with no end bound
 FINISHED = {Status.TERMINATED, Status.CANCELLED}
 
 
@@ -106,6 +107,7 @@ class Timeline:
         self.by_agent = defaultdict(list)  # agent id → sorted [(end, sequence, slots)]
         self.unbounded = []
         self.sequence = 0
+        self.fit_heaps = {}  # request shape → heap of (fit time, utilization, agent id)
         for occupant in occupants:
             self.add(occupant)
 
@@ -122,6 +124,7 @@ class Timeline:
         """These sessions end now (they were preempted)."""
         occupants = [event[2] for event in self.events] + self.unbounded
         self.events, self.by_agent, self.unbounded = [], defaultdict(list), []
+        self.fit_heaps = {}
         for occupant in occupants:
             if occupant.id in ids:
                 occupant.end = self.now
@@ -134,6 +137,8 @@ class Timeline:
         """Free the slots of every session that ends by `t`; the agents that changed."""
         changed = set()
         snap = self.snap
+        if self.events and self.events[0][0] <= t:
+            self.fit_heaps = {}  # fit times only grow while nothing is released
         while self.events and self.events[0][0] <= t:
             end, sequence, occupant = heapq.heappop(self.events)
             for agent_id, slots in occupant.parts:
@@ -157,36 +162,59 @@ class Timeline:
     def earliest_fit(self, session: PendingSession, excluded=frozenset()):
         """(time, [agent ids]) at which the session fits when the sessions now on the
         agents end as bound; time None when sessions without an end bound stand in the
-        way (the agents are then those with the most room). None when no agent could."""
+        way. None when not enough agents could ever hold it.
+
+        One heap of agents by fit time per request shape, kept while nothing is released:
+        within a pass agents only fill up, so a fit time only grows, and an entry is
+        re-checked when it comes to the top (a lazy heap), not every agent per call."""
         if session.cluster_mode == "single-node":
-            needs = [session.total]
+            need, count = session.total, 1
         else:
-            needs = [max((k.slots for k in session.kernels), key=lambda s: sorted(s.items()))
-                     ] * len(session.kernels)
-        need = needs[0]
-        fits = []  # (time, agent id) per agent: when one kernel of `need` fits there
-        fallback = []
-        for agent in self.snap.agents.values():
-            if not agent.schedulable or agent.id in excluded or not need.fits_in(agent.capacity):
+            need = max((k.slots for k in session.kernels), key=lambda s: sorted(s.items()))
+            count = len(session.kernels)
+        shape = tuple(sorted(need.items()))
+        heap = self.fit_heaps.get(shape)
+        if heap is None:
+            heap = self.fit_heaps[shape] = []
+            for agent in self.snap.agents.values():
+                key = self._fit_key(agent, need)
+                if key is not None:
+                    heap.append(key)
+            heapq.heapify(heap)
+        chosen, aside = [], []
+        while heap and len(chosen) < count:
+            entry = heapq.heappop(heap)
+            if entry[-1] in excluded:
+                aside.append(entry)
                 continue
-            free = agent.free
+            current = self._fit_key(self.snap.agents[entry[-1]], need)
+            if current is None:
+                continue  # can never hold it: gone for good
+            if current[0] != entry[0]:
+                heapq.heappush(heap, current)  # later than it was: back in its place
+                continue
+            chosen.append(current)
+            aside.append(current)
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        if len(chosen) < count:
+            return None
+        at = max(entry[0] for entry in chosen)
+        return (None if at == FAR else at), [entry[-1] for entry in chosen]
+
+    def _fit_key(self, agent, need):
+        """(time, utilization, id): when one `need` fits on the agent (FAR: only after a
+        session without end bound), None if it never can."""
+        if not agent.schedulable or not need.fits_in(agent.capacity):
+            return None
+        free = agent.free
+        if need.fits_in(free):
+            return (self.now, agent.utilization, agent.id)
+        for end, _, slots in self.by_agent.get(agent.id, ()):
+            free = free + slots
             if need.fits_in(free):
-                fits.append((self.now, agent.id))
-                continue
-            for end, _, slots in self.by_agent.get(agent.id, ()):
-                free = free + slots
-                if need.fits_in(free):
-                    fits.append((end, agent.id))
-                    break
-            else:
-                fallback.append((-agent.utilization, agent.id))
-        if len(fits) >= len(needs):
-            chosen = sorted(fits)[:len(needs)]
-            return max(t for t, _ in chosen), [a for _, a in chosen]
-        if len(fits) + len(fallback) >= len(needs):
-            chosen = [a for _, a in sorted(fits)] + [a for _, a in sorted(fallback, reverse=True)]
-            return None, chosen[:len(needs)]
-        return None
+                return (end, agent.utilization, agent.id)
+        return (FAR, agent.utilization, agent.id)
 
 
 class Placer:
@@ -201,6 +229,8 @@ class Placer:
         self.timeline = timeline  # a function returning the Timeline, made on first use
         self.reservations = {}  # session id → (time or None, [agent ids])
         self.reserved = {}  # agent id → the earliest time it is due (None: unknown)
+        self.holders = {}  # agent id → the session it is reserved for
+        self.kept_by_lifetime = {}  # kept_out of a non-holder, by its lifetime
         self.blocked = set()  # (shape, reserved agents kept out)
 
     def kept_out(self, session):
@@ -209,10 +239,18 @@ class Placer:
         if not self.reserved:
             return frozenset()
         lifetime = session.lifetime()
-        if lifetime is None:
-            return frozenset(self.reserved)
-        end = self.t + timedelta(seconds=lifetime)
-        return frozenset(a for a, due in self.reserved.items() if due is None or end > due)
+        if session.id in self.reservations:  # a holder may use its own agents
+            end = None if lifetime is None else self.t + timedelta(seconds=lifetime)
+            return frozenset(a for a, due in self.reserved.items()
+                             if self.holders[a] != session.id
+                             and (end is None or due is None or end > due))
+        kept = self.kept_by_lifetime.get(lifetime)
+        if kept is None:
+            end = None if lifetime is None else self.t + timedelta(seconds=lifetime)
+            kept = self.kept_by_lifetime[lifetime] = frozenset(
+                a for a, due in self.reserved.items()
+                if end is None or due is None or end > due)
+        return kept
 
     def try_place(self, session):
         """(placement, failures, passed): a placement (already committed to the snapshot
@@ -247,10 +285,15 @@ class Placer:
             session, session.excluded_agents | frozenset(self.reserved))
         if found is None:
             return
-        at, agents = found
-        self.reservations[session.id] = found
+        self.hold(session.id, found)
+
+    def hold(self, session_id, reservation):
+        at, agents = reservation
+        self.reservations[session_id] = reservation
+        self.kept_by_lifetime = {}
         for agent_id in agents:
             self.reserved[agent_id] = at
+            self.holders[agent_id] = session_id
 
 
 NO_ROOM = Failure("agent-resources", "no agent with enough free resources")
@@ -263,10 +306,16 @@ class Prediction:
     agents: tuple = ()  # where it starts
 
 
-def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservation_after=0):
+def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservations=None):
     """{session id: Prediction} for the waiting sessions in `queue` (in the sequencer's
-    order), by scans of the real plugins at each time an occupying session ends. Changes
-    the snapshot, the index and the timeline: give it the pass's, after the pass."""
+    order), by scans of the real plugins at each time an occupying session ends. The
+    pass's `reservations` hold until their sessions start (backfill around them as in the
+    pass); no new ones are made in the future, which would cost a search of every agent
+    per scan. Changes the snapshot, the index and the timeline: give it the pass's, after
+    the pass."""
+    held = dict(reservations or {})
+    # What a pass found permanent (the image, an agent big enough) stays so: not again.
+    validators = [v for v in validators if v not in PERMANENT]
     result = {}
     remaining = []
     for session in queue:
@@ -277,6 +326,7 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
         else:
             remaining.append(session)
     t = now
+    shapes = Counter(s.shape for s in remaining)
     while remaining:
         t = timeline.next_time()
         if t is None or t - now > HORIZON:
@@ -284,9 +334,9 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
         timeline.now = t
         for agent_id in timeline.release_until(t):
             index.released(agent_id)
-        placer = Placer(snap, index, validators, t, reservation_after=reservation_after,
-                        timeline=lambda: timeline)
-        shapes = {s.shape for s in remaining}
+        placer = Placer(snap, index, validators, t)
+        for session_id, reservation in held.items():
+            placer.hold(session_id, reservation)
         left = []
         for position, session in enumerate(remaining):
             placement, _, _ = placer.try_place(session)
@@ -298,6 +348,10 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
                 continue
             result[session.id] = Prediction(t, agents=tuple(sorted(set(placement.values()))))
             timeline.add(occupant_of(session, placement, t))
+            held.pop(session.id, None)
+            shapes[session.shape] -= 1
+            if not shapes[session.shape]:
+                del shapes[session.shape]
         remaining = left
     if remaining:
         why = _unknown_reason(timeline, t, now)

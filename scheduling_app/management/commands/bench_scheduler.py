@@ -1,7 +1,13 @@
 """Scheduler benchmark: N agents (rows, not processes) and M pending sessions of mixed
 sizes, every sequencer × selector; sessions scheduled per second and time per pass, from
 the start of a pass to its commit (PENDING → SCHEDULED committed). The channel-layer
-fan-out that follows the commit is reported on its own.
+fan-out that follows the commit is reported on its own. Priorities (0-20), aging (every
+5 minutes) and reservations (after 10 minutes) are on, the sessions having waited up to
+two hours, unless --plain.
+
+Then the prediction pass: every agent full with a RUNNING session that ends within four
+hours, and M pending sessions, none of which fits: the whole pass (which places nothing,
+predicts every start and writes it) and the prediction alone.
 
 Runs against the database that DATABASE_URL names, in a scaling group of its own that it
 removes afterwards. The last line printed is one JSON object.
@@ -12,6 +18,7 @@ import random
 import statistics
 import time
 import uuid
+from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
@@ -19,14 +26,16 @@ from django.db import transaction
 
 from agents_app.models import Agent, Image
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_project
-from scheduling_app.scheduler import schedule
+from scheduling_app.scheduler import core, schedule
 from scheduling_app.slots import ResourceSlots
 from sessions_app import clock, events
+from sessions_app.bulk import update_rows
 from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, Status
 
 SIZES = [{"cpu": "1", "mem": "1g"}, {"cpu": "2", "mem": "2g"}, {"cpu": "2", "mem": "4g"},
          {"cpu": "4", "mem": "8g"}, {"cpu": "0.5", "mem": "512m"}]
 AGENT_SLOTS = {"cpu": "32", "mem": "128g"}
+LIFETIME = 4 * 3600
 IMAGE = "bench/image:latest"
 
 
@@ -46,12 +55,21 @@ class Command(BaseCommand):
         parser.add_argument("--sequencers", default="fifo,lifo,drf")
         parser.add_argument("--selectors", default="concentrated,dispersed,roundrobin")
         parser.add_argument("--seed", type=int, default=1)
+        parser.add_argument("--plain", action="store_true",
+                            help="No priorities, aging or reservations.")
+        parser.add_argument("--predict-sessions", type=int, default=None,
+                            help="Pending sessions for the prediction pass (default: "
+                                 "--sessions; 0 skips it).")
 
     def handle(self, *args, **opts):
         rng = random.Random(opts["seed"])
         tag = f"bench-{uuid.uuid4().hex[:8]}"
-        group = ScalingGroup.objects.create(name=tag)
-        policy = ResourcePolicy.objects.create(name=tag, max_concurrent_sessions=10**6)
+        self.plain = opts["plain"]
+        group = ScalingGroup.objects.create(
+            name=tag, reservation_after=0 if self.plain else 600,
+            aging_interval=0 if self.plain else 300)
+        policy = ResourcePolicy.objects.create(name=tag, max_concurrent_sessions=10**6,
+                                               max_session_lifetime=LIFETIME)
         User = get_user_model()
         users = [User.objects.create(username=f"{tag}-{i}") for i in range(opts["owners"])]
         keypairs = []
@@ -87,6 +105,21 @@ class Command(BaseCommand):
                     self.stdout.write(f"{sequencer:5} {selector:13} "
                                       f"{by_combo[f'{sequencer}/{selector}']:>7} sessions/s "
                                       f"(median of {len(rates)} passes of {opts['sessions']})")
+            predicting = opts["sessions"] if opts["predict_sessions"] is None else (
+                opts["predict_sessions"])
+            prediction = {}
+            if predicting:
+                ScalingGroup.objects.filter(pk=group.pk).update(
+                    scheduler="fifo", agent_selection_strategy="concentrated")
+                runs = [self._prediction_pass(rng, group, keypairs, project, predicting)
+                        for _ in range(opts["repeat"])]
+                prediction = {
+                    "pending": predicting,
+                    "pass_ms": round(statistics.median(r[0] for r in runs) * 1000),
+                    "predict_ms": round(statistics.median(r[1] for r in runs) * 1000)}
+                self.stdout.write(f"prediction pass over {predicting} pending sessions: "
+                                  f"{prediction['pass_ms']} ms in all, predict() "
+                                  f"{prediction['predict_ms']} ms (median of {len(runs)})")
         finally:
             self._reset(group, keypairs)
             Agent.objects.filter(scaling_group=group).delete()
@@ -100,8 +133,61 @@ class Command(BaseCommand):
             "pass_p50_ms": round(percentile(passes, 0.5) * 1000),
             "pass_p99_ms": round(percentile(passes, 0.99) * 1000),
             "fanout_after_commit_p50_ms": round(percentile(fanouts, 0.5) * 1000),
-            "by_combination": by_combo,
+            "by_combination": by_combo, "plain": self.plain, "prediction": prediction,
         }))
+
+    def _prediction_pass(self, rng, group, keypairs, project, count):
+        """(seconds for the whole pass, seconds in predict()) with every agent full."""
+        self._reset(group, keypairs)
+        self._fill_agents(rng, group, keypairs, project)
+        self._enqueue(rng, group, keypairs, project, count)
+        spent = []
+        original = core.predict
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent.append(time.perf_counter() - started)
+
+        core.predict = timed
+        try:
+            started = time.perf_counter()
+            with transaction.atomic():
+                placed = len(schedule(group.name))
+            elapsed = time.perf_counter() - started
+        finally:
+            core.predict = original
+        predicted = Session.objects.filter(
+            scaling_group=group, status=Status.PENDING,
+            status_data__scheduler__predicted_start__isnull=False).count()
+        if placed or predicted != count:
+            self.stderr.write(f"prediction pass: {placed} placed, {predicted} of {count} "
+                              "with a predicted start")
+        return elapsed, spent[0]
+
+    def _fill_agents(self, rng, group, keypairs, project):
+        """A RUNNING session on each agent that fills it and ends within LIFETIME."""
+        now = clock.now()
+        sessions, kernels = [], []
+        agents = list(Agent.objects.filter(scaling_group=group).values_list("id", flat=True))
+        for i, agent_id in enumerate(agents):
+            keypair = rng.choice(keypairs)
+            started = now - timedelta(seconds=rng.uniform(0, LIFETIME))
+            session = Session(
+                name=f"r{i}", keypair=keypair, user_id=keypair.user_id,
+                domain=project.domain, project=project, image=IMAGE,
+                requested_slots=AGENT_SLOTS, occupying_slots=AGENT_SLOTS,
+                scaling_group=group, status=Status.RUNNING, starts_at=started,
+                status_history={"RUNNING": started.isoformat()})
+            sessions.append(session)
+            kernels.append(Kernel(session=session, image=IMAGE, requested_slots=AGENT_SLOTS,
+                                  occupied_slots=AGENT_SLOTS, agent_id=agent_id,
+                                  status=Status.RUNNING))
+        Session.objects.bulk_create(sessions, batch_size=2000)
+        Kernel.objects.bulk_create(kernels, batch_size=2000)
+        Agent.objects.filter(scaling_group=group).update(occupied_slots=AGENT_SLOTS)
 
     @staticmethod
     def _timed_pass(group):
@@ -133,12 +219,18 @@ class Command(BaseCommand):
                 name=f"s{i}", keypair=keypair, user_id=keypair.user_id, domain=project.domain,
                 project=project, image=IMAGE, requested_slots=size, scaling_group=group,
                 status_history={"PENDING": now.isoformat()},
+                priority=10 if self.plain else rng.randint(0, 20),
             )
             sessions.append(session)
             kernels.append(Kernel(session=session, image=IMAGE, requested_slots=size,
                                   status_history={"PENDING": now.isoformat()}))
         Session.objects.bulk_create(sessions, batch_size=2000)
-        Session.objects.filter(scaling_group=group).update(created_at=now)
+        if self.plain:
+            Session.objects.filter(scaling_group=group, status=Status.PENDING).update(
+                created_at=now)
+        else:  # waited up to two hours: aging and reservations apply
+            waits = [(s.pk, now - timedelta(seconds=rng.uniform(0, 7200))) for s in sessions]
+            update_rows(Session, ["created_at"], waits)
         Kernel.objects.bulk_create(kernels, batch_size=2000)
 
     def _check(self, group, placed, expected):

@@ -1,0 +1,210 @@
+"""A simulated day of scheduling: a trace of arrivals (small, medium and large sessions with
+lifetime limits; each runs 30-100 % of its limit) on 50 agents, on a simulated clock, run
+through the real plugins (validators, FIFO by priority, the concentrated selector,
+reservations and backfill, the prediction). No database: what a pass does in memory.
+
+Reports mean and p95 wait by size, the longest wait of a large session, the utilization,
+and for every session that had to wait the error of its first predicted start (the
+prediction counts each running session until its limit, so it is a "by" time). Runs the
+same trace with reservations (after --reservation-after seconds) and without. The last
+line printed is one JSON object.
+"""
+
+import heapq
+import json
+import random
+import statistics
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from django.core.management.base import BaseCommand
+
+from scheduling_app.scheduler.predicates import validators_for
+from scheduling_app.scheduler.selectors import AgentIndex
+from scheduling_app.scheduler.sequencers import SEQUENCERS
+from scheduling_app.scheduler.state import AgentState, PendingKernel, PendingSession, Snapshot
+from scheduling_app.scheduler.timeline import Placer, Timeline, occupant_of, predict
+from scheduling_app.slots import ResourceSlots
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+AGENT = ResourceSlots.parse({"cpu": "16", "mem": "64g"})
+# name, share of arrivals, slots, lifetime limit in minutes (uniform between)
+SIZES = [("small", 0.6, {"cpu": "1", "mem": "2g"}, (30, 120)),
+         ("medium", 0.3, {"cpu": "4", "mem": "16g"}, (60, 240)),
+         ("large", 0.1, {"cpu": "16", "mem": "64g"}, (120, 360))]
+IMAGE = "img"
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def trace(seed, per_minute, hours):
+    """[(arrival, size name, slots, limit seconds, run seconds)]"""
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    while True:
+        t += rng.expovariate(per_minute) * 60
+        if t > hours * 3600:
+            return arrivals
+        name, _, slots, (low, high) = rng.choices(SIZES, [s[1] for s in SIZES])[0]
+        limit = rng.uniform(low, high) * 60
+        arrivals.append((T0 + timedelta(seconds=t), name, ResourceSlots.parse(slots),
+                         limit, limit * rng.uniform(0.3, 1.0)))
+
+
+class Simulation:
+    def __init__(self, arrivals, agents, reservation_after):
+        self.arrivals = arrivals
+        self.reservation_after = reservation_after
+        self.agents = {f"agent-{i:02d}": AgentState(f"agent-{i:02d}", AGENT, ResourceSlots())
+                       for i in range(agents)}
+        self.validators = validators_for([])
+        self.sequence = SEQUENCERS["fifo"]
+        self.pending = []
+        self.running = {}  # session id → Occupant (its end bound)
+        self.facts = {}  # session id → dict of size, arrival, start, predicted
+        self.busy_cpu_seconds = 0.0
+
+    def snapshot(self, copy=False):
+        agents = self.agents
+        if copy:
+            agents = {a.id: AgentState(a.id, a.capacity, a.occupied) for a in agents.values()}
+        snap = Snapshot(group="day", agents=agents)
+        snap.image_architectures[IMAGE] = {"x86_64"}
+        return snap
+
+    def run(self):
+        events = []  # (time, order, kind, payload)
+        for n, (at, size, slots, limit, runs) in enumerate(self.arrivals):
+            session = PendingSession(
+                id=uuid.UUID(int=n), name=f"s{n}", keypair_id=f"owner-{n % 20}",
+                project_id=1, domain_id=1, created_at=at, image=IMAGE,
+                kernels=[PendingKernel(n, slots)], max_lifetime=round(limit))
+            self.facts[session.id] = {"size": size, "arrival": at, "runs": runs,
+                                      "start": None, "predicted": None}
+            heapq.heappush(events, (at, 1, n, "arrive", session))
+        count = 0
+        last = T0
+        while events:
+            now = events[0][0]
+            while events and events[0][0] == now:
+                _, _, _, kind, payload = heapq.heappop(events)
+                if kind == "arrive":
+                    self.pending.append(payload)
+                else:
+                    self.end(payload)
+            self.busy_cpu_seconds += (now - last).total_seconds() * float(
+                sum(a.occupied.get("cpu", 0) for a in self.agents.values()))
+            last = now
+            for session, _ in self.scheduling_pass(now):
+                count += 1
+                runs = self.facts[session.id]["runs"]
+                heapq.heappush(events, (now + timedelta(seconds=runs), 0, count, "end",
+                                        session.id))
+        return last
+
+    def end(self, session_id):
+        occupant = self.running.pop(session_id)
+        for agent_id, slots in occupant.parts:
+            agent = self.agents[agent_id]
+            agent.occupied = agent.occupied - slots
+
+    def scheduling_pass(self, now):
+        if not self.pending:
+            return []
+        snap = self.snapshot()
+        index = AgentIndex(snap, "concentrated")
+        made = {}
+
+        def timeline():
+            if "timeline" not in made:
+                made["timeline"] = Timeline(snap, list(self.running.values()), now)
+            return made["timeline"]
+
+        placer = Placer(snap, index, self.validators, now,
+                        reservation_after=self.reservation_after, timeline=timeline)
+        placed, waiting = [], []
+        for session in self.sequence(self.pending, snap):
+            placement, _, _ = placer.try_place(session)
+            if placement is None:
+                waiting.append(session)
+                continue
+            placed.append((session, placement))
+            occupant = occupant_of(session, placement, now)
+            self.running[session.id] = occupant
+            if "timeline" in made:
+                made["timeline"].add(occupant)
+            self.facts[session.id]["start"] = now
+        self.pending = waiting
+        new = [s for s in waiting if self.facts[s.id]["predicted"] is None]
+        if new:
+            self.predict(now, waiting, new, placer.reservations)
+        return placed
+
+    def predict(self, now, queue, new, reservations):
+        """The first prediction of each newly waiting session, on a copy of the state (the
+        pass's own prediction writes it; here the simulation goes on with the original)."""
+        snap = self.snapshot(copy=True)
+        timeline = Timeline(snap, list(self.running.values()), now)
+        result = predict(queue, snap, AgentIndex(snap, "concentrated"), self.validators,
+                         timeline, now, reservations=reservations)
+        for session in new:
+            self.facts[session.id]["predicted"] = result[session.id].start or "unknown"
+
+
+class Command(BaseCommand):
+    help = __doc__.splitlines()[0]
+
+    def add_arguments(self, parser):
+        parser.add_argument("--agents", type=int, default=50)
+        parser.add_argument("--per-minute", type=float, default=2.0,
+                            help="Mean arrivals per minute (about what the capacity serves).")
+        parser.add_argument("--hours", type=float, default=24)
+        parser.add_argument("--reservation-after", type=int, default=600)
+        parser.add_argument("--seed", type=int, default=1)
+
+    def handle(self, *args, **opts):
+        arrivals = trace(opts["seed"], opts["per_minute"], opts["hours"])
+        self.stdout.write(f"{len(arrivals)} arrivals in {opts['hours']} h on {opts['agents']} "
+                          f"agents of {AGENT.to_json()}")
+        report = {"arrivals": len(arrivals), "agents": opts["agents"]}
+        for label, after in (("reservations", opts["reservation_after"]),
+                             ("no_reservations", 0)):
+            started = time.perf_counter()
+            simulation = Simulation(arrivals, opts["agents"], after)
+            ended = simulation.run()
+            report[label] = self.summary(simulation, ended)
+            report[label]["wall_seconds"] = round(time.perf_counter() - started, 1)
+            self.stdout.write(f"{label}: {json.dumps(report[label])}")
+        self.stdout.write(json.dumps(report))
+
+    @staticmethod
+    def summary(simulation, ended):
+        facts = simulation.facts.values()
+        minutes = {}
+        for fact in facts:
+            wait = (fact["start"] - fact["arrival"]).total_seconds() / 60
+            minutes.setdefault(fact["size"], []).append(wait)
+        waited = [f for f in facts if f["predicted"] is not None]
+        known = [f for f in waited if f["predicted"] != "unknown"]
+        errors = [abs((f["predicted"] - f["start"]).total_seconds()) / 60 for f in known]
+        capacity = float(AGENT["cpu"]) * len(simulation.agents)
+        span = (ended - T0).total_seconds()
+        return {
+            "wait_minutes": {size: {"mean": round(statistics.mean(w), 1),
+                                    "p95": round(percentile(w, 0.95), 1),
+                                    "max": round(max(w), 1), "count": len(w)}
+                             for size, w in sorted(minutes.items())},
+            "cpu_utilization": round(simulation.busy_cpu_seconds / (capacity * span), 3),
+            "predicted": len(waited), "unknown": len(waited) - len(known),
+            "prediction_median_abs_error_minutes": round(statistics.median(errors), 1)
+            if errors else None,
+            "prediction_p90_abs_error_minutes": round(percentile(errors, 0.9), 1)
+            if errors else None,
+            "started_by_predicted_time": round(
+                sum(1 for f in known if f["start"] <= f["predicted"]) / len(known), 3)
+            if known else None,
+        }
