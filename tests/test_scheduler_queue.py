@@ -262,3 +262,26 @@ def test_slots_already_being_freed_make_room_without_another_victim():
                              {"a": slots(cpu=2, mem="1g")})  # a session TERMINATING there
     assert preemptor.victims_for(ranked("urgent", 20, cpu=2)) == []
     assert [v.name for v in preemptor.victims_for(ranked("second", 20, cpu=2))] == ["victim"]
+
+
+def test_the_prediction_keeps_the_pass_reservations_until_their_sessions_start():
+    """a: 4 cpu, w holds 2 until +20, x 2 until +60. b: held for good. The pass reserved a
+    for big at +60 (4 cpu, for 30 minutes); long (2 cpu, 2 hours) may not take the 2 cpu
+    that w frees at +20, so big starts at +60 and long at +90, when big ends. Without the
+    reservation, long takes them at +20 and big waits for it to end at +140."""
+    def case(reservations):
+        snap = snapshot(agent("a", used_cpu=4, used_mem="2g"),
+                        agent("b", used_cpu=4, used_mem="1g"))
+        timeline = Timeline(snap, [
+            occupant("w", [("a", slots(cpu=2, mem="1g"))], T0 + 20 * MIN),
+            occupant("x", [("a", slots(cpu=2, mem="1g"))], T0 + 60 * MIN),
+            occupant("y", [("b", slots(cpu=4, mem="1g"))], None)], T0)
+        big, long = session("big", cpu=4), session("long", cpu=2, minute=1)
+        big.max_lifetime, long.max_lifetime = 30 * 60, 2 * 3600
+        result = predict([big, long], snap, AgentIndex(snap, "concentrated"),
+                         validators_for([]), timeline, T0, reservations=reservations)
+        return {k: v.start for k, v in result.items()}
+
+    assert case({"big": (T0 + 60 * MIN, ["a"])}) == {"big": T0 + 60 * MIN,
+                                                      "long": T0 + 90 * MIN}
+    assert case(None) == {"long": T0 + 20 * MIN, "big": T0 + 140 * MIN}
