@@ -223,8 +223,13 @@ class Placer:
     around them. Within a scan agents only fill up and reservations only grow, so a request
     shape that found no room finds none later in the scan (`blocked`)."""
 
-    def __init__(self, snap, index, validators, t, *, reservation_after=0, timeline=None):
+    def __init__(self, snap, index, validators, t, *, reservation_after=0, timeline=None,
+                 validate_first=True):
         self.snap, self.index, self.validators, self.t = snap, index, validators, t
+        # The pass tells every session what fails it (a limit says more than "no room");
+        # a prediction only needs to know whether it fits, and skips that for shapes
+        # that found no room.
+        self.validate_first = validate_first
         self.reservation_after = reservation_after
         self.timeline = timeline  # a function returning the Timeline, made on first use
         self.reservations = {}  # session id → (time or None, [agent ids])
@@ -257,11 +262,17 @@ class Placer:
         and the index), or None with the failures."""
         shape = session.shape
         kept_out = self.kept_out(session)
+        failures, passed = [], []
+        if self.validate_first:
+            failures, passed = evaluate(session, self.snap, self.validators)
+            if failures:
+                return None, failures, passed
         if (shape, frozenset()) in self.blocked or (shape, kept_out) in self.blocked:
-            return None, [NO_ROOM], []
-        failures, passed = evaluate(session, self.snap, self.validators)
-        if failures:
-            return None, failures, passed
+            return None, [NO_ROOM], passed
+        if not self.validate_first:
+            failures, passed = evaluate(session, self.snap, self.validators)
+            if failures:
+                return None, failures, passed
         placement = select(session, self.index, session.excluded_agents | kept_out)
         if placement is None:
             if not session.excluded_agents:
@@ -334,7 +345,7 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
         timeline.now = t
         for agent_id in timeline.release_until(t):
             index.released(agent_id)
-        placer = Placer(snap, index, validators, t)
+        placer = Placer(snap, index, validators, t, validate_first=False)
         for session_id, reservation in held.items():
             placer.hold(session_id, reservation)
         left = []
