@@ -56,7 +56,8 @@ def trace(seed, per_minute, hours):
 
 
 class Simulation:
-    def __init__(self, arrivals, agents, reservation_after):
+    def __init__(self, arrivals, agents, reservation_after, selector="concentrated"):
+        self.selector = selector
         self.arrivals = arrivals
         self.reservation_after = reservation_after
         self.agents = {f"agent-{i:02d}": AgentState(f"agent-{i:02d}", AGENT, ResourceSlots())
@@ -116,7 +117,7 @@ class Simulation:
         if not self.pending:
             return []
         snap = self.snapshot()
-        index = AgentIndex(snap, "concentrated")
+        index = AgentIndex(snap, self.selector)
         made = {}
 
         def timeline():
@@ -149,7 +150,7 @@ class Simulation:
         pass's own prediction writes it; here the simulation goes on with the original)."""
         snap = self.snapshot(copy=True)
         timeline = Timeline(snap, list(self.running.values()), now)
-        result = predict(queue, snap, AgentIndex(snap, "concentrated"), self.validators,
+        result = predict(queue, snap, AgentIndex(snap, self.selector), self.validators,
                          timeline, now, reservations=reservations)
         for session in new:
             self.facts[session.id]["predicted"] = result[session.id].start or "unknown"
@@ -165,16 +166,20 @@ class Command(BaseCommand):
         parser.add_argument("--hours", type=float, default=24)
         parser.add_argument("--reservation-after", type=int, default=600)
         parser.add_argument("--seed", type=int, default=1)
+        parser.add_argument("--selector", default="concentrated",
+                            choices=["concentrated", "dispersed", "roundrobin"])
 
     def handle(self, *args, **opts):
         arrivals = trace(opts["seed"], opts["per_minute"], opts["hours"])
         self.stdout.write(f"{len(arrivals)} arrivals in {opts['hours']} h on {opts['agents']} "
                           f"agents of {AGENT.to_json()}")
-        report = {"arrivals": len(arrivals), "agents": opts["agents"]}
+        report = {"arrivals": len(arrivals), "agents": opts["agents"],
+                  "per_minute": opts["per_minute"], "selector": opts["selector"],
+                  "reservation_after": opts["reservation_after"]}
         for label, after in (("reservations", opts["reservation_after"]),
                              ("no_reservations", 0)):
             started = time.perf_counter()
-            simulation = Simulation(arrivals, opts["agents"], after)
+            simulation = Simulation(arrivals, opts["agents"], after, opts["selector"])
             ended = simulation.run()
             report[label] = self.summary(simulation, ended)
             report[label]["wall_seconds"] = round(time.perf_counter() - started, 1)
