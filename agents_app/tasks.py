@@ -38,6 +38,7 @@ def logs(kernel_id, container_id="", tail=2000):
     return current().logs(kernel_id, container_id, tail)
 
 
-@shared_task(name="agent.execute")
+# A user's command runs at most once: acknowledged when received, never delivered again.
+@shared_task(name="agent.execute", acks_late=False)
 def execute(kernel_id, container_id, command, timeout=30):
     return current().execute(kernel_id, container_id, command, timeout)

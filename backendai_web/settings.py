@@ -58,6 +58,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "sessions_app.api_errors.DatabaseUnavailableMiddleware",
     # Serves static/ under daphne too (daphne, unlike runserver, serves no files).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -97,6 +98,8 @@ def database_settings(url):
             # Connections come from a pool (Django's, of psycopg_pool). Celery closes the
             # connection after every task, and a new PostgreSQL backend costs ~15 ms of
             # each: with a pool, close hands it back instead.
+            # With conn_health_checks, Django's pool tests a connection before handing it
+            # out, so that after a PostgreSQL restart no request or task gets a dead one.
             config.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 16,
                                                         "timeout": 10}
     else:
@@ -201,11 +204,21 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_EXPIRES = 3600
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A task whose worker died (kill -9) before acknowledging it is delivered again after the
+# visibility timeout; every consumer looks for such tasks every few seconds. Tasks are
+# idempotent; the one that runs a user's command is acknowledged early instead (at most once).
+CELERY_VISIBILITY_TIMEOUT = int(env("CELERY_VISIBILITY_TIMEOUT", "600"))
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
+                                   "unacked_restore_interval": 5,
+                                   "unacked_restore_throttle": 1}
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE
 
 # Agents
 AGENT_HEARTBEAT_INTERVAL = float(env("AGENT_HEARTBEAT_INTERVAL", "5"))
+# An agent silent for 3 intervals is LOST for scheduling only; its kernels end after the
+# scaling group's lost_timeout (this is the default for new groups).
+AGENT_LOST_TIMEOUT = int(env("AGENT_LOST_TIMEOUT", "600"))
 DEFAULT_GRACE_PERIOD = env_int("DEFAULT_GRACE_PERIOD", 10)
 DEFAULT_KERNEL_IMAGE = env("DEFAULT_KERNEL_IMAGE", "bai-local/busybox:latest")
 

@@ -1,5 +1,6 @@
 import contextlib
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
@@ -29,6 +30,10 @@ class SlotsField(models.JSONField):
             with contextlib.suppress(SlotError):  # left to the validator, which says why
                 value = ResourceSlots.parse(value).to_json()
         return super().get_prep_value(value)
+
+
+def default_lost_timeout():
+    return settings.AGENT_LOST_TIMEOUT
 
 
 class Domain(models.Model):
@@ -87,6 +92,11 @@ class ScalingGroup(models.Model):
     terminate_timeout = models.PositiveIntegerField(
         default=300, help_text="Seconds a kernel may stay TERMINATING before it is "
                                "force-terminated.")
+    lost_timeout = models.PositiveIntegerField(
+        default=default_lost_timeout,
+        help_text="Seconds an agent may stay LOST (no heartbeat) before its kernels are "
+                  "ended with agent-lost. Until then a lost agent only takes no new kernels: "
+                  "its sessions keep running and recover when it reports again.")
     validators = models.JSONField(
         default=list, blank=True,
         help_text="Names of the scheduler's validators to run; empty means all of them "

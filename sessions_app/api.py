@@ -77,12 +77,16 @@ def resolve_dependencies(request, owner, refs):
 class KernelSerializer(serializers.ModelSerializer):
     session = serializers.UUIDField(source="session_id", read_only=True)
     cluster_hostname = serializers.CharField(read_only=True)
+    agent_status = serializers.CharField(
+        source="agent.status", default=None, allow_null=True, read_only=True,
+        help_text="ALIVE, or LOST while its agent does not report (the kernel keeps its "
+                  "status until the agent is back or the lost timeout ends it).")
 
     class Meta:
         model = Kernel
         fields = ["id", "session", "cluster_role", "cluster_idx", "cluster_hostname", "image",
-                  "status", "status_info", "status_changed", "agent", "agent_addr",
-                  "container_id", "occupied_slots", "exit_code", "last_stat"]
+                  "status", "status_info", "status_changed", "agent", "agent_status",
+                  "agent_addr", "container_id", "occupied_slots", "exit_code", "last_stat"]
 
 
 class SessionEventSerializer(serializers.ModelSerializer):
@@ -100,6 +104,9 @@ class SessionSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="user.username")
     pending_reason = serializers.SerializerMethodField()
     idle_checks = serializers.SerializerMethodField()
+    unreachable_agents = serializers.ListField(
+        child=serializers.CharField(), read_only=True,
+        help_text="Agents of its live kernels that stopped reporting; empty normally.")
     kernels = KernelSerializer(many=True)
 
     class Meta:
@@ -109,7 +116,7 @@ class SessionSerializer(serializers.ModelSerializer):
                   "requested_slots", "occupying_slots", "scaling_group", "owner",
                   "owner_access_key", "startup_command", "grace_period", "batch_timeout", "tag",
                   "created_at", "starts_at", "terminated_at", "result", "last_activity",
-                  "idle_exempt", "idle_checks", "kernels"]
+                  "idle_exempt", "idle_checks", "unreachable_agents", "kernels"]
 
     def get_idle_checks(self, session) -> dict:
         """Every idle checker's report with the seconds left (`remaining`)."""
@@ -191,7 +198,7 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     serializer_class = SessionSerializer
 
     def get_queryset(self):
-        sessions = visible_sessions(self.request).prefetch_related("kernels")
+        sessions = visible_sessions(self.request).prefetch_related("kernels__agent")
         if self.action != "list":
             return sessions
         params = self.request.query_params
@@ -227,7 +234,8 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def retrieve(self, request, *args, **kwargs):
         """A session with its kernels, pending reason and event history."""
         session = self.get_object()
-        session = Session.objects.prefetch_related("events__kernel").get(pk=session.pk)
+        session = Session.objects.prefetch_related("events__kernel", "kernels__agent").get(
+            pk=session.pk)
         return Response(SessionDetailSerializer(session).data)
 
     @extend_schema(request=SessionCreateSerializer, responses={201: SessionSerializer})

@@ -51,7 +51,7 @@ def session_list(request):
     _, admin = viewer(request)
     scope = "all" if admin and request.GET.get("scope") == "all" else "mine"
     tab = "finished" if request.GET.get("tab") == "finished" else "live"
-    sessions = Session.objects.select_related("user").prefetch_related("kernels")
+    sessions = Session.objects.select_related("user").prefetch_related("kernels__agent")
     if scope == "mine":
         sessions = sessions.filter(user=request.user)
     finished = sessions.filter(status__in=FINISHED_STATUSES)
@@ -90,7 +90,7 @@ def session_detail(request, pk):
     idle_state, idle_checks = timeline.idle_checks(session, now)
     return render(request, "dashboard/session_detail.html", {
         "session": session, "admin": admin, "events": events,
-        "kernels": session.kernels.all(), "phases": timeline.phases(events),
+        "kernels": session.kernels.select_related("agent"), "phases": timeline.phases(events),
         "progress": timeline.start_progress(session),
         "finished": session.status in FINISHED_STATUSES, "rendered_at": now,
         "idle_state": idle_state, "idle_checks": idle_checks,

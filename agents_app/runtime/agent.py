@@ -7,6 +7,7 @@ of its own that matters: the labels on its containers are the record of its kern
 it may be killed at any moment and started again.
 """
 
+import collections
 import logging
 import platform
 import socket
@@ -22,6 +23,7 @@ from . import docker_backend as backend
 from .provisioners import KernelRunner
 
 log = logging.getLogger("agent")
+ENDED_KEPT = 60  # seconds a reaped kernel's exit stays in the heartbeat's "ended"
 
 
 class Agent:
@@ -37,6 +39,11 @@ class Agent:
         self._docker_error = None
         self._lock = threading.Lock()
         self._destroying = set()  # kernel ids this agent is stopping itself
+        self._reaping = set()  # kernel ids whose exit is being reported, then torn down
+        self._ended = {}  # kernel id → its exit, told in heartbeats for ENDED_KEPT s
+        self._outbox = collections.deque()  # reports the broker has not taken yet
+        self._outbox_lock = threading.Lock()
+        self._broker_down_since = None
         self._cpu_samples = {}  # container id → (container cpu ns, system cpu ns)
         self.stopping = threading.Event()
 
@@ -64,12 +71,47 @@ class Agent:
             self._docker_error = None
         return True
 
-    # Reports to the manager.
-    def report(self, kernel_id, event, **data):
-        # Retried by kombu while the broker is briefly away: a report must not be lost.
-        app.send_task("manager.kernel_event", queue="manager", ignore_result=True,
-                      kwargs={"kernel_id": kernel_id, "event": event,
-                              "data": {"agent_id": self.id, **data}})
+    # Reports to the manager. A report the broker cannot take now is kept, in order, and
+    # sent when it answers again (heartbeat loop); the manager applies each one once (every
+    # handler is a conditional transition). `then` runs once the report is delivered.
+    def report(self, kernel_id, event, then=None, **data):
+        self._outbox.append(({"kernel_id": kernel_id, "event": event,
+                              "data": {"agent_id": self.id, **data}}, then))
+        self.flush_reports()
+
+    def flush_reports(self):
+        """Send the kept reports in order; stop at the first the broker refuses."""
+        # A thread that finds the lock taken leaves its report to the sender, which looks
+        # again after letting go of the lock.
+        while self._outbox and self._outbox_lock.acquire(blocking=False):
+            try:
+                while self._outbox:
+                    kwargs, then = self._outbox[0]
+                    if not self._send("manager.kernel_event", kwargs):
+                        return
+                    self._outbox.popleft()
+                    if then is not None:
+                        threading.Thread(target=then, daemon=True).start()
+            finally:
+                self._outbox_lock.release()
+
+    def _send(self, task, kwargs):
+        """One message to the manager's queue; False while the broker does not take it
+        (said once when that starts and once when it ends, not at every try)."""
+        try:
+            app.send_task(task, kwargs=kwargs, queue="manager", ignore_result=True,
+                          retry=False)
+        except Exception as exc:  # kombu's OperationalError and the socket errors under it
+            if self._broker_down_since is None:
+                self._broker_down_since = time.monotonic()
+                log.error("broker unreachable (%s): reports are kept and heartbeats resume "
+                          "when it answers", exc)
+            return False
+        if self._broker_down_since is not None:
+            log.warning("broker reachable again after %.0f s; %d kept reports sent",
+                        time.monotonic() - self._broker_down_since, len(self._outbox))
+            self._broker_down_since = None
+        return True
 
     def slots(self):
         if self.fixed_slots:
@@ -85,6 +127,13 @@ class Agent:
             # Still alive, but without Docker: no slots, no kernel list to reconcile.
             return {**info, "docker_error": self._docker_error, "slots": {}, "images": []}
         containers = backend.list_kernel_containers(self.docker, self.id)
+        for container in containers:
+            if container.status in ("exited", "dead"):
+                # Ended while this agent was away or Docker's events did not reach it (an
+                # agent or engine restart): reported and removed like any other exit.
+                self.reap_in_background(container.labels.get(backend.KERNEL_ID), container.id)
+        now = time.time()
+        self._ended = {k: v for k, v in self._ended.items() if v["at"] > now - ENDED_KEPT}
         return {
             **info,
             "docker_error": None,
@@ -95,6 +144,8 @@ class Agent:
                  "state": c.status, "stat": self.sample(c) if c.status == "running" else {}}
                 for c in containers
             ],
+            "ended": {k: {"exit_code": v["exit_code"], "reason": v["reason"]}
+                      for k, v in self._ended.items()},
         }
 
     def sample(self, container):
@@ -121,6 +172,9 @@ class Agent:
         return stat
 
     def heartbeat_once(self):
+        """Kept reports first, then the heartbeat (not kept: the next one replaces it).
+        True when it was sent with Docker's details."""
+        self.flush_reports()
         try:
             info = self.heartbeat_info()
         except (DockerException, OSError) as exc:
@@ -128,15 +182,14 @@ class Agent:
             info = {"id": self.id, "addr": self.addr, "scaling_group": self.scaling_group,
                     "docker_error": str(exc)[:500], "slots": {}, "images": [],
                     "taken_at": time.time()}
-        app.send_task("manager.heartbeat", kwargs={"info": info}, queue="manager",
-                      ignore_result=True)
-        return info.get("docker_error") is None
+        return self._send("manager.heartbeat", {"info": info}) and \
+            info.get("docker_error") is None
 
     def heartbeat_loop(self):
         while not self.stopping.is_set():
             try:
                 self.heartbeat_once()
-            except Exception:  # a broker hiccup must not end the heartbeat thread
+            except Exception:  # nothing may end the heartbeat thread
                 log.exception("heartbeat failed")
             self.stopping.wait(self.heartbeat_interval)
 
@@ -161,26 +214,47 @@ class Agent:
         kernel_id = attributes.get(backend.KERNEL_ID)
         if not kernel_id:
             return
-        if action == "die" and kernel_id not in self._destroying:
-            threading.Thread(target=self.reap, args=(kernel_id, event.get("id")),
-                             daemon=True).start()
+        if action == "die":
+            self.reap_in_background(kernel_id, event.get("id"))
         elif action.startswith("health_status"):
             status = action.split(":", 1)[-1].strip()
             self.report(kernel_id, "kernel_health", status=status)
 
+    def reap_in_background(self, kernel_id, container_id):
+        if kernel_id and kernel_id not in self._destroying and kernel_id not in self._reaping:
+            self._reaping.add(kernel_id)
+            threading.Thread(target=self.reap, args=(kernel_id, container_id),
+                             daemon=True).start()
+
     def reap(self, kernel_id, container_id):
-        """A container that ended by itself: keep its log tail, remove everything it
-        held, report the exit."""
+        """A container that ended by itself: report its exit with its log tail, and once
+        the report is delivered remove everything it held (until then the exited
+        container, labels and all, is the record of it, even across an agent restart)."""
+        self._reaping.add(kernel_id)
         try:
             container = self.docker.containers.get(container_id)
-        except NotFound:
-            return  # removed by a destroy meanwhile, which reported
-        if container.status in ("running", "restarting"):
-            return  # restarted in place (a session restart): it did not end
-        exit_code = container.attrs.get("State", {}).get("ExitCode")
-        _, logs = KernelRunner.from_container(self.docker, self.id, container).teardown()
-        self.report(kernel_id, "kernel_terminated", exit_code=exit_code,
-                    reason="self-terminated", log_tail=logs)
+            if container.status in ("running", "restarting") or kernel_id in self._destroying:
+                self._reaping.discard(kernel_id)
+                return  # restarted in place (a session restart), or being stopped: no exit
+            exit_code = container.attrs.get("State", {}).get("ExitCode")
+            logs = container.logs(tail=1000)[-backend.LOG_TAIL_BYTES:].decode("utf-8",
+                                                                              "replace")
+        except (DockerException, OSError) as exc:  # removed meanwhile, or Docker away
+            self._reaping.discard(kernel_id)
+            if not isinstance(exc, NotFound):
+                log.warning("could not read the exit of kernel %s: %s", kernel_id, exc)
+            return
+        reason = "self-terminated"
+        self._ended[kernel_id] = {"exit_code": exit_code, "reason": reason, "at": time.time()}
+
+        def remove():
+            try:
+                KernelRunner.from_container(self.docker, self.id, container).teardown()
+            finally:
+                self._reaping.discard(kernel_id)
+
+        self.report(kernel_id, "kernel_terminated", then=remove, exit_code=exit_code,
+                    reason=reason, log_tail=logs)
 
     # Kernel operations, called by the agent's Celery tasks.
     def check_and_pull(self, kernel_id, image):

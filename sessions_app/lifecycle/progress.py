@@ -6,11 +6,12 @@ hangs is retried, then rescheduled elsewhere, and what cannot succeed is cancell
 import logging
 from datetime import timedelta
 
+import redis
 from django.conf import settings
 from django.db import transaction
 
 from agents_app import rpc
-from agents_app.models import Agent, AgentStatus
+from agents_app.models import Agent, AgentStatus, HeartbeatWatch
 from backendai_web.celery import send_task_safely
 from scheduling_app.models import ScalingGroup
 
@@ -234,18 +235,91 @@ def sweep_pending():
 
 
 def sweep_lost_agents():
-    """No heartbeat for 3 intervals → LOST; its kernels end (agent-lost), slots freed."""
-    cutoff = clock.now() - timedelta(seconds=3 * settings.AGENT_HEARTBEAT_INTERVAL)
+    """An agent silent for 3 heartbeat intervals while the manager could hear it is LOST,
+    for scheduling only: no new kernel goes to it, and each of its kernels gets an event
+    saying that its agent is unreachable; nothing of the user's is touched, and an agent
+    that reports again recovers its kernels (heartbeats.handle_heartbeat). Only after the
+    scaling group's lost_timeout do its kernels end (agent-lost). Returns the agents that
+    became LOST in this pass."""
+    now = clock.now()
+    listening_since = _listening_since(now)
+    cutoff = now - timedelta(seconds=3 * settings.AGENT_HEARTBEAT_INTERVAL)
     lost = []
-    for agent in Agent.objects.filter(status=AgentStatus.ALIVE, last_heartbeat__lt=cutoff):
-        with transaction.atomic():
-            if not Agent.objects.filter(pk=agent.pk, status=AgentStatus.ALIVE,
-                                        last_heartbeat__lt=cutoff).update(
-                    status=AgentStatus.LOST, lost_at=clock.now()):
-                continue
-            log.warning("agent %s lost: no heartbeat since %s", agent.pk, agent.last_heartbeat)
-            for kernel in Kernel.objects.filter(agent=agent, status__in=engine.SLOT_HOLDING):
-                engine.mark_kernel_terminated(kernel, reason="agent-lost", actor="system")
-            lost.append(agent.pk)
+    if listening_since is not None and listening_since <= cutoff:
+        for agent in Agent.objects.filter(status=AgentStatus.ALIVE, last_heartbeat__lt=cutoff):
+            if _mark_lost(agent, cutoff, now):
+                lost.append(agent.pk)
+    end_kernels_of_lost_agents(now)
     return lost
 
+
+def _listening_since(now):
+    """Since when the manager has been able to hear heartbeats without a break; None when
+    it cannot now. Heartbeats reach it through the broker, a manager worker and the
+    database, and this sweep through beat, the broker and a worker too: the broker not
+    answering, or a gap since the previous sweep longer than the silence that makes an
+    agent LOST, means the manager was deaf, which is no agent's fault."""
+    gap = timedelta(seconds=3 * settings.AGENT_HEARTBEAT_INTERVAL)
+    hearing = broker_answers()
+    with transaction.atomic():
+        watch, _ = HeartbeatWatch.objects.select_for_update().get_or_create(pk=1)
+        if not hearing:
+            watch.listening_since = None
+        elif watch.listening_since is None or watch.last_sweep is None or \
+                now - watch.last_sweep > gap:
+            log.info("hearing heartbeats again from %s", now)
+            watch.listening_since = now
+        watch.last_sweep = now
+        watch.save()
+    return watch.listening_since
+
+
+def broker_answers():
+    try:
+        redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2,
+                             socket_connect_timeout=2).ping()
+    except redis.RedisError:
+        return False
+    return True
+
+
+@transaction.atomic
+def _mark_lost(agent, cutoff, now):
+    if not Agent.objects.filter(pk=agent.pk, status=AgentStatus.ALIVE,
+                                last_heartbeat__lt=cutoff).update(status=AgentStatus.LOST,
+                                                                  lost_at=now):
+        return False
+    timeout = agent.scaling_group.lost_timeout
+    log.warning("agent %s lost: no heartbeat since %s; its kernels end after %ss unless it "
+                "reports again", agent.pk, agent.last_heartbeat, timeout)
+    for kernel in _kernels_held_by(agent):
+        engine.record_event(
+            kernel.session, "kernel_agent_lost", kernel=kernel, actor="system",
+            reason=f"agent {agent.pk} unreachable since {agent.last_heartbeat:%H:%M:%S}",
+            data={"agent_id": agent.pk, "ends_after": timeout,
+                  "ends_at": (now + timedelta(seconds=timeout)).isoformat()})
+    return True
+
+
+def _kernels_held_by(agent):
+    return Kernel.objects.filter(agent=agent, status__in=engine.SLOT_HOLDING) \
+        .select_related("session").order_by("session__created_at", "cluster_idx")
+
+
+def end_kernels_of_lost_agents(now=None):
+    """The kernels of agents LOST for longer than their group's lost_timeout end with
+    agent-lost; their slots and concurrency are freed. An agent that comes back later
+    removes their containers (heartbeats.reconcile_containers)."""
+    now = now or clock.now()
+    ended = 0
+    for agent in Agent.objects.filter(status=AgentStatus.LOST).select_related("scaling_group"):
+        if agent.lost_at and agent.lost_at > now - timedelta(
+                seconds=agent.scaling_group.lost_timeout):
+            continue
+        for kernel in _kernels_held_by(agent):
+            with transaction.atomic():
+                if engine.mark_kernel_terminated(kernel, reason="agent-lost", actor="system"):
+                    ended += 1
+    if ended:
+        log.warning("%s kernels of lost agents ended (agent-lost)", ended)
+    return ended
