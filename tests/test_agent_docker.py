@@ -116,8 +116,10 @@ def test_a_container_that_dies_by_itself_is_self_terminated(live, as_alice, dock
     wait_status(session_id, S.TERMINATED)
     kernel.refresh_from_db()
     assert (kernel.status_info, kernel.exit_code) == ("self-terminated", 137)
-    assert not docker_client.containers.list(
-        all=True, filters={"label": f"ai.backend.kernel-id={kernel.pk}"})
+    # Removed once its exit report is delivered (until then it is the record of the exit).
+    wait_for(lambda: not docker_client.containers.list(
+        all=True, filters={"label": f"ai.backend.kernel-id={kernel.pk}"}), timeout=15,
+        message="the exited container removed")
 
 
 def test_cluster_session_has_its_network_hostnames_and_shared_ssh_key(live, as_alice,

@@ -11,6 +11,7 @@ from agents_app.models import Agent, AgentStatus, HeartbeatWatch
 from scheduling_app.models import ScalingGroup
 from sessions_app import clock
 from sessions_app.lifecycle import progress
+from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.heartbeats import handle_heartbeat
 from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import KeyPair, SessionEvent, Status
@@ -148,14 +149,16 @@ def test_a_kernel_whose_container_is_gone_ends_with_a_reason_that_says_so(lost_s
                                                                     "container-gone", None)
 
 
-def test_an_exit_the_agent_tells_in_its_heartbeat_ends_the_kernel_with_its_exit_code(
-        lost_setup):
+def test_an_exit_the_agent_just_reported_is_left_to_its_report(lost_setup):
     agent, session, kernel = lost_setup
-    heartbeat(agent, [], at=45, ended={str(kernel.pk): {"exit_code": 3,
-                                                         "reason": "self-terminated"}})
+    heartbeat(agent, [], at=45, ended=[str(kernel.pk)])
     kernel.refresh_from_db()
-    assert (kernel.status, kernel.status_info, kernel.exit_code) == (S.TERMINATED,
-                                                                    "self-terminated", 3)
+    assert kernel.status == S.RUNNING  # its report, with exit code and log tail, ends it
+    handle_kernel_event(kernel.pk, "kernel_terminated", {"exit_code": 3, "log_tail": "bye",
+                                                         "reason": "self-terminated"})
+    kernel.refresh_from_db()
+    assert (kernel.status, kernel.status_info, kernel.exit_code, kernel.log_tail) == (
+        S.TERMINATED, "self-terminated", 3, "bye")
 
 
 def test_check_invariants_counts_stray_containers_missing_ones_drift_and_stuck_kernels(

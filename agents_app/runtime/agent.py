@@ -23,7 +23,7 @@ from . import docker_backend as backend
 from .provisioners import KernelRunner
 
 log = logging.getLogger("agent")
-ENDED_KEPT = 60  # seconds a reaped kernel's exit stays in the heartbeat's "ended"
+ENDED_KEPT = 60  # seconds a reaped kernel stays in the heartbeat's "ended"
 
 
 class Agent:
@@ -40,7 +40,7 @@ class Agent:
         self._lock = threading.Lock()
         self._destroying = set()  # kernel ids this agent is stopping itself
         self._reaping = set()  # kernel ids whose exit is being reported, then torn down
-        self._ended = {}  # kernel id → its exit, told in heartbeats for ENDED_KEPT s
+        self._ended = {}  # kernel id → when its exit was reported (heartbeats tell them)
         self._outbox = collections.deque()  # reports the broker has not taken yet
         self._outbox_lock = threading.Lock()
         self._broker_down_since = None
@@ -133,7 +133,7 @@ class Agent:
                 # agent or engine restart): reported and removed like any other exit.
                 self.reap_in_background(container.labels.get(backend.KERNEL_ID), container.id)
         now = time.time()
-        self._ended = {k: v for k, v in self._ended.items() if v["at"] > now - ENDED_KEPT}
+        self._ended = {k: at for k, at in self._ended.items() if at > now - ENDED_KEPT}
         return {
             **info,
             "docker_error": None,
@@ -144,8 +144,8 @@ class Agent:
                  "state": c.status, "stat": self.sample(c) if c.status == "running" else {}}
                 for c in containers
             ],
-            "ended": {k: {"exit_code": v["exit_code"], "reason": v["reason"]}
-                      for k, v in self._ended.items()},
+            # Exits reported just now: their reports, not this list, end the kernels.
+            "ended": sorted(self._ended),
         }
 
     def sample(self, container):
@@ -245,7 +245,7 @@ class Agent:
                 log.warning("could not read the exit of kernel %s: %s", kernel_id, exc)
             return
         reason = "self-terminated"
-        self._ended[kernel_id] = {"exit_code": exit_code, "reason": reason, "at": time.time()}
+        self._ended[kernel_id] = time.time()
 
         def remove():
             try:

@@ -17,7 +17,6 @@ from .. import clock, engine
 from ..bulk import update_rows
 from ..models import FINISHED_STATUSES, Kernel, Status
 from ..services import kick_scheduler
-from .agent_reports import handle_kernel_event
 
 log = logging.getLogger(__name__)
 S = Status
@@ -65,7 +64,7 @@ def handle_heartbeat(info):
         )
     if "kernels" in info:  # only a heartbeat that could list its containers
         reconcile_containers(agent, info["kernels"], info.get("taken_at"),
-                             ended=info.get("ended", {}), recovering=was_lost)
+                             ended=info.get("ended", ()), recovering=was_lost)
     if became_alive:
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return agent
@@ -76,9 +75,9 @@ def reconcile_containers(agent, reported, taken_at=None, *, ended=None, recoveri
     - a container whose kernel is finished is destroyed;
     - a container of no kernel at all is dangling: removed;
     - a CREATING kernel whose container runs is RUNNING (its report was lost);
-    - a RUNNING or TERMINATING kernel without a container ended: with the exit code the
-      agent reported in `ended` (its exit report may still be on its way), else with
-      container-gone (nothing is left that could tell how);
+    - a RUNNING or TERMINATING kernel without a container ended: container-gone (nothing
+      is left that could tell how), unless the agent lists it in `ended` (it reported
+      the exit just now, and that report ends it);
     - the samples of running containers become their kernels' last_stat;
     - `recovering` (the agent was LOST): each kernel whose container still runs gets a
       kernel_recovered event. A container that exited meanwhile is reported by the agent
@@ -113,18 +112,16 @@ def reconcile_containers(agent, reported, taken_at=None, *, ended=None, recoveri
                 stats.append(_sample(kernel, container["stat"], snapshot_at))
     if stats:
         update_rows(Kernel, ["last_stat", "stat_history"], stats)
+    # Exits the agent reported just now are not judged here: their reports, with exit
+    # code and log tail, end those kernels (they may still be on their way).
+    listed = [k for k in by_kernel if is_uuid(k)] + [k for k in ended or () if is_uuid(k)]
     gone = Kernel.objects.filter(
         agent=agent, status__in=[S.RUNNING, S.TERMINATING],
         status_changed__lt=snapshot_at - SNAPSHOT_MARGIN,
-    ).exclude(pk__in=[k for k in by_kernel if is_uuid(k)]).select_related("session")
+    ).exclude(pk__in=listed)
     for kernel in gone:
-        exit_info = (ended or {}).get(str(kernel.pk))
-        if exit_info:  # the same as the agent's own report of it, which may come after
-            handle_kernel_event(kernel.pk, "kernel_terminated", {**exit_info,
-                                                                 "agent_id": agent.pk})
-        else:
-            reason = kernel.status_info if kernel.status == S.TERMINATING else "container-gone"
-            engine.mark_kernel_terminated(kernel, reason=reason, actor=actor)
+        reason = kernel.status_info if kernel.status == S.TERMINATING else "container-gone"
+        engine.mark_kernel_terminated(kernel, reason=reason, actor=actor)
 
 
 def _sample(kernel, stat, snapshot_at):
