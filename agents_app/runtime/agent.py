@@ -177,10 +177,10 @@ class Agent:
             return  # removed by a destroy meanwhile, which reported
         if container.status in ("running", "restarting"):
             return  # restarted in place (a session restart): it did not end
-        exit_code = container.attrs.get("State", {}).get("ExitCode")
+        exit_code, reason = backend.exit_status(container)
         _, logs = KernelRunner.from_container(self.docker, self.id, container).teardown()
         self.report(kernel_id, "kernel_terminated", exit_code=exit_code,
-                    reason="self-terminated", log_tail=logs)
+                    reason=reason, log_tail=logs)
 
     # Kernel operations, called by the agent's Celery tasks.
     def check_and_pull(self, kernel_id, image):
@@ -220,7 +220,9 @@ class Agent:
             return
         self.report(kernel_id, "kernel_started", container_id=container.id)
 
-    def destroy_kernel(self, kernel_id, container_id="", reason=""):
+    def destroy_kernel(self, kernel_id, container_id="", reason="", forced=False):
+        """Stop and remove the kernel's container: gracefully (pre-stop hook, SIGTERM to
+        the whole workload, the grace period, SIGKILL), or at once when forced."""
         self._destroying.add(kernel_id)
         try:
             container = backend.find_kernel_container(self.docker, self.id, kernel_id,
@@ -228,8 +230,13 @@ class Agent:
             if container is None:
                 self.report(kernel_id, "kernel_terminated", exit_code=None, reason=reason)
                 return
-            exit_code, logs = KernelRunner.from_container(self.docker, self.id,
-                                                          container).teardown()
+            runner = KernelRunner.from_container(self.docker, self.id, container)
+            exit_code, logs = runner.teardown(
+                forced=forced, on_hook_failure=lambda code, output: self.report(
+                    kernel_id, "pre_stop_failed", exit_code=code, output=output))
+            if runner.failure:  # Docker refused: the container may still run
+                self.report(kernel_id, "teardown_failed", error=runner.failure)
+                return
             self.report(kernel_id, "kernel_terminated", exit_code=exit_code, reason=reason,
                         log_tail=logs)
         finally:

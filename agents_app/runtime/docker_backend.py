@@ -25,8 +25,21 @@ SESSION_TYPE = "ai.backend.session-type"
 KERNELSPEC = "ai.backend.kernelspec"
 LOG_TAIL_BYTES = 64 * 1024
 
-# PID 1 of an interactive kernel: exits 0 at once on SIGTERM, otherwise waits forever.
-KEEPALIVE = 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done'
+# The kernel's command runs under Docker's init (tini) in a process group of its own;
+# TINI_KILL_PROCESS_GROUP makes tini pass a stop's SIGTERM to that whole group, so that the
+# startup command and whatever it started get it, not only the shell.
+INIT_ENVIRONMENT = {"TINI_KILL_PROCESS_GROUP": "1"}
+
+# The keep-alive shell of an interactive kernel. On SIGTERM it waits until every process
+# of its group (the startup command and its children) has ended, then exits 0: the
+# workload gets the whole grace period; Docker's SIGKILL ends what ignores SIGTERM.
+KEEPALIVE = (
+    "busy() { for d in /proc/[0-9]*; do [ \"${d#/proc/}\" = \"$$\" ] && continue; "
+    "read -r s < \"$d/stat\" 2>/dev/null || continue; set -- ${s##*) }; "
+    "[ \"$1\" != Z ] && [ \"$3\" = \"$$\" ] && return 0; done; return 1; }; "
+    "trap 'wait; while busy; do sleep 0.2 & wait $!; done; exit 0' TERM INT; "
+    "while :; do sleep 3600 & wait $!; done"
+)
 
 
 def connect():
@@ -95,7 +108,7 @@ def kernel_command(spec):
     if spec["session_type"] == "batch":
         return ["/bin/sh", "-c", startup]
     if startup:
-        return ["/bin/sh", "-c", f"( {startup} ) & {KEEPALIVE}"]
+        return ["/bin/sh", "-c", f"( {startup}\n) & {KEEPALIVE}"]
     return ["/bin/sh", "-c", KEEPALIVE]
 
 
@@ -108,6 +121,7 @@ def kernel_environment(spec):
         "BACKENDAI_CLUSTER_IDX": str(spec["cluster_idx"]),
         "BACKENDAI_CLUSTER_HOST": spec["cluster_hostname"],
         "BACKENDAI_CLUSTER_SIZE": str(spec["cluster_size"]),
+        **INIT_ENVIRONMENT,
     }
 
 
@@ -139,26 +153,39 @@ def list_kernel_containers(client, agent_id):
     return client.containers.list(all=True, filters={"label": f"{AGENT_ID}={agent_id}"})
 
 
-def stop_and_remove(container, grace_period):
-    """SIGTERM, SIGKILL after the grace period, keep the log tail, remove.
+def stop_and_remove(container, grace_period, *, forced=False):
+    """SIGTERM, SIGKILL after the grace period (at once when forced), keep the log tail,
+    remove.
 
-    Returns (exit_code, log_tail). A container already gone or stopped is not an error.
+    Returns (exit_code, log_tail). A container already gone or stopped is not an error;
+    a container Docker refuses to stop or remove raises APIError.
     """
     try:
-        container.stop(timeout=max(int(grace_period), 0))
+        if forced:
+            container.kill()  # SIGKILL to PID 1: the whole container ends now
+            container.wait(timeout=30)
+        else:
+            container.stop(timeout=max(int(grace_period), 0))
     except NotFound:
         return None, ""
     except APIError as exc:
-        if exc.status_code != 409:
+        if exc.status_code != 409:  # 409: not running any more
             raise
     try:
         container.reload()
-        exit_code = container.attrs["State"]["ExitCode"]
+        exit_code, _ = exit_status(container)
         logs = container.logs(tail=1000)[-LOG_TAIL_BYTES:].decode("utf-8", "replace")
         container.remove(force=True)
     except NotFound:
         return None, ""
     return exit_code, logs
+
+
+def exit_status(container):
+    """(exit code, reason) of a container that ended: `oom-killed` when the kernel's OOM
+    killer ended it (Docker's State.OOMKilled), else `self-terminated`."""
+    state = container.attrs.get("State", {})
+    return state.get("ExitCode"), "oom-killed" if state.get("OOMKilled") else "self-terminated"
 
 
 def kernelspec_images(client):
