@@ -174,11 +174,22 @@ def stop_and_remove(container, grace_period, *, forced=False):
     try:
         container.reload()
         exit_code, _ = exit_status(container)
-        logs = container.logs(tail=1000)[-LOG_TAIL_BYTES:].decode("utf-8", "replace")
+        logs = log_tail(container)
         container.remove(force=True)
     except NotFound:
         return None, ""
     return exit_code, logs
+
+
+def log_tail(container):
+    """The end of the container's log; empty for a container Docker no longer serves
+    logs of (dead, or marked for removal by an earlier try)."""
+    try:
+        return container.logs(tail=1000)[-LOG_TAIL_BYTES:].decode("utf-8", "replace")
+    except APIError as exc:
+        if exc.status_code != 409:
+            raise
+        return ""
 
 
 def exit_status(container):

@@ -5,6 +5,7 @@ is, except that a container that turned up for a finished kernel is destroyed.
 """
 
 import logging
+import re
 import uuid
 
 from django.db import transaction
@@ -118,8 +119,10 @@ def _teardown_failed(kernel, data, actor):
     Docker's message, until its container is gone (the terminate handler keeps asking;
     an admin's force-terminate ends it)."""
     error = f"teardown failed: {data.get('error', '?')}"
+    # Docker names containers and layers by 64-hex ids: short ones keep its words in view.
+    short = re.sub(r"\b([0-9a-f]{12})[0-9a-f]{52}\b", r"\1", error)
     return engine.mark_kernel_error(
-        kernel, reason=error[:255], actor=actor,
+        kernel, reason=short[:255], actor=actor,
         from_statuses={S.RUNNING, S.TERMINATING, S.CREATING},
         status_data={**kernel.status_data, "teardown_error": error[:500],
                      "destroy_reason": kernel.status_info or "user-requested",
