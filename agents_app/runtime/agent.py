@@ -209,7 +209,8 @@ class Agent:
         if existing is not None:  # half made by an agent that died: start over
             self._destroying.add(kernel_id)
             try:
-                KernelRunner.from_container(self.docker, self.id, existing).teardown()
+                KernelRunner.from_container(self.docker, self.id, existing).teardown(
+                    forced=True)
             finally:
                 self._destroying.discard(kernel_id)
         try:
@@ -268,7 +269,7 @@ class Agent:
             return
         log.warning("removing dangling container %s (%s)", container.name, container_id[:12])
         self._destroying.add(container.labels.get(backend.KERNEL_ID, ""))
-        KernelRunner.from_container(self.docker, self.id, container).teardown()
+        KernelRunner.from_container(self.docker, self.id, container).teardown(forced=True)
 
     def logs(self, kernel_id, container_id="", tail=2000):
         container = backend.find_kernel_container(self.docker, self.id, kernel_id,
