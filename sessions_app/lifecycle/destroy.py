@@ -22,9 +22,13 @@ FORCE_ONLY = {S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.TERMINATING, S
 
 
 class DestroyRefused(Exception):
-    def __init__(self, message, status_code=409):
+    """`message` is what the caller is told; `rule` the refusal's words alone (without
+    when the status times out), to group refusals by."""
+
+    def __init__(self, message, status_code=409, *, rule=None):
         super().__init__(message)
         self.message, self.status_code = message, status_code
+        self.rule = rule or message
 
 
 @dataclass
@@ -37,13 +41,13 @@ class DestroyResult:
 
 
 def _refusal(kernel, forced):
+    """The rule's words when it refuses a destroy of this kernel, else None."""
     if forced:
         return None
     if kernel.status == S.PULLING:
-        return "Cannot destroy kernels in pulling status" + _times_out(kernel)
+        return "Cannot destroy kernels in pulling status"
     if kernel.status in FORCE_ONLY:
-        return ("Cannot destroy kernels in scheduled/preparing/terminating/error status"
-                + _times_out(kernel))
+        return "Cannot destroy kernels in scheduled/preparing/terminating/error status"
     return None
 
 
@@ -94,7 +98,7 @@ def destroy_session(session, *, forced=False, reason="user-requested", actor=Non
         for kernel in kernels:
             refusal = _refusal(kernel, forced)
             if refusal:
-                raise DestroyRefused(refusal)
+                raise DestroyRefused(refusal + _times_out(kernel), rule=refusal)
         for kernel in kernels:
             outcome = _destroy_kernel(kernel, forced=forced, reason=reason, actor=actor_name)
             if outcome:
