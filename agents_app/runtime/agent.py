@@ -12,6 +12,8 @@ import platform
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 from docker.errors import DockerException, NotFound
 
@@ -38,6 +40,10 @@ class Agent:
         self._lock = threading.Lock()
         self._destroying = set()  # kernel ids this agent is stopping itself
         self._cpu_samples = {}  # container id → (container cpu ns, system cpu ns)
+        # Stats and app probes run beside the heartbeat, never in its way.
+        self._probes = ThreadPoolExecutor(max_workers=8, thread_name_prefix="measure")
+        self._measuring = {}  # container id → (monotonic time, the measurement in flight)
+        self._app_seen = {}  # container id → the last app report worth keeping
         self.stopping = threading.Event()
 
     # Docker connection, re-established after the engine comes back.
@@ -98,7 +104,27 @@ class Agent:
         }
 
     def sample(self, container):
-        """cpu % (since the previous sample) and memory of a running container."""
+        """cpu % (since the previous sample), memory and the app's activity of a running
+        container, as last measured in the background; {} when nothing new was measured
+        since the last heartbeat. Docker's stats take up to a second per container and an
+        app may not answer: a heartbeat waits for neither."""
+        now = time.monotonic()
+        for gone in [c for c, (at, _) in self._measuring.items() if now - at > 600]:
+            self._measuring.pop(gone, None)  # containers not seen for 10 minutes
+            self._app_seen.pop(gone, None)
+        _, measuring = self._measuring.get(container.id, (now, None))
+        fresh = {}
+        if measuring is None or measuring.done():
+            if measuring is not None:
+                try:
+                    fresh = measuring.result()
+                except Exception:  # a measurement must never end a heartbeat
+                    log.exception("sampling %s failed", container.name)
+            measuring = self._probes.submit(self.measure, container)
+        self._measuring[container.id] = (now, measuring)
+        return fresh
+
+    def measure(self, container):
         try:
             stats = container.stats(stream=False, one_shot=True)
         except (DockerException, OSError):
@@ -111,7 +137,7 @@ class Agent:
         memory = stats.get("memory_stats", {})
         stat = {"mem_bytes": memory.get("usage", 0), "mem_limit": memory.get("limit", 0),
                 "at": time.time()}
-        app = backend.app_activity(container)
+        app = self.app_report(container)
         if app is not None:
             stat["app"] = app
         if previous and system > previous[1]:
@@ -119,6 +145,17 @@ class Agent:
             stat["cpu_percent"] = round((total - previous[0]) / (system - previous[1])
                                         * cpus * 100, 2)
         return stat
+
+    def app_report(self, container):
+        """The app's activity (docker_backend.app_activity, bounded in time and size); a
+        probe that fails or finds no activity keeps the activity already seen."""
+        if backend.jupyter_port(container.labels) is None:
+            return None
+        report = kept_activity(self._app_seen.get(container.id),
+                               backend.app_activity(container))
+        if report is not None:
+            self._app_seen[container.id] = report
+        return report
 
     def heartbeat_once(self):
         try:
@@ -289,6 +326,20 @@ class Agent:
         return {"exit_code": result.exit_code,
                 "stdout": (stdout or b"").decode("utf-8", "replace")[-65536:],
                 "stderr": (stderr or b"").decode("utf-8", "replace")[-65536:]}
+
+
+def kept_activity(seen, report):
+    """The app report to send, from the last one kept and a new probe's: a probe that
+    failed (None) is no news, and one without activity (no kernels, or older times)
+    keeps the newest last_activity already seen."""
+    if report is None:
+        return seen
+    if seen and seen.get("last_activity") and (
+            not report.get("last_activity")
+            or datetime.fromisoformat(report["last_activity"])
+            < datetime.fromisoformat(seen["last_activity"])):
+        return {**report, "last_activity": seen["last_activity"]}
+    return report
 
 
 _current = None

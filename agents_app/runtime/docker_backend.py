@@ -6,8 +6,8 @@ so that an agent that restarts, or one that never saw the container start, can s
 
 import json
 import logging
+import socket
 import time
-import urllib.request
 from datetime import datetime
 
 import docker
@@ -220,9 +220,15 @@ def jupyter_port(labels):
     return None
 
 
-def app_activity(container, timeout=1.0):
+APP_PROBE_DEADLINE = 1.0  # seconds for the whole probe: connect, ask, read
+APP_PROBE_MAX_BYTES = 64 * 1024  # a /api/kernels answer larger than this is not read
+
+
+def app_activity(container, deadline=APP_PROBE_DEADLINE):
     """Ask the app's /api/kernels (as Kubeflow's culler does): any kernel busy, and the
-    newest last_activity. None when the image declares no such app or it does not answer."""
+    newest last_activity. None when the image declares no such app, or it does not
+    answer well within `deadline` seconds in all: the container runs the server, so its
+    answer is bounded in time and size, and anything malformed is logged and ignored."""
     port = jupyter_port(container.labels)
     if port is None:
         return None
@@ -231,13 +237,49 @@ def app_activity(container, timeout=1.0):
     if not address:
         return None
     try:
-        with urllib.request.urlopen(f"http://{address}:{port}/api/kernels",
-                                    timeout=timeout) as response:
-            kernels = json.loads(response.read() or b"[]")
-    except (OSError, ValueError):
-        return None
+        body = _bounded_get(address, port, "/api/kernels", deadline)
+        return _kernels_report(json.loads(body or b"[]"))
+    except (OSError, TimeoutError) as exc:  # not answering (yet): no report
+        log.debug("app probe of %s: %s", container.name, exc)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("app probe of %s: malformed /api/kernels ignored: %s", container.name,
+                    str(exc)[:200])
+    return None
+
+
+def _bounded_get(address, port, path, deadline):
+    """An HTTP/1.0 GET (no chunked answer, the server closes) that takes at most
+    `deadline` seconds and reads at most APP_PROBE_MAX_BYTES; the body of a 200."""
+    ends = time.monotonic() + deadline
+    with socket.create_connection((address, port), timeout=deadline) as sock:
+        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {address}\r\n"
+                     "Accept: application/json\r\n\r\n".encode())
+        received = bytearray()
+        while len(received) <= APP_PROBE_MAX_BYTES:
+            left = ends - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no whole answer within {deadline}s")
+            sock.settimeout(left)
+            chunk = sock.recv(16384)
+            if not chunk:
+                break
+            received += chunk
+        else:
+            raise ValueError(f"answer over {APP_PROBE_MAX_BYTES} bytes")
+    head, separator, body = bytes(received).partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split()
+    if not separator or len(status) < 2 or status[1] != b"200":
+        raise ValueError(f"not a 200 answer: {head[:80]!r}")
+    return body
+
+
+def _kernels_report(kernels):
+    if not isinstance(kernels, list) or not all(isinstance(k, dict) for k in kernels):
+        raise ValueError("not a list of kernels")
     busy = any(k.get("execution_state") == "busy" for k in kernels)
     times = [datetime.fromisoformat(k["last_activity"]) for k in kernels
              if k.get("last_activity")]
+    if any(t.tzinfo is None for t in times):
+        raise ValueError("last_activity without a time zone")
     last = max(times).isoformat() if times else None
     return {"busy": busy, "last_activity": last, "kernels": len(kernels)}
