@@ -222,3 +222,17 @@ def test_a_status_polling_owner_does_not_keep_an_idle_session_alive(alice, clien
     session.refresh_from_db()
     assert (session.status, session.status_info) == (Status.TERMINATING, "idle-timeout")
     assert session.last_activity is None
+
+
+def test_one_unreadable_app_report_never_stops_the_pass_for_the_others(alice, caplog):
+    policy = default_of(ResourcePolicy)
+    policy.idle_timeout = 600
+    policy.save()
+    make_agent(slots={"cpu": "8", "mem": "8g"})
+    broken = make_session(alice, Status.RUNNING, name="broken")
+    fine = make_session(alice, Status.RUNNING, name="fine")
+    broken.kernels.update(last_stat={"app": {"busy": False, "last_activity": "yesterday"}})
+    with time_machine.travel(fine.starts_at + timedelta(seconds=601), tick=False):
+        assert set(idle.check_idle()) == {fine.pk}
+    assert f"idle check of session {broken.pk} skipped" in caplog.text
+    assert Session.objects.get(pk=broken.pk).status == Status.RUNNING
