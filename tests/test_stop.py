@@ -145,6 +145,7 @@ def test_an_oom_killed_kernel_is_named(live, as_alice):
     assert ended.reason == "oom-killed"
     timeline = as_alice.get(f"/api/v1/sessions/{session_id}/events/")
     assert "oom-killed" in timeline.content.decode()
+    assert "oom-killed" in as_alice.get(f"/sessions/{session_id}/").content.decode()
 
 
 def test_a_failed_pre_stop_hook_is_an_event_and_the_stop_goes_on(live, as_alice):
@@ -193,6 +194,9 @@ def test_a_teardown_docker_refuses_is_error_until_an_admin_force_terminates(
     assert kernel_containers(docker_client, kernel)  # it is still there: not TERMINATED
     shown = as_alice.get(f"/api/v1/sessions/{session_id}/").json()
     assert shown["status"] == "ERROR" and "operation not permitted" in shown["status_info"]
+    assert "operation not permitted" in as_alice.get(f"/sessions/{session_id}/").content.decode()
+    admin = as_carol.get(f"/admin/sessions_app/kernel/{kernel.pk}/change/")
+    assert "operation not permitted" in admin.content.decode()
     refused = as_alice.delete(f"/api/v1/sessions/{session_id}/")
     assert refused.status_code == 409
     subprocess.run(["chattr", "-i", pinned], check=True)  # Docker can remove it now
