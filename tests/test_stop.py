@@ -204,3 +204,27 @@ def test_a_teardown_docker_refuses_is_error_until_an_admin_force_terminates(
     wait_status(session_id, S.TERMINATED)
     wait_for(lambda: not kernel_containers(docker_client, kernel), timeout=15,
              message="the container to be removed")
+
+
+def test_a_restart_stops_the_workload_gracefully_and_runs_the_startup_command_again(
+        live, as_alice, docker_client):
+    session_id = create(as_alice, "again", grace_period=10,
+                        startup_command="echo start >> /home/work/log; trap 'echo term >> "
+                                        "/home/work/log; exit 0' TERM; "
+                                        "while :; do sleep 1; done")
+    wait_status(session_id, S.RUNNING)
+    kernel = Kernel.objects.get(session_id=session_id)
+    container = docker_client.containers.get(kernel.container_id)
+    wait_for(lambda: container.exec_run(["cat", "/home/work/log"]).output == b"start\n",
+             message="the first start")
+    started = time.monotonic()
+    assert as_alice.post(f"/api/v1/sessions/{session_id}/restart/").status_code == 202
+    wait_for(lambda: SessionEvent.objects.filter(session_id=session_id,
+                                                 name="kernel_restarted").exists(),
+             timeout=20, message="kernel_restarted")
+    assert time.monotonic() - started < 8  # the workload ended on SIGTERM, no 10 s wait
+    wait_for(lambda: container.exec_run(["cat", "/home/work/log"]).output
+             == b"start\nterm\nstart\n", message="the startup command again")
+    assert Session.objects.get(pk=session_id).status == S.RUNNING
+    as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    wait_status(session_id, S.TERMINATED)
