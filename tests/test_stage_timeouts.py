@@ -104,8 +104,9 @@ def test_a_kernel_stuck_terminating_is_killed_at_once_then_goes_to_error(
     assert sends(sent, "agent.destroy_kernel") == [{
         "kernel_id": str(kernel.pk), "container_id": kernel.container_id, "reason": "test",
         "forced": True}]
-    assert SessionEvent.objects.filter(kernel=kernel, name="kernel_force_kill").get().reason \
-        == "TERMINATING for over 60s: killed at once"
+    killed = SessionEvent.objects.get(session=session, name="kernel_force_kill")
+    assert killed.reason == "main1 TERMINATING for over 60s: killed at once"
+    assert killed.data == {"kernel_id": str(kernel.pk)}
     later(frozen, 120)
     assert progress.check_progress() == 0  # the forced kill gets its own timeout
     later(frozen, 122)
@@ -136,3 +137,31 @@ def test_a_plain_destroy_is_resent_graceful_and_a_forced_one_forced(alice, froze
     assert progress.terminate_sessions() == 2
     by_kernel = {s["kernel_id"]: s["forced"] for s in sends(sent, "agent.destroy_kernel")}
     assert by_kernel == {str(plain.kernels.get().pk): False, str(kernel.pk): True}
+
+
+def test_a_container_docker_cannot_create_is_error_until_its_agent_confirms_nothing_is_left(
+        alice, frozen, sent, django_capture_on_commit_callbacks):
+    session = make_session(alice, S.CREATING, cluster_size=2)
+    main, sub = session.kernels.order_by("cluster_role")
+    error = ('failed-to-start: 400 Client Error: exec: "jupyter": executable file not found '
+             'in $PATH')
+    with django_capture_on_commit_callbacks(execute=True):
+        handle_kernel_event(main.pk, "creation_failed", {"error": error.split(": ", 1)[1]})
+    main.refresh_from_db()
+    sub.refresh_from_db()
+    assert (main.status, main.status_info) == (S.ERROR, f"creating failed: {error}")
+    assert sub.status == S.TERMINATED
+    assert sub.status_info == f"kernel main1 ended (creating failed: {error})"[:255]
+    session.refresh_from_db()
+    assert session.status == S.TERMINATING  # one kernel ERROR, the other ended
+    later(frozen, 31)
+    assert progress.terminate_sessions() == 1  # anything left of it is removed, forced
+    assert sends(sent, "agent.destroy_kernel")[-1] == {
+        "kernel_id": str(main.pk), "container_id": "", "reason": f"creating failed: {error}",
+        "forced": True}
+    handle_kernel_event(main.pk, "kernel_terminated", {"exit_code": None, "reason": "x"})
+    main.refresh_from_db()
+    session.refresh_from_db()
+    assert (main.status, main.status_info) == (S.TERMINATED, f"creating failed: {error}")
+    assert session.status == S.TERMINATED
+    assert not main.occupied_slots or main.agent.free_slots == {"cpu": 4, "mem": 8 * 2**30}

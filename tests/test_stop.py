@@ -155,8 +155,10 @@ def test_a_failed_pre_stop_hook_is_an_event_and_the_stop_goes_on(live, as_alice)
     as_alice.delete(f"/api/v1/sessions/{session_id}/")
     wait_status(session_id, S.TERMINATED)
     event = SessionEvent.objects.get(session_id=session_id, name="kernel_pre_stop_failed")
-    assert event.reason == "pre-stop hook exited 4"
-    assert event.data == {"exit_code": 4, "output": "saving failed\n"}
+    kernel = Kernel.objects.get(session_id=session_id)
+    assert event.reason == "pre-stop hook of main1 exited 4"
+    assert event.data == {"kernel_id": str(kernel.pk), "exit_code": 4,
+                          "output": "saving failed\n"}
 
 
 @pytest.fixture

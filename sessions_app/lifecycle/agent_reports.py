@@ -132,9 +132,12 @@ def _teardown_failed(kernel, data, actor):
 def _pre_stop_failed(kernel, data, actor):
     """kubelet's FailedPreStopHook: recorded, and the stop goes on."""
     output = (data.get("output") or "")[-2000:]
-    engine.record_event(kernel.session, "kernel_pre_stop_failed", kernel=kernel, actor=actor,
-                        reason=f"pre-stop hook exited {data.get('exit_code')}",
-                        data={"exit_code": data.get("exit_code"), "output": output})
+    # A session event naming the kernel: kernel rows in the history are its transitions.
+    engine.record_event(kernel.session, "kernel_pre_stop_failed", actor=actor,
+                        reason=f"pre-stop hook of {kernel.cluster_hostname} exited "
+                               f"{data.get('exit_code')}",
+                        data={"kernel_id": str(kernel.pk), "exit_code": data.get("exit_code"),
+                              "output": output})
 
 
 def _record_batch_result(kernel, exit_code, actor):

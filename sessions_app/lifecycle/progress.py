@@ -91,10 +91,10 @@ def check_pulling_progress():
 
 def terminate_sessions():
     """Re-send the destroy request of TERMINATING kernels that got no answer, and keep
-    asking for the removal of ERROR kernels whose teardown failed (forced)."""
+    asking for the removal of any container of ERROR kernels (forced): an ERROR kernel
+    ends when its agent confirms it has no container left."""
     return (_resend_stale(S.TERMINATING, "last_destroy_request", _send_destroy_again)
-            + _resend_stale(S.ERROR, "last_destroy_request", _send_destroy_again,
-                            status_data__has_key="teardown_error"))
+            + _resend_stale(S.ERROR, "last_destroy_request", _send_destroy_again))
 
 
 def _send_destroy_again(kernel):
@@ -140,6 +140,20 @@ def fail_session(kernel, reason, actor):
             engine.mark_kernel_terminated(sibling, reason=reason, actor=actor)
     return moved
 
+
+
+@transaction.atomic
+def error_kernel(kernel, error, actor):
+    """A kernel whose container could not be made for a reason no retry can fix: ERROR
+    with Docker's message, its session's other kernels ended. The terminate handler asks
+    its agent to remove anything left, and the agent's answer ends it."""
+    moved = engine.mark_kernel_error(
+        kernel, reason=error[:255], actor=actor, from_statuses={S.CREATING},
+        status_data={**kernel.status_data, "destroy_reason": error[:255],
+                     "creation_error": error[:500]})
+    if moved is not None and kernel.session.cluster_size > 1:
+        end_with_kernel(moved)
+    return moved
 
 
 # Progress
@@ -202,9 +216,10 @@ def _force_stuck_terminations(group, now):
             engine.set_kernel_data(kernel, status_data={
                 **kernel.status_data, "forced": True, "forced_at": now.isoformat(),
                 "destroy_reason": reason, "last_destroy_request": now.isoformat()})
-            engine.record_event(kernel.session, "kernel_force_kill", kernel=kernel,
-                                actor="system", reason=f"TERMINATING for over "
-                                f"{group.terminate_timeout}s: killed at once")
+            engine.record_event(kernel.session, "kernel_force_kill", actor="system",
+                                reason=f"{kernel.cluster_hostname} TERMINATING for over "
+                                       f"{group.terminate_timeout}s: killed at once",
+                                data={"kernel_id": str(kernel.pk)})
             log.warning("kernel %s TERMINATING past %ss: killed at once", kernel.pk,
                         group.terminate_timeout)
             rpc.send_destroy_kernel(kernel, reason, forced=True)
@@ -276,6 +291,8 @@ def retry_stage(kernel, stage, error):
     if kernel.status not in expected:
         return None  # moved on meanwhile
     if is_permanent(error):
+        if stage == "creating":  # Docker refused the container: ERROR, with its words
+            return error_kernel(kernel, f"creating failed: {error}", "scheduler")
         return fail_session(kernel, f"{stage} failed: {error}"[:255], "scheduler")
     retries = {**kernel.status_data.get("retries", {})}
     retries[stage] = retries.get(stage, 0) + 1
