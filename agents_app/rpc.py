@@ -59,9 +59,10 @@ def send_remove_dangling(agent_id, container_id):
     return _send(agent_id, "agent.remove_dangling", container_id=container_id)
 
 
-def send_destroy_kernel(kernel, reason):
+def send_destroy_kernel(kernel, reason, *, forced=False):
+    """Stop the kernel's container: gracefully, or (forced) SIGKILL at once, no hook."""
     return _send(kernel.agent_id, "agent.destroy_kernel", kernel_id=str(kernel.pk),
-                 container_id=kernel.container_id, reason=reason)
+                 container_id=kernel.container_id, reason=reason, forced=forced)
 
 
 def send_restart_kernel(kernel):

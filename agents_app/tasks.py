@@ -19,8 +19,8 @@ def create_kernel(spec):
 
 
 @shared_task(name="agent.destroy_kernel", ignore_result=True)
-def destroy_kernel(kernel_id, container_id="", reason=""):
-    current().destroy_kernel(kernel_id, container_id, reason)
+def destroy_kernel(kernel_id, container_id="", reason="", forced=False):
+    current().destroy_kernel(kernel_id, container_id, reason, forced=forced)
 
 
 @shared_task(name="agent.restart_kernel", ignore_result=True)

@@ -292,7 +292,12 @@ def _check_all(now):
     """Reports and warnings of every RUNNING session, written; returns what to cull."""
     rows, warnings, culls = [], [], []
     for s in load_running().values():
-        reports, actions = evaluate(s, now)
+        try:
+            reports, actions = evaluate(s, now)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # One session's unreadable report (an app's answer) never stops the others.
+            log.warning("idle check of session %s skipped: %s", s.id, exc)
+            continue
         data = {r.checker: r.as_dict() for r in reports}
         for checker, previous in (s.reports or {}).items():  # who was warned stays warned
             if previous.get("warned") and checker in data:

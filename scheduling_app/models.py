@@ -85,13 +85,29 @@ class ScalingGroup(models.Model):
     pending_timeout = models.PositiveIntegerField(
         default=0, help_text="Seconds a session may stay PENDING; 0 means no limit."
     )
+    # The timeouts of the transitional statuses: none is a place to stay for ever.
+    scheduled_timeout = models.PositiveIntegerField(
+        default=60, help_text="Seconds a kernel may stay SCHEDULED (its agent not yet asked "
+                              "for the image) before its session is rescheduled on another "
+                              "agent.")
+    preparing_timeout = models.PositiveIntegerField(
+        default=120, help_text="Seconds a kernel may stay PREPARING (the agent checking its "
+                               "image) before a retry; after the retries the session is "
+                               "rescheduled on another agent.")
     pull_timeout = models.PositiveIntegerField(
-        default=600, help_text="Seconds a kernel may stay PULLING before a retry.")
+        default=600, help_text="Seconds a kernel may stay PULLING before a retry (the pull "
+                               "itself is never killed); after the retries the session is "
+                               "rescheduled on another agent.")
+    prepared_timeout = models.PositiveIntegerField(
+        default=300, help_text="Seconds a kernel may wait PREPARED (for its session's other "
+                               "kernels) before its session is rescheduled.")
     create_timeout = models.PositiveIntegerField(
-        default=120, help_text="Seconds a kernel may stay CREATING before a retry.")
+        default=120, help_text="Seconds a kernel may stay CREATING before a retry; after the "
+                               "retries the session is rescheduled on another agent.")
     terminate_timeout = models.PositiveIntegerField(
-        default=300, help_text="Seconds a kernel may stay TERMINATING before it is "
-                               "force-terminated.")
+        default=300, help_text="Seconds a kernel may stay TERMINATING before its agent is "
+                               "told to kill it at once (SIGKILL, no hook); after as long "
+                               "again without an answer the kernel goes to ERROR.")
     lost_timeout = models.PositiveIntegerField(
         default=default_lost_timeout,
         help_text="Seconds an agent may stay LOST (no heartbeat) before its kernels are "
@@ -113,6 +129,13 @@ class ScalingGroup(models.Model):
 
     def __str__(self):
         return self.name
+
+    def timeout_of(self, status):
+        """Seconds a kernel may stay in `status`; None for a status without a timeout."""
+        return {"SCHEDULED": self.scheduled_timeout, "PREPARING": self.preparing_timeout,
+                "PULLING": self.pull_timeout, "PREPARED": self.prepared_timeout,
+                "CREATING": self.create_timeout,
+                "TERMINATING": self.terminate_timeout}.get(str(status))
 
 
 class ResourcePolicy(models.Model):

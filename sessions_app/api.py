@@ -25,6 +25,11 @@ from .tools import execute_in_session, restart_session, session_logs
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 
+# What touches the session's containers is activity (idle culling); reading its status,
+# logs or events is not, as in Backend.AI, or a script that waits for a status would keep
+# a session alive for ever.
+ACTIVITY_ACTIONS = {"execute", "restart"}
+
 
 def is_true(value):
     return str(value).strip().lower() in TRUE_WORDS
@@ -215,8 +220,8 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             session = super().get_object()
         except (Http404, DjangoValidationError):  # another user's session is not there at all
             raise NotFound("Session not found.") from None
-        if self.action != "destroy":
-            activity.touch(session.pk, self.request.user)  # the owner's use keeps it alive
+        if self.action in ACTIVITY_ACTIONS:  # the owner's use of it keeps it alive
+            activity.touch(session.pk, self.request.user)
         return session
 
     def get_serializer_class(self):

@@ -21,7 +21,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils.dateparse import parse_datetime
 
-from . import activity, clock, fanout
+from . import clock, fanout
 from .events import ADMINS_GROUP, message_of, session_group, user_group
 from .keypairs import is_admin, main_keypair
 from .models import Session, SessionEvent
@@ -107,10 +107,7 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         if not found:  # another user's session is not there at all, as in the API
             await self.refuse("Session not found.")
             return
-        self.session_id = session_id
-        # Opening the owner's session page (or reconnecting it) is activity on it; an open
-        # tab that just listens is not, so this counts once per connection.
-        await database_sync_to_async(activity.touch)(session_id, self.user)
+        self.session_id = session_id  # following a session is not activity on it
         await self.join([session_group(session_id)])
         await self.send_json({"event": "subscribed", "session_id": str(session_id)})
 

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_POST
 from agents_app.models import Agent, AgentStatus
 from scheduling_app.slots import ResourceSlots, format_bytes
 
-from . import activity, clock, timeline
+from . import clock, timeline
 from .forms import SessionForm
 from .keypairs import is_admin, main_keypair
 from .lifecycle import DestroyRefused, destroy_session
@@ -26,7 +26,6 @@ from .models import FINISHED_STATUSES, Session, Status
 
 LIST_LIMIT = 200
 # Sent by static/js/live.js's refresher when a page re-reads itself.
-REFRESH_HEADER = "X-Dashboard-Refresh"
 
 
 def viewer(request):
@@ -80,10 +79,7 @@ def session_create(request):
 @login_required
 def session_detail(request, pk):
     session = visible_session(request, pk)
-    # The owner opening the page is using the session; the page re-reading itself after
-    # an event or to follow the idle countdown is not (else it would never be culled).
-    if REFRESH_HEADER not in request.headers:
-        activity.touch(session.pk, request.user)
+    # Looking at a session is not using it (activity.py): the page touches nothing.
     _, admin = viewer(request)
     events = list(session.events.select_related("kernel").order_by("created_at", "id"))
     now = clock.now()

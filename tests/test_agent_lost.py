@@ -170,7 +170,7 @@ def test_check_invariants_counts_stray_containers_missing_ones_drift_and_stuck_k
     terminating = make_session(alice, S.TERMINATING, agent=agent, name="t").kernels.get()
     stray = {"kernel_id": "5b1f8f36-0000-4000-8000-000000000000", "container_id": "f" * 64,
              "state": "running"}
-    later = clock.now() + timedelta(seconds=300 + 61)  # past terminate_timeout and margin
+    later = clock.now() + timedelta(seconds=2 * 300 + 61)  # past the kill, ERROR and margin
     Agent.objects.filter(pk=agent.pk).update(
         containers=[stray, running(terminating)], containers_at=later,
         occupied_slots={"cpu": "9", "mem": "1g"})

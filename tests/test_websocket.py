@@ -156,10 +156,10 @@ async def test_a_client_narrows_to_one_session(alice, bob, login):
     communicator, _, _ = await connect(login(alice), path=f"/ws/events/?session={one.pk}")
     assert await communicator.receive_json_from() == {"event": "subscribed",
                                                       "session_id": str(one.pk)}
-    # the owner opening the session's page is activity on it (idle culling)
+    # following a session is not activity on it (idle culling)
     last = await database_sync_to_async(
         lambda: Session.objects.get(pk=one.pk).last_activity)()
-    assert last is not None
+    assert last is None
     await new_session(alice, name="two")
     await database_sync_to_async(cancel)(one)
     assert {m["session_name"] for m in await receive_all(communicator)} == {"one"}

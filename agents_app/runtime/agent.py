@@ -13,6 +13,8 @@ import platform
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 from docker.errors import DockerException, NotFound
 
@@ -45,6 +47,10 @@ class Agent:
         self._outbox_lock = threading.Lock()
         self._broker_down_since = None
         self._cpu_samples = {}  # container id → (container cpu ns, system cpu ns)
+        # Stats and app probes run beside the heartbeat, never in its way.
+        self._probes = ThreadPoolExecutor(max_workers=8, thread_name_prefix="measure")
+        self._measuring = {}  # container id → (monotonic time, the measurement in flight)
+        self._app_seen = {}  # container id → the last app report worth keeping
         self.stopping = threading.Event()
 
     # Docker connection, re-established after the engine comes back.
@@ -149,7 +155,27 @@ class Agent:
         }
 
     def sample(self, container):
-        """cpu % (since the previous sample) and memory of a running container."""
+        """cpu % (since the previous sample), memory and the app's activity of a running
+        container, as last measured in the background; {} when nothing new was measured
+        since the last heartbeat. Docker's stats take up to a second per container and an
+        app may not answer: a heartbeat waits for neither."""
+        now = time.monotonic()
+        for gone in [c for c, (at, _) in self._measuring.items() if now - at > 600]:
+            self._measuring.pop(gone, None)  # containers not seen for 10 minutes
+            self._app_seen.pop(gone, None)
+        _, measuring = self._measuring.get(container.id, (now, None))
+        fresh = {}
+        if measuring is None or measuring.done():
+            if measuring is not None:
+                try:
+                    fresh = measuring.result()
+                except Exception:  # a measurement must never end a heartbeat
+                    log.exception("sampling %s failed", container.name)
+            measuring = self._probes.submit(self.measure, container)
+        self._measuring[container.id] = (now, measuring)
+        return fresh
+
+    def measure(self, container):
         try:
             stats = container.stats(stream=False, one_shot=True)
         except (DockerException, OSError):
@@ -162,7 +188,7 @@ class Agent:
         memory = stats.get("memory_stats", {})
         stat = {"mem_bytes": memory.get("usage", 0), "mem_limit": memory.get("limit", 0),
                 "at": time.time()}
-        app = backend.app_activity(container)
+        app = self.app_report(container)
         if app is not None:
             stat["app"] = app
         if previous and system > previous[1]:
@@ -170,6 +196,17 @@ class Agent:
             stat["cpu_percent"] = round((total - previous[0]) / (system - previous[1])
                                         * cpus * 100, 2)
         return stat
+
+    def app_report(self, container):
+        """The app's activity (docker_backend.app_activity, bounded in time and size); a
+        probe that fails or finds no activity keeps the activity already seen."""
+        if backend.jupyter_port(container.labels) is None:
+            return None
+        report = kept_activity(self._app_seen.get(container.id),
+                               backend.app_activity(container))
+        if report is not None:
+            self._app_seen[container.id] = report
+        return report
 
     def heartbeat_once(self):
         """Kept reports first, then the heartbeat (not kept: the next one replaces it).
@@ -236,20 +273,23 @@ class Agent:
             if container.status in ("running", "restarting") or kernel_id in self._destroying:
                 self._reaping.discard(kernel_id)
                 return  # restarted in place (a session restart), or being stopped: no exit
-            exit_code = container.attrs.get("State", {}).get("ExitCode")
-            logs = container.logs(tail=1000)[-backend.LOG_TAIL_BYTES:].decode("utf-8",
-                                                                              "replace")
+            exit_code, reason = backend.exit_status(container)
         except (DockerException, OSError) as exc:  # removed meanwhile, or Docker away
             self._reaping.discard(kernel_id)
             if not isinstance(exc, NotFound):
                 log.warning("could not read the exit of kernel %s: %s", kernel_id, exc)
             return
-        reason = "self-terminated"
+        try:
+            logs = container.logs(tail=1000)[-backend.LOG_TAIL_BYTES:].decode("utf-8",
+                                                                              "replace")
+        except (DockerException, OSError):  # a dead container may have none to give
+            logs = ""
         self._ended[kernel_id] = time.time()
 
-        def remove():
+        def remove():  # it has ended already: nothing to stop gracefully, no hook to run
             try:
-                KernelRunner.from_container(self.docker, self.id, container).teardown()
+                KernelRunner.from_container(self.docker, self.id, container).teardown(
+                    forced=True)
             finally:
                 self._reaping.discard(kernel_id)
 
@@ -283,7 +323,8 @@ class Agent:
         if existing is not None:  # half made by an agent that died: start over
             self._destroying.add(kernel_id)
             try:
-                KernelRunner.from_container(self.docker, self.id, existing).teardown()
+                KernelRunner.from_container(self.docker, self.id, existing).teardown(
+                    forced=True)
             finally:
                 self._destroying.discard(kernel_id)
         try:
@@ -294,7 +335,9 @@ class Agent:
             return
         self.report(kernel_id, "kernel_started", container_id=container.id)
 
-    def destroy_kernel(self, kernel_id, container_id="", reason=""):
+    def destroy_kernel(self, kernel_id, container_id="", reason="", forced=False):
+        """Stop and remove the kernel's container: gracefully (pre-stop hook, SIGTERM to
+        the whole workload, the grace period, SIGKILL), or at once when forced."""
         self._destroying.add(kernel_id)
         try:
             container = backend.find_kernel_container(self.docker, self.id, kernel_id,
@@ -302,8 +345,13 @@ class Agent:
             if container is None:
                 self.report(kernel_id, "kernel_terminated", exit_code=None, reason=reason)
                 return
-            exit_code, logs = KernelRunner.from_container(self.docker, self.id,
-                                                          container).teardown()
+            runner = KernelRunner.from_container(self.docker, self.id, container)
+            exit_code, logs = runner.teardown(
+                forced=forced, on_hook_failure=lambda code, output: self.report(
+                    kernel_id, "pre_stop_failed", exit_code=code, output=output))
+            if runner.failure:  # Docker refused: the container may still run
+                self.report(kernel_id, "teardown_failed", error=runner.failure)
+                return
             self.report(kernel_id, "kernel_terminated", exit_code=exit_code, reason=reason,
                         log_tail=logs)
         finally:
@@ -335,7 +383,7 @@ class Agent:
             return
         log.warning("removing dangling container %s (%s)", container.name, container_id[:12])
         self._destroying.add(container.labels.get(backend.KERNEL_ID, ""))
-        KernelRunner.from_container(self.docker, self.id, container).teardown()
+        KernelRunner.from_container(self.docker, self.id, container).teardown(forced=True)
 
     def logs(self, kernel_id, container_id="", tail=2000):
         container = backend.find_kernel_container(self.docker, self.id, kernel_id,
@@ -355,6 +403,20 @@ class Agent:
         return {"exit_code": result.exit_code,
                 "stdout": (stdout or b"").decode("utf-8", "replace")[-65536:],
                 "stderr": (stderr or b"").decode("utf-8", "replace")[-65536:]}
+
+
+def kept_activity(seen, report):
+    """The app report to send, from the last one kept and a new probe's: a probe that
+    failed (None) is no news, and one without activity (no kernels, or older times)
+    keeps the newest last_activity already seen."""
+    if report is None:
+        return seen
+    if seen and seen.get("last_activity") and (
+            not report.get("last_activity")
+            or datetime.fromisoformat(report["last_activity"])
+            < datetime.fromisoformat(seen["last_activity"])):
+        return {**report, "last_activity": seen["last_activity"]}
+    return report
 
 
 _current = None

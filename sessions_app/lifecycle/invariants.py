@@ -21,9 +21,17 @@ S = Status
 # The handlers that end a state past its timeout run every 10 to 30 s (beat): a state
 # this far past its timeout is stuck, not merely waiting for the next run.
 STUCK_AFTER = timedelta(seconds=60)
-# status → the scaling group's timeout field for it
-TIMEOUTS = {S.PENDING: "pending_timeout", S.PULLING: "pull_timeout",
-            S.CREATING: "create_timeout", S.TERMINATING: "terminate_timeout"}
+TIMED = [S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING,
+         S.TERMINATING]
+
+
+def timeout_of(group, status):
+    """Seconds past which a kernel in `status` is stuck: its group's timeout, twice for
+    TERMINATING (a forced kill first, then ERROR after as long again)."""
+    if status == S.PENDING:
+        return group.pending_timeout
+    timeout = group.timeout_of(status)
+    return 2 * timeout if status == S.TERMINATING else timeout
 
 
 @dataclass
@@ -69,8 +77,8 @@ def check_invariants(now=None):
 def _stuck(now):
     stuck = Check("kernels past their state's timeout")
     for group in ScalingGroup.objects.all():
-        for status, timeout_field in TIMEOUTS.items():
-            timeout = getattr(group, timeout_field)
+        for status in TIMED:
+            timeout = timeout_of(group, status)
             if not timeout:
                 continue
             cutoff = now - timedelta(seconds=timeout) - STUCK_AFTER
@@ -82,7 +90,7 @@ def _stuck(now):
                     continue  # a retry gets the whole timeout again
                 stuck.violations.append(f"kernel {kernel.pk} of session {kernel.session_id}: "
                                         f"{status} since {kernel.status_changed:%H:%M:%S}, "
-                                        f"{timeout_field} {timeout}s")
+                                        f"its timeout {timeout}s")
         lost_cutoff = now - timedelta(seconds=group.lost_timeout) - STUCK_AFTER
         for kernel in Kernel.objects.filter(
                 agent__scaling_group=group, agent__status=AgentStatus.LOST,
