@@ -2,6 +2,7 @@ import logging
 import os
 
 from celery import Celery
+from celery.signals import setup_logging
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
 
@@ -10,6 +11,18 @@ log = logging.getLogger(__name__)
 app = Celery("backendai_web")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@setup_logging.connect
+def use_django_logging(**kwargs):
+    """Workers, beat and agents log as settings.LOGGING says (LOG_LEVEL, LOG_FORMAT, the
+    per-task lines left out) instead of Celery's own set-up, whatever `-l` says."""
+    from logging.config import dictConfig
+
+    from django.conf import settings
+
+    dictConfig(settings.LOGGING)
+    logging.captureWarnings(True)  # Python warnings as log lines too (JSON with LOG_FORMAT)
 
 
 def send_task_safely(name, *, queue, kwargs=None):

@@ -10,6 +10,8 @@ from urllib.parse import urlparse
 
 import dj_database_url
 
+from backendai_web.logs import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("BACKENDAI_VAR_DIR", BASE_DIR / "var"))
 
@@ -233,11 +235,8 @@ IDLE_UTILIZATION = {
 PRE_DESTROY_HOOKS = env_list("PRE_DESTROY_HOOKS")
 POST_DESTROY_HOOKS = env_list("POST_DESTROY_HOOKS")
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
-}
+# One line per meaningful event; LOG_FORMAT=json for structured logs (backendai_web.logs).
+LOG_LEVEL = env("LOG_LEVEL", "INFO")
+LOG_FORMAT = env("LOG_FORMAT", "plain")
+LOG_REPEAT_INTERVAL = float(env("LOG_REPEAT_INTERVAL", "300"))  # a lasting failure, again
+LOGGING = logging_config(LOG_LEVEL, LOG_FORMAT)

@@ -13,10 +13,12 @@ import socket
 import threading
 import time
 
+from django.conf import settings
 from docker.errors import DockerException, NotFound
 
 from backendai_web import __version__
 from backendai_web.celery import app
+from backendai_web.logs import RepeatedFailure
 
 from . import docker_backend as backend
 from .provisioners import KernelRunner
@@ -39,6 +41,12 @@ class Agent:
         self._destroying = set()  # kernel ids this agent is stopping itself
         self._cpu_samples = {}  # container id → (container cpu ns, system cpu ns)
         self.stopping = threading.Event()
+        # Logged when they start, every LOG_REPEAT_INTERVAL s while they last, and when over.
+        self._docker_failure = RepeatedFailure(
+            log, "Docker engine unreachable, this agent takes no kernels",
+            every=settings.LOG_REPEAT_INTERVAL)
+        self._stream_failure = RepeatedFailure(log, "Docker event stream interrupted",
+                                               every=settings.LOG_REPEAT_INTERVAL)
 
     # Docker connection, re-established after the engine comes back.
     @property
@@ -54,14 +62,11 @@ class Agent:
         except (DockerException, OSError) as exc:
             with self._lock:
                 self._client = None
-            if self._docker_error is None:
-                log.error("Docker engine unreachable (%s); this agent takes no kernels until it "
-                          "answers again", exc)
+            self._docker_failure.failed(exc, agent_id=self.id)
             self._docker_error = str(exc)[:500]
             return False
-        if self._docker_error is not None:
-            log.info("Docker engine reachable again")
-            self._docker_error = None
+        self._docker_failure.ok(agent_id=self.id)
+        self._docker_error = None
         return True
 
     # Reports to the manager.
@@ -147,12 +152,13 @@ class Agent:
                 since = time.time()
                 stream = self.docker.events(decode=True, since=since, filters={
                     "type": "container", "label": f"{backend.AGENT_ID}={self.id}"})
+                self._stream_failure.ok(agent_id=self.id)
                 for event in stream:
                     self.on_event(event)
                     if self.stopping.is_set():
                         break
             except Exception as exc:  # the engine went away: retry when it answers
-                log.warning("Docker event stream interrupted: %s", exc)
+                self._stream_failure.failed(exc, agent_id=self.id)
                 self.stopping.wait(2)
 
     def on_event(self, event):

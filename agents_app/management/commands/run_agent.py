@@ -52,7 +52,7 @@ class Command(BaseCommand):
         worker = app.Worker(
             queues=[agent_queue(agent.id)], pool="threads", concurrency=options["concurrency"],
             hostname=f"agent-{agent.id}@{socket.gethostname()}", loglevel="INFO",
-            without_gossip=True, without_mingle=True,
+            without_gossip=True, without_mingle=True, quiet=True,  # no banner: log lines only
         )
         try:
             worker.start()
