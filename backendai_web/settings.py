@@ -67,6 +67,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "sessions_app.ratelimit.RateLimitHeaders",
+    "backendai_web.metrics.RequestCounter",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -234,6 +235,9 @@ IDLE_UTILIZATION = {
 # Sessions: dotted paths of functions called around destroy_session (see sessions_app.hooks).
 PRE_DESTROY_HOOKS = env_list("PRE_DESTROY_HOOKS")
 POST_DESTROY_HOOKS = env_list("POST_DESTROY_HOOKS")
+
+# /metrics: readable with `Authorization: Bearer METRICS_TOKEN` or by an administrator.
+METRICS_TOKEN = env("METRICS_TOKEN")
 
 # One line per meaningful event; LOG_FORMAT=json for structured logs (backendai_web.logs).
 LOG_LEVEL = env("LOG_LEVEL", "INFO")
