@@ -20,6 +20,7 @@ def send_check_and_pull(kernel):
 
 def kernel_spec(kernel):
     session = kernel.session
+    policy = session.keypair.resource_policy
     return {
         "kernel_id": str(kernel.pk),
         "session_id": str(session.pk),
@@ -37,6 +38,8 @@ def kernel_spec(kernel):
         "cluster_size": session.cluster_size,
         "pre_stop_command": session.pre_stop_command,
         "ssh_keypair": session.cluster_ssh or None,
+        "pids_limit": policy.kernel_pids_limit,
+        "open_files_limit": policy.kernel_open_files_limit,
     }
 
 

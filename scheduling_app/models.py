@@ -1,6 +1,7 @@
 import contextlib
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 
 from .slots import ResourceSlots, SlotError
@@ -114,6 +115,13 @@ class ResourcePolicy(models.Model):
     )
     idle_timeout = models.PositiveIntegerField(default=0, help_text="Seconds; 0 means off.")
     max_session_lifetime = models.PositiveIntegerField(default=0, help_text="Seconds; 0 means off.")
+    # Kernel hardening: a fork bomb or a descriptor leak stays inside its own container.
+    kernel_pids_limit = models.PositiveIntegerField(
+        default=1024, validators=[MinValueValidator(16)],
+        help_text="Processes and threads one kernel container may have at once.")
+    kernel_open_files_limit = models.PositiveIntegerField(
+        default=8192, validators=[MinValueValidator(64)],
+        help_text="Open files per process in a kernel container (RLIMIT_NOFILE).")
 
     class Meta:
         verbose_name_plural = "resource policies"

@@ -70,7 +70,9 @@ fi
 
 log=${DOCKERD_LOG:-/var/log/dockerd.log}
 say "starting dockerd (log: $log)"
-(setsid dockerd >"$log" 2>&1 &)
+# Containers cannot get more open files than dockerd may (a resource policy's
+# kernel_open_files_limit): raise its limit to what systemd's docker.service gives.
+(ulimit -n 1048576 2>/dev/null; setsid dockerd >"$log" 2>&1 &)
 for _ in $(seq 60); do
     if docker_answers; then
         say "Docker engine up"

@@ -107,7 +107,7 @@ def log_events(messages, agents):
         else:
             subject = f"kernel {msg['kernel_id']} of session {msg['session_id']}"
         change = (f"{msg['previous_status']} -> {msg['status']}"
-                  if msg["previous_status"] != msg["status"] else msg["status"])
+                  if msg["previous_status"] not in ("", msg["status"]) else msg["status"])
         log.log(level, "%s %s: %s%s%s", subject, msg["event"], change,
                 f" on agent {extra['agent_id']}" if extra["agent_id"] else "",
                 f" ({msg['reason']})" if msg["reason"] else "", extra=extra)

@@ -12,6 +12,7 @@ from datetime import datetime
 
 import docker
 from docker.errors import APIError, ImageNotFound, NotFound
+from docker.types import Ulimit
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +117,32 @@ def resource_limits(slots):
     if "cpu" in slots:
         limits["nano_cpus"] = int(float(slots["cpu"]) * 1e9)
     if "mem" in slots:
-        limits["mem_limit"] = int(slots["mem"])
+        # memory + swap = memory: no swap, so a memory hog meets its limit instead of
+        # making the host swap.
+        limits["mem_limit"] = limits["memswap_limit"] = int(slots["mem"])
     return limits
+
+
+# What a shell workload needs of root's powers inside its container (README "Kernel
+# hardening"); Docker's other defaults (NET_RAW, MKNOD, SYS_CHROOT, SETPCAP, SETFCAP,
+# AUDIT_WRITE) are dropped.
+KERNEL_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
+                       "NET_BIND_SERVICE")
+DEFAULT_PIDS_LIMIT = 1024
+DEFAULT_OPEN_FILES_LIMIT = 8192
+
+
+def hardening(spec):
+    """Container options that keep a kernel from reaching past its container."""
+    open_files = int(spec.get("open_files_limit") or DEFAULT_OPEN_FILES_LIMIT)
+    return {
+        "privileged": False,
+        "cap_drop": ["ALL"],
+        "cap_add": list(KERNEL_CAPABILITIES),
+        "security_opt": ["no-new-privileges"],
+        "pids_limit": int(spec.get("pids_limit") or DEFAULT_PIDS_LIMIT),
+        "ulimits": [Ulimit(name="nofile", soft=open_files, hard=open_files)],
+    }
 
 
 def find_kernel_container(client, agent_id, kernel_id, container_id="", image=""):

@@ -93,6 +93,7 @@ class KernelContainer:
             environment=backend.kernel_environment(spec), init=True, detach=True,
             volumes={volume: {"bind": "/home/work", "mode": "rw"}},
             network=network, **backend.resource_limits(spec["slots"]),
+            **backend.hardening(spec),
         )
         try:
             if network:  # reachable by its cluster hostname from its siblings
