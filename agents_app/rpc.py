@@ -40,6 +40,7 @@ def kernel_spec(kernel):
         "ssh_keypair": session.cluster_ssh or None,
         "pids_limit": policy.kernel_pids_limit,
         "open_files_limit": policy.kernel_open_files_limit,
+        "allow_outbound": session.scaling_group.allow_outbound,
     }
 
 

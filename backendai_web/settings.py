@@ -40,6 +40,20 @@ SECRET_KEY = env("SECRET_KEY", "django-insecure-backendai-web-development-only")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
+# Production (README "Production"): browsers reach daphne through a reverse proxy that
+# terminates TLS and sets X-Forwarded-Proto. HTTPS=true makes cookies secure, redirects
+# plain HTTP and sends HSTS. /metrics is exempt from the redirect: Prometheus may scrape a
+# web process directly on the private network.
+HTTPS = env_bool("HTTPS", False)
+if HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -211,6 +225,10 @@ CELERY_TIMEZONE = TIME_ZONE
 AGENT_HEARTBEAT_INTERVAL = float(env("AGENT_HEARTBEAT_INTERVAL", "5"))
 DEFAULT_GRACE_PERIOD = env_int("DEFAULT_GRACE_PERIOD", 10)
 DEFAULT_KERNEL_IMAGE = env("DEFAULT_KERNEL_IMAGE", "bai-local/busybox:latest")
+# Each session's own bridge network takes a /26 of this pool (agents_app.runtime).
+KERNEL_NETWORK_POOL = env("KERNEL_NETWORK_POOL", "10.211.0.0/16")
+# The agent closes its host's own services to kernels with iptables (firewall.py).
+KERNEL_FIREWALL = env_bool("KERNEL_FIREWALL", True)
 
 # Scheduler
 DEFAULT_BATCH_TIMEOUT = env_int("DEFAULT_BATCH_TIMEOUT", 0)  # seconds; 0 = none

@@ -98,6 +98,11 @@ class ScalingGroup(models.Model):
         help_text="Idle checkers to run for this group's sessions, among network-timeout, "
                   "session-lifetime, utilization, app-activity and batch-timeout; empty "
                   "means the IDLE_DEFAULT_CHECKERS setting (all but utilization).")
+    allow_outbound = models.BooleanField(
+        default=True,
+        help_text="Kernels may open connections beyond their session's network (the "
+                  "internet, other hosts). Off: an internal network, only the session's own "
+                  "kernels. The agent host's own services are out of reach either way.")
     roundrobin_cursor = models.CharField(
         max_length=64, blank=True, editable=False,
         help_text="The agent the round-robin selector placed a kernel on last.")

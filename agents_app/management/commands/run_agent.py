@@ -8,6 +8,7 @@ from django.db.backends.signals import connection_created
 from backendai_web.celery import agent_queue, app
 from scheduling_app.slots import ResourceSlots, SlotError
 
+from ...runtime import firewall
 from ...runtime.agent import Agent, install
 
 
@@ -47,6 +48,8 @@ class Command(BaseCommand):
                               heartbeat_interval=options["heartbeat_interval"],
                               addr=options["addr"]))
         agent.docker_available()  # says in one line when Docker is unreachable
+        if settings.KERNEL_FIREWALL:
+            firewall.install()
         threading.Thread(target=agent.heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=agent.watch_events, name="docker-events", daemon=True).start()
         worker = app.Worker(
