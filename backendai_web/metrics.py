@@ -5,9 +5,9 @@ sees the whole system:
 - the database: sessions by status, pending age, start-up times from the sessions'
   status history, agents and their slots;
 - counters and histograms that the processes doing the work (manager workers, web
-  processes; agents too, should they count) add to in Redis, the one store they all
-  reach: culls, retries, destroy refusals, scheduler passes, API requests, websocket
-  connections. A Redis that does not answer loses those increments, never the work.
+  processes, agents) add to in Redis, the one store they all reach: culls, retries,
+  destroy refusals, scheduler passes, API requests, websocket connections, container
+  starts. A Redis that does not answer loses those increments, never the work.
 """
 
 import bisect
@@ -49,11 +49,16 @@ COUNTERS = {
     "scheduler_sessions_placed": ("Sessions placed by scheduler passes.", ("scaling_group",)),
     "api_requests": ("HTTP requests by route, method and status.",
                      ("route", "method", "status")),
+    "agent_container_starts": ("Kernel containers an agent started or failed to start.",
+                               ("agent", "outcome")),
 }
 # Kept in Redis by observe().
 HISTOGRAMS = {
     "scheduler_pass_seconds": ("Duration of one scheduler pass over a scaling group.",
                                ("scaling_group",), PASS_BUCKETS),
+    "agent_container_start_seconds": ("Time an agent took to set up a kernel (volume, "
+                                      "network, container) and start it.", ("agent",),
+                                      START_BUCKETS),
 }
 # Kept in Redis by add().
 GAUGES = {

@@ -64,6 +64,14 @@ def test_a_kernel_has_only_the_listed_capabilities_no_new_privileges_and_its_lim
     assert host["Binds"] == [f"bai-scratch-{kernel.pk}:/home/work:rw"]
     mounts = docker_client.containers.get(kernel.container_id).attrs["Mounts"]
     assert [(m["Type"], m["Destination"]) for m in mounts] == [("volume", "/home/work")]
+    # The agent counted the start in Redis; the manager's /metrics shows it.
+    from backendai_web import metrics
+
+    exposition = metrics.exposition().decode()
+    assert (f'backendai_agent_container_starts_total{{agent="{live.agent_id}",'
+            f'outcome="started"}}') in exposition
+    assert (f'backendai_agent_container_start_seconds_count{{agent="{live.agent_id}"}}'
+            in exposition)
     as_alice.delete(f"/api/v1/sessions/{session_id}/")
     wait_status(session_id, S.TERMINATED)
 
@@ -89,4 +97,23 @@ def test_a_fork_bomb_hits_the_pids_limit_while_another_session_still_answers(
     for session_id in (bomb, other):
         as_alice.delete(f"/api/v1/sessions/{session_id}/?forced=false")
     wait_status(bomb, S.TERMINATED, timeout=60)
+    wait_status(other, S.TERMINATED, timeout=60)
+
+
+def test_a_memory_hog_meets_its_own_limit_while_another_session_still_answers(
+        live, as_alice, docker_client):
+    hog = create(as_alice, "hog", resources={"cpu": "0.5", "mem": "64m"})
+    other = create(as_alice, "calm", resources={"cpu": "0.5", "mem": "64m"})
+    wait_status(hog, S.RUNNING, timeout=60)
+    wait_status(other, S.RUNNING, timeout=60)
+    # 256 MiB held in one process, four times the limit; no swap to spill into.
+    ate = execute(as_alice, hog, "head -c 256m /dev/zero | tail > /dev/null; echo exit=$?",
+                  timeout=30)
+    assert "exit=137" in ate["stdout"], ate  # the kernel's OOM killer took `tail`
+    assert execute(as_alice, other, "echo alive")["stdout"] == "alive\n"
+    assert execute(as_alice, hog, "echo still-here")["stdout"] == "still-here\n"
+    assert Agent.objects.get(pk=live.agent_id).status == AgentStatus.ALIVE
+    for session_id in (hog, other):
+        as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    wait_status(hog, S.TERMINATED, timeout=60)
     wait_status(other, S.TERMINATED, timeout=60)

@@ -16,7 +16,7 @@ import time
 from django.conf import settings
 from docker.errors import DockerException, NotFound
 
-from backendai_web import __version__
+from backendai_web import __version__, metrics
 from backendai_web.celery import app
 from backendai_web.logs import RepeatedFailure
 
@@ -219,11 +219,15 @@ class Agent:
             finally:
                 self._destroying.discard(kernel_id)
         try:
-            _, container = KernelRunner.start(self.docker, self.id, spec)
+            with metrics.Timer("agent_container_start_seconds", agent=self.id):
+                _, container = KernelRunner.start(self.docker, self.id, spec)
         except (DockerException, OSError) as exc:
-            log.warning("kernel %s failed to start: %s", kernel_id, exc)
+            log.warning("kernel %s failed to start: %s", kernel_id, exc,
+                        extra={"kernel_id": kernel_id, "agent_id": self.id})
+            metrics.count("agent_container_starts", agent=self.id, outcome="failed")
             self.report(kernel_id, "creation_failed", error=str(exc)[:500])
             return
+        metrics.count("agent_container_starts", agent=self.id, outcome="started")
         self.report(kernel_id, "kernel_started", container_id=container.id)
 
     def destroy_kernel(self, kernel_id, container_id="", reason=""):
