@@ -9,7 +9,9 @@
 #   scripts/ensure_services.sh --ci     also the packages the tests use; fails when the
 #                                       Docker engine cannot be brought up
 #
-# DOCKERD_LOG (default /var/log/dockerd.log) is where a dockerd started here writes.
+# DOCKERD_LOG (default /var/log/dockerd.log) is where a dockerd started here writes;
+# DOCKERD_ARGS are more arguments for it. A DOCKER_HOST of unix://PATH is started here
+# on that socket; tcp:// and ssh:// engines are another host's to start.
 # DEBIAN_VERSION_FILE (default /etc/debian_version) tells a Debian host.
 set -uo pipefail
 
@@ -61,7 +63,7 @@ fi
 
 docker_answers && exit 0
 
-if [ -n "${DOCKER_HOST:-}" ]; then
+if [ -n "${DOCKER_HOST:-}" ] && [[ "$DOCKER_HOST" != unix://* ]]; then
     give_up "DOCKER_HOST=$DOCKER_HOST does not answer: start the Docker engine there"
 fi
 if ! $can_install; then
@@ -72,7 +74,10 @@ log=${DOCKERD_LOG:-/var/log/dockerd.log}
 say "starting dockerd (log: $log)"
 # Containers cannot get more open files than dockerd may (a resource policy's
 # kernel_open_files_limit): raise its limit to what systemd's docker.service gives.
-(ulimit -n 1048576 2>/dev/null; setsid dockerd >"$log" 2>&1 &)
+host_args=()
+[ -n "${DOCKER_HOST:-}" ] && host_args=(-H "$DOCKER_HOST")
+# shellcheck disable=SC2086  # DOCKERD_ARGS is a list of words
+(ulimit -n 1048576 2>/dev/null; setsid dockerd "${host_args[@]}" ${DOCKERD_ARGS:-} >"$log" 2>&1 &)
 for _ in $(seq 60); do
     if docker_answers; then
         say "Docker engine up"

@@ -118,3 +118,50 @@ def test_make_run_make_test_and_ci_call_the_same_script():
     assert "run: services " in makefile and "test: services " in makefile
     assert "scripts/ensure_services.sh --ci" in (ROOT / ".ci" / "run").read_text()
     assert os.access(SCRIPT, os.X_OK)
+
+
+def test_it_brings_up_a_real_docker_engine_where_none_answered():
+    """A second, real dockerd on a socket of its own (no bridge, no iptables: the
+    machine's engine and its networks are left alone), started by the script."""
+    import shutil
+    import signal
+    import tempfile
+    import time
+
+    import docker
+
+    from tests.conftest import need
+
+    need("root and dockerd", None if os.geteuid() == 0 and shutil.which("dockerd")
+         else "the script starts dockerd only as root")
+    # Short: containerd's socket under the exec root must fit a unix socket path.
+    root = Path(tempfile.mkdtemp(prefix="bai-dk", dir="/tmp"))
+    socket_url = f"unix://{root}/docker.sock"
+    env = {**os.environ, "DOCKER_HOST": socket_url, "DOCKERD_LOG": str(root / "dockerd.log"),
+           "DOCKERD_ARGS": f"--data-root {root}/data --exec-root {root}/exec "
+                           f"--pidfile {root}/docker.pid --bridge=none --iptables=false "
+                           "--ip-masq=false"}
+    before = subprocess.run(["docker", "info"], env=env, capture_output=True)
+    assert before.returncode != 0  # nothing answers there yet
+    try:
+        result = subprocess.run(["bash", str(SCRIPT)], env=env, text=True,
+                                capture_output=True, timeout=120)
+        assert result.returncode == 0, result
+        assert "starting dockerd" in result.stdout and "Docker engine up" in result.stdout
+        client = docker.DockerClient(base_url=socket_url, timeout=10)
+        assert client.ping()
+        assert client.info()["DockerRootDir"] == f"{root}/data"
+        client.close()
+    finally:
+        pidfile = root / "docker.pid"
+        if pidfile.exists():
+            pid = int(pidfile.read_text())
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+        subprocess.run(["umount", "-R", str(root / "exec")], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
