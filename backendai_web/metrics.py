@@ -14,6 +14,7 @@ import bisect
 import hmac
 import json
 import logging
+import re
 import time
 from functools import lru_cache
 
@@ -353,8 +354,15 @@ class RequestCounter:
 
     def __call__(self, request):
         response = self.get_response(request)
-        match = getattr(request, "resolver_match", None)
-        route = match.route if match is not None else "unmatched"
-        count("api_requests", route=route or "/", method=request.method,
+        count("api_requests", route=route_of(request), method=request.method,
               status=str(response.status_code))
         return response
+
+
+def route_of(request):
+    """The URL pattern that answered, readable: `api/v1/sessions/<pk>/execute/`."""
+    match = getattr(request, "resolver_match", None)
+    if match is None or getattr(match.func, "__name__", "") == "not_found":
+        return "unmatched"
+    route = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"<\1>", match.route or "")
+    return "/" + route.lstrip("^").rstrip("$")

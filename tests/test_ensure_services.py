@@ -120,27 +120,37 @@ def test_make_run_make_test_and_ci_call_the_same_script():
     assert os.access(SCRIPT, os.X_OK)
 
 
-def test_it_brings_up_a_real_docker_engine_where_none_answered():
-    """A second, real dockerd on a socket of its own (no bridge, no iptables: the
-    machine's engine and its networks are left alone), started by the script."""
+def test_it_brings_up_a_real_docker_engine_where_none_answered(tmp_path):
+    """A second, real dockerd, started by the script, in a network namespace of its own:
+    its bridge and iptables rules never touch the host's (a dockerd beside the machine's
+    own, in the same namespace, would take over or delete docker0)."""
     import shutil
     import signal
     import tempfile
     import time
+    import uuid
 
     import docker
 
     from tests.conftest import need
 
-    need("root and dockerd", None if os.geteuid() == 0 and shutil.which("dockerd")
-         else "the script starts dockerd only as root")
+    need("root, dockerd and nsenter", None if os.geteuid() == 0 and shutil.which("dockerd")
+         and shutil.which("nsenter") else "the script starts dockerd only as root")
+    namespace = f"bai-dk-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", namespace], check=True)
     # Short: containerd's socket under the exec root must fit a unix socket path.
     root = Path(tempfile.mkdtemp(prefix="bai-dk", dir="/tmp"))
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "dockerd").write_text(
+        f"#!/bin/sh\nexec nsenter --net=/var/run/netns/{namespace} "
+        f"{shutil.which('dockerd')} \"$@\"\n")
+    (shim / "dockerd").chmod(0o755)
     socket_url = f"unix://{root}/docker.sock"
-    env = {**os.environ, "DOCKER_HOST": socket_url, "DOCKERD_LOG": str(root / "dockerd.log"),
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "DOCKER_HOST": socket_url,
+           "DOCKERD_LOG": str(root / "dockerd.log"),
            "DOCKERD_ARGS": f"--data-root {root}/data --exec-root {root}/exec "
-                           f"--pidfile {root}/docker.pid --bridge=none --iptables=false "
-                           "--ip-masq=false"}
+                           f"--pidfile {root}/docker.pid --bip 172.31.254.1/24"}
     before = subprocess.run(["docker", "info"], env=env, capture_output=True)
     assert before.returncode != 0  # nothing answers there yet
     try:
@@ -157,11 +167,12 @@ def test_it_brings_up_a_real_docker_engine_where_none_answered():
         if pidfile.exists():
             pid = int(pidfile.read_text())
             os.kill(pid, signal.SIGTERM)
-            for _ in range(100):
+            for _ in range(150):
                 try:
                     os.kill(pid, 0)
                 except ProcessLookupError:
                     break
                 time.sleep(0.1)
         subprocess.run(["umount", "-R", str(root / "exec")], capture_output=True)
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)

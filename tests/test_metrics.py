@@ -139,9 +139,24 @@ def test_metrics_report_sessions_agents_start_times_and_shared_counters(client, 
     response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     again = samples(response.content.decode())
     assert again[("backendai_api_requests_total",
-                  frozenset({"route": "metrics", "method": "GET", "status": "200"}.items()))] == 1
+                  frozenset({"route": "/metrics", "method": "GET", "status": "200"}.items()))] == 1
     assert again[("backendai_api_requests_total",
-                  frozenset({"route": "metrics", "method": "GET", "status": "401"}.items()))] == 1
+                  frozenset({"route": "/metrics", "method": "GET", "status": "401"}.items()))] == 1
+
+
+def test_requests_are_counted_by_their_route_pattern_not_their_path(client, alice, carol,
+                                                                     counted):
+    client.force_login(alice)
+    for name in ("one", "two"):
+        session = make_session(alice, name=name)
+        assert client.get(f"/api/v1/sessions/{session.pk}/").status_code == 200
+    assert client.get("/api/v1/nothing-here/").status_code == 404
+    client.force_login(carol)
+    got = samples(client.get("/metrics").content.decode())
+    assert got[("backendai_api_requests_total", frozenset(
+        {"route": "/api/v1/sessions/<pk>/", "method": "GET", "status": "200"}.items()))] == 2
+    assert got[("backendai_api_requests_total", frozenset(
+        {"route": "unmatched", "method": "GET", "status": "404"}.items()))] == 1
 
 
 def test_a_scheduler_pass_a_refused_destroy_and_a_cull_are_counted(alice, counted, sent):
@@ -194,8 +209,12 @@ def test_a_real_prometheus_scrapes_the_metrics_and_answers_a_query(daphne_with_t
     binary = "/usr/bin/prometheus"
     need("Prometheus", None if Path(binary).exists()
          else "no /usr/bin/prometheus (apt-get install prometheus)")
+    from scheduling_app.models import ScalingGroup
+
+    # A group without agents: a live system's scheduler in the same test run places none.
+    ScalingGroup.objects.create(name="prom-no-agents")
     for i in range(3):
-        make_session(alice, name=f"queued-{i}")
+        make_session(alice, name=f"queued-{i}", scaling_group="prom-no-agents")
     web_port = daphne_with_token.url.rsplit(":", 1)[1]
     (tmp_path / "prometheus.yml").write_text(f"""
 global:
@@ -223,7 +242,7 @@ scrape_configs:
             return result or None
 
         result = wait_for(lambda: queried(
-            'backendai_sessions{status="PENDING",scaling_group="default"}'), timeout=60,
+            'backendai_sessions{status="PENDING",scaling_group="prom-no-agents"}'), timeout=60,
             interval=0.5, message=f"Prometheus to have scraped:\n{prometheus.output()[-2000:]}")
         assert float(result[0]["value"][1]) == 3
         assert result[0]["metric"]["job"] == "backendai"
