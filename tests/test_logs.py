@@ -18,7 +18,14 @@ from backendai_web.logs import RepeatedFailure, logging_config
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, Status
 from sessions_app.services import create_session
-from tests.conftest import IMAGE, Process, database_url_of_test_db, free_port, wait_for
+from tests.conftest import (
+    IMAGE,
+    Process,
+    database_url_of_test_db,
+    free_port,
+    remove_kernels_of,
+    wait_for,
+)
 
 
 def test_a_lasting_failure_is_logged_when_it_starts_every_interval_and_when_it_ends(caplog):
@@ -96,9 +103,7 @@ def quiet_system(transactional_db, docker_client, tmp_path):
         for name in ("beat", "agent", "worker"):
             processes[name].stop()
         redis.stop()
-        for container in docker_client.containers.list(
-                all=True, filters={"label": f"ai.backend.agent-id={agent_id}"}):
-            container.remove(force=True)
+        remove_kernels_of(docker_client, agent_id)
 
 
 def _answers(port):
