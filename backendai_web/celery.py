@@ -4,6 +4,7 @@ import sys
 import time
 
 from celery import Celery, signals
+from celery.signals import setup_logging
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
 
@@ -12,6 +13,18 @@ log = logging.getLogger(__name__)
 app = Celery("backendai_web")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@setup_logging.connect
+def use_django_logging(**kwargs):
+    """Workers, beat and agents log as settings.LOGGING says (LOG_LEVEL, LOG_FORMAT, the
+    per-task lines left out) instead of Celery's own set-up, whatever `-l` says."""
+    from logging.config import dictConfig
+
+    from django.conf import settings
+
+    dictConfig(settings.LOGGING)
+    logging.captureWarnings(True)  # Python warnings as log lines too (JSON with LOG_FORMAT)
 
 
 def send_task_safely(name, *, queue, kwargs=None):

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
+from backendai_web import metrics
 from sessions_app import clock, engine
 from sessions_app.bulk import insert_rows
 from sessions_app.events import publish_many_on_commit
@@ -354,7 +355,9 @@ def _cull(s, report):
     except DestroyRefused as exc:
         log.info("idle cull of %s refused: %s", s.id, exc.message)
         return None
-    log.info("culled session %s (%s): %s", s.name, s.id, report.reason)
+    log.info("culled session %s (%s): %s", s.name, s.id, report.reason,
+             extra={"session_id": str(s.id), "reason": report.reason})
+    metrics.count("culls", reason=report.reason)
     return True
 
 

@@ -2,6 +2,7 @@ import contextlib
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 
 from .slots import ResourceSlots, SlotError
@@ -123,6 +124,11 @@ class ScalingGroup(models.Model):
         help_text="Idle checkers to run for this group's sessions, among network-timeout, "
                   "session-lifetime, utilization, app-activity and batch-timeout; empty "
                   "means the IDLE_DEFAULT_CHECKERS setting (all but utilization).")
+    allow_outbound = models.BooleanField(
+        default=True,
+        help_text="Kernels may open connections beyond their session's network (the "
+                  "internet, other hosts). Off: an internal network, only the session's own "
+                  "kernels. The agent host's own services are out of reach either way.")
     roundrobin_cursor = models.CharField(
         max_length=64, blank=True, editable=False,
         help_text="The agent the round-robin selector placed a kernel on last.")
@@ -147,6 +153,13 @@ class ResourcePolicy(models.Model):
     )
     idle_timeout = models.PositiveIntegerField(default=0, help_text="Seconds; 0 means off.")
     max_session_lifetime = models.PositiveIntegerField(default=0, help_text="Seconds; 0 means off.")
+    # Kernel hardening: a fork bomb or a descriptor leak stays inside its own container.
+    kernel_pids_limit = models.PositiveIntegerField(
+        default=1024, validators=[MinValueValidator(16)],
+        help_text="Processes and threads one kernel container may have at once.")
+    kernel_open_files_limit = models.PositiveIntegerField(
+        default=8192, validators=[MinValueValidator(64)],
+        help_text="Open files per process in a kernel container (RLIMIT_NOFILE).")
 
     class Meta:
         verbose_name_plural = "resource policies"

@@ -13,6 +13,7 @@ sessions_app.events.message. The client may send:
 Refusals are {"event": "error", "reason": "..."}.
 """
 
+import asyncio
 import datetime
 import uuid
 from urllib.parse import parse_qs
@@ -20,6 +21,8 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils.dateparse import parse_datetime
+
+from backendai_web import metrics
 
 from . import clock, fanout
 from .events import ADMINS_GROUP, message_of, session_group, user_group
@@ -68,6 +71,8 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         # A list of sessions needs no kernel events: fewer messages to send to each page.
         self.session_events_only = query.get("events") == ["session"]
         await self.accept()
+        self.counted = True
+        await asyncio.to_thread(metrics.add, "websocket_connections", 1)
         if query.get("session"):
             await self.narrow(query["session"][0])
         else:
@@ -83,6 +88,9 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         self.groups_joined = groups
 
     async def disconnect(self, code):
+        if getattr(self, "counted", False):
+            self.counted = False
+            await asyncio.to_thread(metrics.add, "websocket_connections", -1)
         hub = fanout.current()
         for group in getattr(self, "groups_joined", []) if hub else []:
             await hub.discard(group, self.push)

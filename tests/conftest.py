@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import docker
 import pytest
 from django.conf import settings
 from django.core.management import CommandError
@@ -298,10 +299,21 @@ def live_system(django_db_setup, django_db_blocker, docker_client, redis_availab
     yield system
     system.agent.stop()
     system.worker.stop()
+    remove_kernels_of(docker_client, system.agent_id)
+
+
+def remove_kernels_of(docker_client, agent_id):
+    """The containers an agent left, and their sessions' networks."""
+    sessions = set()
     for container in docker_client.containers.list(
-        all=True, filters={"label": f"ai.backend.agent-id={system.agent_id}"}
+        all=True, filters={"label": f"ai.backend.agent-id={agent_id}"}
     ):
+        sessions.add(container.labels.get("ai.backend.session-id"))
         container.remove(force=True)
+    for session_id in sessions - {None}:
+        for network in docker_client.networks.list(names=[f"bai-session-{session_id}"]):
+            with contextlib.suppress(docker.errors.APIError):  # a sibling elsewhere uses it
+                network.remove()
 
 
 @pytest.fixture

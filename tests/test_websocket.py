@@ -233,3 +233,26 @@ async def test_a_list_page_can_leave_out_kernel_events(alice, login):
     assert [m["event"] for m in replayed] == ["session_enqueued", "session_scheduled",
                                               "caught_up"]
     await communicator.disconnect()
+
+
+async def test_open_websockets_are_counted_for_metrics(login, alice):
+    from backendai_web import metrics
+
+    await database_sync_to_async(metrics.reset)()
+
+    def gauge():
+        text = metrics.exposition().decode()
+        return next(float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith("backendai_websocket_connections "))
+
+    first, connected, _ = await connect(cookie=login(alice))
+    second, connected_too, _ = await connect(cookie=login(alice))
+    assert connected and connected_too
+    assert await database_sync_to_async(gauge)() == 2
+    await first.disconnect()
+    assert await database_sync_to_async(gauge)() == 1
+    await second.disconnect()
+    assert await database_sync_to_async(gauge)() == 0
+    refused, accepted, code = await connect()  # no login: closed before it is counted
+    assert not accepted and code == 4401
+    assert await database_sync_to_async(gauge)() == 0

@@ -16,10 +16,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
+from django.conf import settings
 from docker.errors import DockerException, NotFound
 
-from backendai_web import __version__
+from backendai_web import __version__, metrics
 from backendai_web.celery import app
+from backendai_web.logs import RepeatedFailure
 
 from . import docker_backend as backend
 from .provisioners import KernelRunner
@@ -52,6 +54,12 @@ class Agent:
         self._measuring = {}  # container id → (monotonic time, the measurement in flight)
         self._app_seen = {}  # container id → the last app report worth keeping
         self.stopping = threading.Event()
+        # Logged when they start, every LOG_REPEAT_INTERVAL s while they last, and when over.
+        self._docker_failure = RepeatedFailure(
+            log, "Docker engine unreachable, this agent takes no kernels",
+            every=settings.LOG_REPEAT_INTERVAL)
+        self._stream_failure = RepeatedFailure(log, "Docker event stream interrupted",
+                                               every=settings.LOG_REPEAT_INTERVAL)
 
     # Docker connection, re-established after the engine comes back.
     @property
@@ -67,14 +75,11 @@ class Agent:
         except (DockerException, OSError) as exc:
             with self._lock:
                 self._client = None
-            if self._docker_error is None:
-                log.error("Docker engine unreachable (%s); this agent takes no kernels until it "
-                          "answers again", exc)
+            self._docker_failure.failed(exc, agent_id=self.id)
             self._docker_error = str(exc)[:500]
             return False
-        if self._docker_error is not None:
-            log.info("Docker engine reachable again")
-            self._docker_error = None
+        self._docker_failure.ok(agent_id=self.id)
+        self._docker_error = None
         return True
 
     # Reports to the manager. A report the broker cannot take now is kept, in order, and
@@ -237,12 +242,13 @@ class Agent:
                 since = time.time()
                 stream = self.docker.events(decode=True, since=since, filters={
                     "type": "container", "label": f"{backend.AGENT_ID}={self.id}"})
+                self._stream_failure.ok(agent_id=self.id)
                 for event in stream:
                     self.on_event(event)
                     if self.stopping.is_set():
                         break
             except Exception as exc:  # the engine went away: retry when it answers
-                log.warning("Docker event stream interrupted: %s", exc)
+                self._stream_failure.failed(exc, agent_id=self.id)
                 self.stopping.wait(2)
 
     def on_event(self, event):
@@ -328,11 +334,15 @@ class Agent:
             finally:
                 self._destroying.discard(kernel_id)
         try:
-            _, container = KernelRunner.start(self.docker, self.id, spec)
+            with metrics.Timer("agent_container_start_seconds", agent=self.id):
+                _, container = KernelRunner.start(self.docker, self.id, spec)
         except (DockerException, OSError) as exc:
-            log.warning("kernel %s failed to start: %s", kernel_id, exc)
+            log.warning("kernel %s failed to start: %s", kernel_id, exc,
+                        extra={"kernel_id": kernel_id, "agent_id": self.id})
+            metrics.count("agent_container_starts", agent=self.id, outcome="failed")
             self.report(kernel_id, "creation_failed", error=str(exc)[:500])
             return
+        metrics.count("agent_container_starts", agent=self.id, outcome="started")
         self.report(kernel_id, "kernel_started", container_id=container.id)
 
     def destroy_kernel(self, kernel_id, container_id="", reason="", forced=False):

@@ -4,14 +4,18 @@ Labels on a container are the whole record of its kernel (no pickle, no local st
 so that an agent that restarts, or one that never saw the container start, can stop it.
 """
 
+import ipaddress
 import json
 import logging
 import socket
 import time
+import uuid
 from datetime import datetime
 
 import docker
+from django.conf import settings
 from docker.errors import APIError, ImageNotFound, NotFound
+from docker.types import IPAMConfig, IPAMPool, Ulimit
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +134,60 @@ def resource_limits(slots):
     if "cpu" in slots:
         limits["nano_cpus"] = int(float(slots["cpu"]) * 1e9)
     if "mem" in slots:
-        limits["mem_limit"] = int(slots["mem"])
+        # memory + swap = memory: no swap, so a memory hog meets its limit instead of
+        # making the host swap.
+        limits["mem_limit"] = limits["memswap_limit"] = int(slots["mem"])
     return limits
+
+
+def session_subnets(session_id):
+    """Candidate subnets of KERNEL_NETWORK_POOL for a session's network, starting at one
+    its id picks: Docker's own default pools give an engine about 30 bridge networks,
+    this project's pool thousands (a /26 each: a cluster of 32 kernels and a gateway)."""
+    pool = ipaddress.ip_network(settings.KERNEL_NETWORK_POOL)
+    count = 2 ** (26 - pool.prefixlen)
+    start = uuid.UUID(str(session_id)).int % count
+    for i in range(min(count, 256)):
+        yield ipaddress.ip_network((int(pool.network_address) + ((start + i) % count) * 64, 26))
+
+
+def create_session_network(client, name, session_id, *, internal=False):
+    short = uuid.UUID(str(session_id)).hex[:12]
+    for subnet in session_subnets(session_id):
+        ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=str(subnet),
+                                                 gateway=str(subnet.network_address + 1))])
+        try:
+            return client.networks.create(
+                name, driver="bridge", check_duplicate=True, internal=internal, ipam=ipam,
+                # The host side is bai<12 hex>: the firewall's rules match bai+.
+                options={"com.docker.network.bridge.name": f"bai{short}"},
+                labels={SESSION_ID: session_id})
+        except APIError as exc:
+            if "overlap" not in str(exc).lower():
+                raise
+    raise APIError(f"no free subnet for {name} in {settings.KERNEL_NETWORK_POOL}")
+
+
+# What a shell workload needs of root's powers inside its container (README "Kernel
+# hardening"); Docker's other defaults (NET_RAW, MKNOD, SYS_CHROOT, SETPCAP, SETFCAP,
+# AUDIT_WRITE) are dropped.
+KERNEL_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
+                       "NET_BIND_SERVICE")
+DEFAULT_PIDS_LIMIT = 1024
+DEFAULT_OPEN_FILES_LIMIT = 8192
+
+
+def hardening(spec):
+    """Container options that keep a kernel from reaching past its container."""
+    open_files = int(spec.get("open_files_limit") or DEFAULT_OPEN_FILES_LIMIT)
+    return {
+        "privileged": False,
+        "cap_drop": ["ALL"],
+        "cap_add": list(KERNEL_CAPABILITIES),
+        "security_opt": ["no-new-privileges"],
+        "pids_limit": int(spec.get("pids_limit") or DEFAULT_PIDS_LIMIT),
+        "ulimits": [Ulimit(name="nofile", soft=open_files, hard=open_files)],
+    }
 
 
 def find_kernel_container(client, agent_id, kernel_id, container_id="", image=""):

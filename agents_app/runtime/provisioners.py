@@ -41,8 +41,11 @@ class ScratchVolume:
 
 
 class ClusterNetwork:
-    """A bridge network of the session's own, shared by its kernels on this agent; the
-    last kernel to go removes it."""
+    """A bridge network of the session's own (every session, one kernel or a cluster),
+    shared by its kernels on this agent; the last kernel to go removes it. Docker keeps
+    bridges apart, so kernels of different sessions cannot reach each other; the host
+    interface is named bai…, which the agent's firewall (firewall.py) closes to the host's
+    own services. Without outbound access it is an internal network."""
 
     def __init__(self, client):
         self.client = client
@@ -50,16 +53,14 @@ class ClusterNetwork:
     # Sibling kernels start at the same time; Docker may accept two networks of one name.
     _creating = threading.Lock()
 
-    def setup(self, session_id, cluster_size):
-        if cluster_size <= 1:
-            return None
+    def setup(self, session_id, cluster_size, allow_outbound=True):
         name = f"bai-session-{session_id}"
         with self._creating:
             if self.client.networks.list(names=[name]):
                 return name
             try:
-                self.client.networks.create(name, driver="bridge", check_duplicate=True,
-                                            labels={backend.SESSION_ID: session_id})
+                backend.create_session_network(self.client, name, session_id,
+                                               internal=not allow_outbound)
             except APIError as exc:  # made by another agent process meanwhile
                 if exc.status_code != 409:
                     raise
@@ -93,6 +94,7 @@ class KernelContainer:
             environment=backend.kernel_environment(spec), init=True, detach=True,
             volumes={volume: {"bind": "/home/work", "mode": "rw"}},
             network=network, **backend.resource_limits(spec["slots"]),
+            **backend.hardening(spec),
         )
         try:
             if network:  # reachable by its cluster hostname from its siblings
@@ -205,7 +207,7 @@ class KernelRunner:
         try:
             volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
             network = runner.setup(ClusterNetwork(client), spec["session_id"],
-                                   spec["cluster_size"])
+                                   spec["cluster_size"], spec.get("allow_outbound", True))
             container = runner.setup(KernelContainer(client, agent_id), spec, volume, network)
         except Exception:
             runner.teardown()

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils.module_loading import import_string
 
 from agents_app import rpc
+from backendai_web import metrics
 
 from .. import clock, engine
 from ..accounting import reconcile_usage
@@ -80,6 +81,15 @@ def destroy_session(session, *, forced=False, reason="user-requested", actor=Non
     `actor` is the user asking, or None for the system (handlers, culling).
     Raises DestroyRefused with the message and HTTP status when the rules refuse.
     """
+    try:
+        return _destroy_session(session, forced=forced, reason=reason, actor=actor,
+                                keypair=keypair)
+    except DestroyRefused:
+        metrics.count("destroy_refusals", status=session.status)
+        raise
+
+
+def _destroy_session(session, *, forced, reason, actor, keypair):
     if actor is not None:
         admin = is_admin(actor, keypair)
         if forced and not admin:

@@ -49,6 +49,8 @@ def handle_heartbeat(info):
     if agent is None:
         agent = Agent.objects.create(id=info["id"], status=AgentStatus.ALIVE, first_contact=now,
                                      **fields)
+        log.info("agent %s joined scaling group %s", agent.pk, group.name,
+                 extra={"agent_id": agent.pk})
     else:
         for name, value in fields.items():
             setattr(agent, name, value)

@@ -12,6 +12,7 @@ from django.db import transaction
 
 from agents_app import rpc
 from agents_app.models import Agent, AgentStatus, HeartbeatWatch
+from backendai_web import metrics
 from backendai_web.celery import send_task_safely
 from scheduling_app.models import ScalingGroup
 
@@ -306,7 +307,9 @@ def retry_stage(kernel, stage, error):
                             data={"try": retries[stage] + 1, "error": error[:500]})
         send = rpc.send_check_and_pull if stage == "preparing" else rpc.send_create_kernel
         transaction.on_commit(lambda: send(kernel))
+        transaction.on_commit(lambda: metrics.count("retries", stage=stage, outcome="retried"))
         return "retried"
+    transaction.on_commit(lambda: metrics.count("retries", stage=stage, outcome="rescheduled"))
     return reschedule_elsewhere(kernel.session, kernel.agent_id,
                                 f"{stage} failed {retries[stage]} times on agent "
                                 f"{kernel.agent_id}: {error}"[:255])
