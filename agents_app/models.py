@@ -30,6 +30,12 @@ class Agent(models.Model):
     docker_error = models.CharField(
         max_length=500, blank=True,
         help_text="The agent's last word on its Docker engine; empty when it answers.")
+    containers = models.JSONField(
+        default=list, blank=True, editable=False,
+        help_text="The containers its last heartbeat listed: kernel id, container id, state.")
+    containers_at = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="When the agent took that list.")
 
     class Meta:
         indexes = [models.Index(fields=["scaling_group", "status"])]
@@ -56,3 +62,15 @@ class Image(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class HeartbeatWatch(models.Model):
+    """When the manager could hear heartbeats (one row). An agent's silence counts only
+    from `listening_since`: while the broker, the manager worker, beat or the database is
+    away, no heartbeat can arrive, and that is no agent's fault."""
+
+    last_sweep = models.DateTimeField(null=True)
+    listening_since = models.DateTimeField(null=True)
+
+    def __str__(self):
+        return f"listening since {self.listening_since}"

@@ -19,7 +19,14 @@ def send_check_and_pull(kernel):
 
 
 def kernel_spec(kernel):
+    from sessions_app.models import Session
+
     session = kernel.session
+    # The container's limits and network, in one read.
+    pids, open_files, outbound = Session.objects.filter(pk=session.pk).values_list(
+        "keypair__resource_policy__kernel_pids_limit",
+        "keypair__resource_policy__kernel_open_files_limit",
+        "scaling_group__allow_outbound").get()
     return {
         "kernel_id": str(kernel.pk),
         "session_id": str(session.pk),
@@ -37,6 +44,9 @@ def kernel_spec(kernel):
         "cluster_size": session.cluster_size,
         "pre_stop_command": session.pre_stop_command,
         "ssh_keypair": session.cluster_ssh or None,
+        "pids_limit": pids,
+        "open_files_limit": open_files,
+        "allow_outbound": outbound,
     }
 
 
@@ -59,9 +69,10 @@ def send_remove_dangling(agent_id, container_id):
     return _send(agent_id, "agent.remove_dangling", container_id=container_id)
 
 
-def send_destroy_kernel(kernel, reason):
+def send_destroy_kernel(kernel, reason, *, forced=False):
+    """Stop the kernel's container: gracefully, or (forced) SIGKILL at once, no hook."""
     return _send(kernel.agent_id, "agent.destroy_kernel", kernel_id=str(kernel.pk),
-                 container_id=kernel.container_id, reason=reason)
+                 container_id=kernel.container_id, reason=reason, forced=forced)
 
 
 def send_restart_kernel(kernel):

@@ -19,8 +19,8 @@ def create_kernel(spec):
 
 
 @shared_task(name="agent.destroy_kernel", ignore_result=True)
-def destroy_kernel(kernel_id, container_id="", reason=""):
-    current().destroy_kernel(kernel_id, container_id, reason)
+def destroy_kernel(kernel_id, container_id="", reason="", forced=False):
+    current().destroy_kernel(kernel_id, container_id, reason, forced=forced)
 
 
 @shared_task(name="agent.restart_kernel", ignore_result=True)
@@ -38,6 +38,7 @@ def logs(kernel_id, container_id="", tail=2000):
     return current().logs(kernel_id, container_id, tail)
 
 
-@shared_task(name="agent.execute")
+# A user's command runs at most once: acknowledged when received, never delivered again.
+@shared_task(name="agent.execute", acks_late=False)
 def execute(kernel_id, container_id, command, timeout=30):
     return current().execute(kernel_id, container_id, command, timeout)

@@ -1,7 +1,10 @@
 import logging
 import os
+import sys
+import time
 
-from celery import Celery
+from celery import Celery, signals
+from celery.signals import setup_logging
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
 
@@ -10,6 +13,18 @@ log = logging.getLogger(__name__)
 app = Celery("backendai_web")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@setup_logging.connect
+def use_django_logging(**kwargs):
+    """Workers, beat and agents log as settings.LOGGING says (LOG_LEVEL, LOG_FORMAT, the
+    per-task lines left out) instead of Celery's own set-up, whatever `-l` says."""
+    from logging.config import dictConfig
+
+    from django.conf import settings
+
+    dictConfig(settings.LOGGING)
+    logging.captureWarnings(True)  # Python warnings as log lines too (JSON with LOG_FORMAT)
 
 
 def send_task_safely(name, *, queue, kwargs=None):
@@ -30,3 +45,28 @@ def send_task_safely(name, *, queue, kwargs=None):
 def agent_queue(agent_id: str) -> str:
     """The Celery queue that the agent with this id consumes."""
     return f"agent.{agent_id}"
+
+
+# A worker that stops on an error rather than on a signal starts again, as a new process
+# (the same command, the same pid). Celery 5.7's Redis transport can end a worker that
+# loses the broker while it holds unacknowledged tasks ("Unrecoverable error:
+# AttributeError ... 'hostname'", raised while it restores them on a closed connection);
+# the manager worker and every agent must outlive a broker outage by themselves.
+_stopping_on_signal = False
+
+
+@signals.worker_shutting_down.connect
+def _note_shutdown_signal(**kwargs):
+    global _stopping_on_signal
+    _stopping_on_signal = True
+
+
+@signals.worker_shutdown.connect
+def _start_again_after_an_error(sender=None, **kwargs):
+    if _stopping_on_signal or not getattr(sender, "exitcode", None):
+        return
+    log.error("the Celery worker stopped on an error (exit code %s); starting it again in "
+              "2 s", sender.exitcode)
+    logging.shutdown()
+    time.sleep(2)
+    os.execv(sys.executable, [sys.executable, *sys.argv])

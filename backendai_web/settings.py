@@ -10,6 +10,8 @@ from urllib.parse import urlparse
 
 import dj_database_url
 
+from backendai_web.logs import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("BACKENDAI_VAR_DIR", BASE_DIR / "var"))
 
@@ -38,6 +40,20 @@ SECRET_KEY = env("SECRET_KEY", "django-insecure-backendai-web-development-only")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
+# Production (README "Production"): browsers reach daphne through a reverse proxy that
+# terminates TLS and sets X-Forwarded-Proto. HTTPS=true makes cookies secure, redirects
+# plain HTTP and sends HSTS. /metrics is exempt from the redirect: Prometheus may scrape a
+# web process directly on the private network.
+HTTPS = env_bool("HTTPS", False)
+if HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -58,6 +74,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "sessions_app.api_errors.DatabaseUnavailableMiddleware",
     # Serves static/ under daphne too (daphne, unlike runserver, serves no files).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -65,6 +82,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "sessions_app.ratelimit.RateLimitHeaders",
+    "backendai_web.metrics.RequestCounter",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -97,6 +115,8 @@ def database_settings(url):
             # Connections come from a pool (Django's, of psycopg_pool). Celery closes the
             # connection after every task, and a new PostgreSQL backend costs ~15 ms of
             # each: with a pool, close hands it back instead.
+            # With conn_health_checks, Django's pool tests a connection before handing it
+            # out, so that after a PostgreSQL restart no request or task gets a dead one.
             config.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 16,
                                                         "timeout": 10}
     else:
@@ -201,13 +221,27 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_EXPIRES = 3600
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A task whose worker died (kill -9) before acknowledging it is delivered again after the
+# visibility timeout; every consumer looks for such tasks every few seconds. Tasks are
+# idempotent; the one that runs a user's command is acknowledged early instead (at most once).
+CELERY_VISIBILITY_TIMEOUT = int(env("CELERY_VISIBILITY_TIMEOUT", "600"))
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
+                                   "unacked_restore_interval": 5,
+                                   "unacked_restore_throttle": 1}
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE
 
 # Agents
 AGENT_HEARTBEAT_INTERVAL = float(env("AGENT_HEARTBEAT_INTERVAL", "5"))
+# An agent silent for 3 intervals is LOST for scheduling only; its kernels end after the
+# scaling group's lost_timeout (this is the default for new groups).
+AGENT_LOST_TIMEOUT = int(env("AGENT_LOST_TIMEOUT", "600"))
 DEFAULT_GRACE_PERIOD = env_int("DEFAULT_GRACE_PERIOD", 10)
 DEFAULT_KERNEL_IMAGE = env("DEFAULT_KERNEL_IMAGE", "bai-local/busybox:latest")
+# Each session's own bridge network takes a /26 of this pool (agents_app.runtime).
+KERNEL_NETWORK_POOL = env("KERNEL_NETWORK_POOL", "10.211.0.0/16")
+# The agent closes its host's own services to kernels with iptables (firewall.py).
+KERNEL_FIREWALL = env_bool("KERNEL_FIREWALL", True)
 
 # Scheduler
 DEFAULT_BATCH_TIMEOUT = env_int("DEFAULT_BATCH_TIMEOUT", 0)  # seconds; 0 = none
@@ -233,11 +267,11 @@ IDLE_UTILIZATION = {
 PRE_DESTROY_HOOKS = env_list("PRE_DESTROY_HOOKS")
 POST_DESTROY_HOOKS = env_list("POST_DESTROY_HOOKS")
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
-}
+# /metrics: readable with `Authorization: Bearer METRICS_TOKEN` or by an administrator.
+METRICS_TOKEN = env("METRICS_TOKEN")
+
+# One line per meaningful event; LOG_FORMAT=json for structured logs (backendai_web.logs).
+LOG_LEVEL = env("LOG_LEVEL", "INFO")
+LOG_FORMAT = env("LOG_FORMAT", "plain")
+LOG_REPEAT_INTERVAL = float(env("LOG_REPEAT_INTERVAL", "300"))  # a lasting failure, again
+LOGGING = logging_config(LOG_LEVEL, LOG_FORMAT)

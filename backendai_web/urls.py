@@ -9,6 +9,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from backendai_web import __version__
+from backendai_web.metrics import metrics_view
 from sessions_app import api_resources, compat
 from sessions_app.api import SessionViewSet
 from sessions_app.api_errors import error_body
@@ -64,6 +65,7 @@ urlpatterns = [
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("metrics", metrics_view, name="metrics"),
     *compat_urls,
     # [\s\S] and \Z: a path with an encoded newline is under /api/ too.
     re_path(r"^(?:api|session|events)(?P<rest>/[\s\S]*)?\Z", not_found),

@@ -8,7 +8,10 @@ def main(argv):
     wanted = argv[1:]
     names = sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])
                    if m.name.startswith("bench_"))
-    selected = [n for n in names if not wanted or any(w in n for w in wanted)]
+    # An OPT_IN benchmark (the soak, which restarts services) runs only when named.
+    selected = [n for n in names if any(w in n for w in wanted) if wanted] or \
+        [n for n in names if not wanted and not getattr(
+            importlib.import_module(f"bench.{n}"), "OPT_IN", False)]
     if not selected:
         print(f"no benchmark matches {wanted}; there are: {', '.join(names) or 'none'}")
         return 1

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
+from backendai_web import metrics
 from sessions_app import clock, engine
 from sessions_app.bulk import insert_rows
 from sessions_app.events import publish_many_on_commit
@@ -292,7 +293,12 @@ def _check_all(now):
     """Reports and warnings of every RUNNING session, written; returns what to cull."""
     rows, warnings, culls = [], [], []
     for s in load_running().values():
-        reports, actions = evaluate(s, now)
+        try:
+            reports, actions = evaluate(s, now)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # One session's unreadable report (an app's answer) never stops the others.
+            log.warning("idle check of session %s skipped: %s", s.id, exc)
+            continue
         data = {r.checker: r.as_dict() for r in reports}
         for checker, previous in (s.reports or {}).items():  # who was warned stays warned
             if previous.get("warned") and checker in data:
@@ -349,7 +355,9 @@ def _cull(s, report):
     except DestroyRefused as exc:
         log.info("idle cull of %s refused: %s", s.id, exc.message)
         return None
-    log.info("culled session %s (%s): %s", s.name, s.id, report.reason)
+    log.info("culled session %s (%s): %s", s.name, s.id, report.reason,
+             extra={"session_id": str(s.id), "reason": report.reason})
+    metrics.count("culls", reason=report.reason)
     return True
 
 

@@ -1,6 +1,8 @@
 import contextlib
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 
 from .slots import ResourceSlots, SlotError
@@ -29,6 +31,10 @@ class SlotsField(models.JSONField):
             with contextlib.suppress(SlotError):  # left to the validator, which says why
                 value = ResourceSlots.parse(value).to_json()
         return super().get_prep_value(value)
+
+
+def default_lost_timeout():
+    return settings.AGENT_LOST_TIMEOUT
 
 
 class Domain(models.Model):
@@ -80,13 +86,34 @@ class ScalingGroup(models.Model):
     pending_timeout = models.PositiveIntegerField(
         default=0, help_text="Seconds a session may stay PENDING; 0 means no limit."
     )
+    # The timeouts of the transitional statuses: none is a place to stay for ever.
+    scheduled_timeout = models.PositiveIntegerField(
+        default=60, help_text="Seconds a kernel may stay SCHEDULED (its agent not yet asked "
+                              "for the image) before its session is rescheduled on another "
+                              "agent.")
+    preparing_timeout = models.PositiveIntegerField(
+        default=120, help_text="Seconds a kernel may stay PREPARING (the agent checking its "
+                               "image) before a retry; after the retries the session is "
+                               "rescheduled on another agent.")
     pull_timeout = models.PositiveIntegerField(
-        default=600, help_text="Seconds a kernel may stay PULLING before a retry.")
+        default=600, help_text="Seconds a kernel may stay PULLING before a retry (the pull "
+                               "itself is never killed); after the retries the session is "
+                               "rescheduled on another agent.")
+    prepared_timeout = models.PositiveIntegerField(
+        default=300, help_text="Seconds a kernel may wait PREPARED (for its session's other "
+                               "kernels) before its session is rescheduled.")
     create_timeout = models.PositiveIntegerField(
-        default=120, help_text="Seconds a kernel may stay CREATING before a retry.")
+        default=120, help_text="Seconds a kernel may stay CREATING before a retry; after the "
+                               "retries the session is rescheduled on another agent.")
     terminate_timeout = models.PositiveIntegerField(
-        default=300, help_text="Seconds a kernel may stay TERMINATING before it is "
-                               "force-terminated.")
+        default=300, help_text="Seconds a kernel may stay TERMINATING before its agent is "
+                               "told to kill it at once (SIGKILL, no hook); after as long "
+                               "again without an answer the kernel goes to ERROR.")
+    lost_timeout = models.PositiveIntegerField(
+        default=default_lost_timeout,
+        help_text="Seconds an agent may stay LOST (no heartbeat) before its kernels are "
+                  "ended with agent-lost. Until then a lost agent only takes no new kernels: "
+                  "its sessions keep running and recover when it reports again.")
     validators = models.JSONField(
         default=list, blank=True,
         help_text="Names of the scheduler's validators to run; empty means all of them "
@@ -97,6 +124,11 @@ class ScalingGroup(models.Model):
         help_text="Idle checkers to run for this group's sessions, among network-timeout, "
                   "session-lifetime, utilization, app-activity and batch-timeout; empty "
                   "means the IDLE_DEFAULT_CHECKERS setting (all but utilization).")
+    allow_outbound = models.BooleanField(
+        default=True,
+        help_text="Kernels may open connections beyond their session's network (the "
+                  "internet, other hosts). Off: an internal network, only the session's own "
+                  "kernels. The agent host's own services are out of reach either way.")
     roundrobin_cursor = models.CharField(
         max_length=64, blank=True, editable=False,
         help_text="The agent the round-robin selector placed a kernel on last.")
@@ -119,6 +151,13 @@ class ScalingGroup(models.Model):
     def __str__(self):
         return self.name
 
+    def timeout_of(self, status):
+        """Seconds a kernel may stay in `status`; None for a status without a timeout."""
+        return {"SCHEDULED": self.scheduled_timeout, "PREPARING": self.preparing_timeout,
+                "PULLING": self.pull_timeout, "PREPARED": self.prepared_timeout,
+                "CREATING": self.create_timeout,
+                "TERMINATING": self.terminate_timeout}.get(str(status))
+
 
 class ResourcePolicy(models.Model):
     name = models.CharField(max_length=64, unique=True)
@@ -135,6 +174,13 @@ class ResourcePolicy(models.Model):
         default=False, help_text="Every session of this policy may be preempted.")
     max_priority = models.PositiveIntegerField(
         default=100, help_text="The highest priority an admin may give a session.")
+    # Kernel hardening: a fork bomb or a descriptor leak stays inside its own container.
+    kernel_pids_limit = models.PositiveIntegerField(
+        default=1024, validators=[MinValueValidator(16)],
+        help_text="Processes and threads one kernel container may have at once.")
+    kernel_open_files_limit = models.PositiveIntegerField(
+        default=8192, validators=[MinValueValidator(64)],
+        help_text="Open files per process in a kernel container (RLIMIT_NOFILE).")
 
     class Meta:
         verbose_name_plural = "resource policies"

@@ -11,10 +11,8 @@ from .engine import CONCURRENCY_HOLDING, SLOT_HOLDING
 from .models import Kernel, KeyPair
 
 
-@transaction.atomic
-def reconcile_usage():
-    """Set every agent's occupied slots and every keypair's concurrency_used from the
-    kernels that hold them. Returns what it corrected: {"agents": [...], "keypairs": [...]}."""
+def expected_usage():
+    """What the live kernels hold: ({agent id: slots}, {access key: sessions})."""
     occupied = defaultdict(ResourceSlots)
     for agent_id, slots in Kernel.objects.filter(
         status__in=SLOT_HOLDING, agent__isnull=False
@@ -25,17 +23,31 @@ def reconcile_usage():
         status__in=CONCURRENCY_HOLDING, cluster_role=Kernel.ClusterRole.MAIN
     ).values_list("session__keypair_id", flat=True):
         concurrency[keypair_id] += 1
+    return occupied, concurrency
 
-    fixed = {"agents": [], "keypairs": []}
-    for agent in Agent.objects.select_for_update():
-        expected = occupied[agent.pk]
-        if not (ResourceSlots.parse(agent.occupied_slots) - expected).is_zero():
-            agent.occupied_slots = expected.to_json()
-            agent.save(update_fields=["occupied_slots"])
-            fixed["agents"].append(agent.pk)
-    for keypair in KeyPair.objects.select_for_update():
-        if keypair.concurrency_used != concurrency[keypair.pk]:
-            keypair.concurrency_used = concurrency[keypair.pk]
-            keypair.save(update_fields=["concurrency_used"])
-            fixed["keypairs"].append(keypair.pk)
-    return fixed
+
+def usage_drift(agents=None, keypairs=None):
+    """Agents whose occupied slots and keypairs whose concurrency_used differ from what
+    their live kernels hold: ([(agent, expected slots)], [(keypair, expected count)])."""
+    occupied, concurrency = expected_usage()
+    agents = Agent.objects.all() if agents is None else agents
+    keypairs = KeyPair.objects.all() if keypairs is None else keypairs
+    return ([(agent, occupied[agent.pk]) for agent in agents
+             if not (ResourceSlots.parse(agent.occupied_slots) - occupied[agent.pk]).is_zero()],
+            [(keypair, concurrency[keypair.pk]) for keypair in keypairs
+             if keypair.concurrency_used != concurrency[keypair.pk]])
+
+
+@transaction.atomic
+def reconcile_usage():
+    """Set every agent's occupied slots and every keypair's concurrency_used from the
+    kernels that hold them. Returns what it corrected: {"agents": [...], "keypairs": [...]}."""
+    agents, keypairs = usage_drift(Agent.objects.select_for_update(),
+                                   KeyPair.objects.select_for_update())
+    for agent, expected in agents:
+        agent.occupied_slots = expected.to_json()
+        agent.save(update_fields=["occupied_slots"])
+    for keypair, expected in keypairs:
+        keypair.concurrency_used = expected
+        keypair.save(update_fields=["concurrency_used"])
+    return {"agents": [a.pk for a, _ in agents], "keypairs": [k.pk for k, _ in keypairs]}

@@ -1,4 +1,8 @@
-"""The owner's activity on a session, which the network-timeout idle checker reads."""
+"""The owner's activity on a session, which the network-timeout idle checker reads.
+
+Activity is what touches the session's containers: commands (execute), a restart, and the
+app-activity probe of a Jupyter-style app. Reading its status (API or Backend.AI GET,
+its page, a websocket), its logs or its events is not."""
 
 from . import clock
 from .models import Session

@@ -25,7 +25,7 @@ def destroy_sessions(request, sessions, *, forced):
             result = destroy_session(session, forced=forced, actor=request.user,
                                      reason="user-requested")
         except DestroyRefused as exc:
-            refused[exc.message].append(session.name)
+            refused[exc.rule].append(session.name)
         else:
             done[result.status] += 1
     return done, refused

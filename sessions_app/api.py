@@ -36,6 +36,11 @@ from .tools import execute_in_session, restart_session, session_logs
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 
+# What touches the session's containers is activity (idle culling); reading its status,
+# logs or events is not, as in Backend.AI, or a script that waits for a status would keep
+# a session alive for ever.
+ACTIVITY_ACTIONS = {"execute", "restart"}
+
 
 def is_true(value):
     return str(value).strip().lower() in TRUE_WORDS
@@ -100,12 +105,16 @@ def resolve_dependencies(request, owner, refs):
 class KernelSerializer(serializers.ModelSerializer):
     session = serializers.UUIDField(source="session_id", read_only=True)
     cluster_hostname = serializers.CharField(read_only=True)
+    agent_status = serializers.CharField(
+        source="agent.status", default=None, allow_null=True, read_only=True,
+        help_text="ALIVE, or LOST while its agent does not report (the kernel keeps its "
+                  "status until the agent is back or the lost timeout ends it).")
 
     class Meta:
         model = Kernel
         fields = ["id", "session", "cluster_role", "cluster_idx", "cluster_hostname", "image",
-                  "status", "status_info", "status_changed", "agent", "agent_addr",
-                  "container_id", "occupied_slots", "exit_code", "last_stat"]
+                  "status", "status_info", "status_changed", "agent", "agent_status",
+                  "agent_addr", "container_id", "occupied_slots", "exit_code", "last_stat"]
 
 
 class SessionEventSerializer(serializers.ModelSerializer):
@@ -133,6 +142,9 @@ class SessionSerializer(serializers.ModelSerializer):
     pending_reason = serializers.SerializerMethodField()
     idle_checks = serializers.SerializerMethodField()
     queue = serializers.SerializerMethodField()
+    unreachable_agents = serializers.ListField(
+        child=serializers.CharField(), read_only=True,
+        help_text="Agents of its live kernels that stopped reporting; empty normally.")
     kernels = KernelSerializer(many=True)
 
     class Meta:
@@ -143,7 +155,7 @@ class SessionSerializer(serializers.ModelSerializer):
                   "owner_access_key", "startup_command", "grace_period", "batch_timeout", "tag",
                   "created_at", "starts_at", "terminated_at", "result", "last_activity",
                   "idle_exempt", "idle_checks", "priority", "preemptible", "queue",
-                  "kernels"]
+                  "unreachable_agents", "kernels"]
 
     @extend_schema_field(QUEUE_SCHEMA)
     def get_queue(self, session):
@@ -250,7 +262,7 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     serializer_class = SessionSerializer
 
     def get_queryset(self):
-        sessions = visible_sessions(self.request).prefetch_related("kernels")
+        sessions = visible_sessions(self.request).prefetch_related("kernels__agent")
         if self.action != "list":
             return sessions
         params = self.request.query_params
@@ -267,8 +279,8 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             session = super().get_object()
         except (Http404, DjangoValidationError):  # another user's session is not there at all
             raise NotFound("Session not found.") from None
-        if self.action != "destroy":
-            activity.touch(session.pk, self.request.user)  # the owner's use keeps it alive
+        if self.action in ACTIVITY_ACTIONS:  # the owner's use of it keeps it alive
+            activity.touch(session.pk, self.request.user)
         return session
 
     def get_serializer_class(self):
@@ -286,7 +298,8 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def retrieve(self, request, *args, **kwargs):
         """A session with its kernels, pending reason and event history."""
         session = self.get_object()
-        session = Session.objects.prefetch_related("events__kernel").get(pk=session.pk)
+        session = Session.objects.prefetch_related("events__kernel", "kernels__agent").get(
+            pk=session.pk)
         return Response(SessionDetailSerializer(session).data)
 
     @extend_schema(request=SessionCreateSerializer,

@@ -6,8 +6,9 @@ The Backend.AI CLI prints `title`, then `msg`, then (for invalid parameters) eac
 
 import logging
 
-from django.db import DataError, IntegrityError
+from django.db import DataError, IntegrityError, InterfaceError, OperationalError
 from django.db.models import ProtectedError, RestrictedError
+from django.http import JsonResponse
 from rest_framework import status
 from rest_framework.exceptions import APIException
 from rest_framework.response import Response
@@ -59,7 +60,38 @@ def _flatten(detail):
     return str(detail)
 
 
+DATABASE_RETRY_AFTER = 5  # seconds; a restarting PostgreSQL is usually back by then
+
+
+def database_unavailable(exc):
+    """503 with a retry hint for a request that found the database away (restarting,
+    unreachable); nothing was half-written: each request is one transaction or none."""
+    log.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
+    return JsonResponse(
+        error_body(503, "The database is not answering; nothing was changed. Try again in "
+                        f"{DATABASE_RETRY_AFTER} seconds.", title="Database unavailable."),
+        status=503, headers={"Retry-After": str(DATABASE_RETRY_AFTER)})
+
+
+class DatabaseUnavailableMiddleware:
+    """Every page and route (not only the DRF API): a lost database connection is a JSON 503,
+    never Django's error page or a traceback, also under DEBUG."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        if isinstance(exception, OperationalError | InterfaceError):
+            return database_unavailable(exception)
+        return None
+
+
 def exception_handler(exc, context):
+    if isinstance(exc, OperationalError | InterfaceError):
+        return database_unavailable(exc)
     if isinstance(exc, DataError):  # such as a NUL character, which PostgreSQL cannot store
         return Response(error_body(400, "The request holds a value the database cannot store "
                                         "(a NUL character, or a number out of range)."),

@@ -89,7 +89,7 @@ class CompatView(APIView):
         key = first_of(request.query_params, "owner_access_key", "ownerAccessKey")
         return owner_keypair(request, key)
 
-    def session(self, request, ref, *, touch=True):
+    def session(self, request, ref, *, touch=False):
         sessions = visible_sessions(request)
         found = None
         with contextlib.suppress(ValueError):
@@ -291,12 +291,13 @@ class SessionResource(CompatView):
         return Response({"stats": result.last_stat, "status": result.status})
 
     def patch(self, request, ref):
-        restart_session(self.session(request, ref), actor=request.user.get_username())
+        restart_session(self.session(request, ref, touch=True),
+                        actor=request.user.get_username())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     def post(self, request, ref):
         data = body_of(request)
-        session = self.session(request, ref)
+        session = self.session(request, ref, touch=True)  # a command is activity
         command, run_id = run_command(session, data)
         if command is None:
             return Response(execution_result(run_id, {}))

@@ -13,6 +13,7 @@ sessions_app.events.message. The client may send:
 Refusals are {"event": "error", "reason": "..."}.
 """
 
+import asyncio
 import datetime
 import uuid
 from urllib.parse import parse_qs
@@ -21,7 +22,9 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils.dateparse import parse_datetime
 
-from . import activity, clock, fanout
+from backendai_web import metrics
+
+from . import clock, fanout
 from .events import ADMINS_GROUP, message_of, session_group, user_group
 from .keypairs import is_admin, main_keypair
 from .models import Session, SessionEvent
@@ -68,6 +71,8 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         # A list of sessions needs no kernel events: fewer messages to send to each page.
         self.session_events_only = query.get("events") == ["session"]
         await self.accept()
+        self.counted = True
+        await asyncio.to_thread(metrics.add, "websocket_connections", 1)
         if query.get("session"):
             await self.narrow(query["session"][0])
         else:
@@ -83,6 +88,9 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         self.groups_joined = groups
 
     async def disconnect(self, code):
+        if getattr(self, "counted", False):
+            self.counted = False
+            await asyncio.to_thread(metrics.add, "websocket_connections", -1)
         hub = fanout.current()
         for group in getattr(self, "groups_joined", []) if hub else []:
             await hub.discard(group, self.push)
@@ -107,10 +115,7 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         if not found:  # another user's session is not there at all, as in the API
             await self.refuse("Session not found.")
             return
-        self.session_id = session_id
-        # Opening the owner's session page (or reconnecting it) is activity on it; an open
-        # tab that just listens is not, so this counts once per connection.
-        await database_sync_to_async(activity.touch)(session_id, self.user)
+        self.session_id = session_id  # following a session is not activity on it
         await self.join([session_group(session_id)])
         await self.send_json({"event": "subscribed", "session_id": str(session_id)})
 

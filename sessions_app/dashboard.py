@@ -18,7 +18,7 @@ from django.views.decorators.http import require_POST
 from agents_app.models import Agent, AgentStatus
 from scheduling_app.slots import ResourceSlots, format_bytes
 
-from . import activity, clock, timeline
+from . import clock, timeline
 from .forms import SessionForm
 from .keypairs import is_admin, main_keypair
 from .lifecycle import DestroyRefused, destroy_session
@@ -26,7 +26,6 @@ from .models import FINISHED_STATUSES, Session, Status
 
 LIST_LIMIT = 200
 # Sent by static/js/live.js's refresher when a page re-reads itself.
-REFRESH_HEADER = "X-Dashboard-Refresh"
 
 
 def viewer(request):
@@ -51,7 +50,7 @@ def session_list(request):
     _, admin = viewer(request)
     scope = "all" if admin and request.GET.get("scope") == "all" else "mine"
     tab = "finished" if request.GET.get("tab") == "finished" else "live"
-    sessions = Session.objects.select_related("user").prefetch_related("kernels")
+    sessions = Session.objects.select_related("user").prefetch_related("kernels__agent")
     if scope == "mine":
         sessions = sessions.filter(user=request.user)
     finished = sessions.filter(status__in=FINISHED_STATUSES)
@@ -80,17 +79,14 @@ def session_create(request):
 @login_required
 def session_detail(request, pk):
     session = visible_session(request, pk)
-    # The owner opening the page is using the session; the page re-reading itself after
-    # an event or to follow the idle countdown is not (else it would never be culled).
-    if REFRESH_HEADER not in request.headers:
-        activity.touch(session.pk, request.user)
+    # Looking at a session is not using it (activity.py): the page touches nothing.
     _, admin = viewer(request)
     events = list(session.events.select_related("kernel").order_by("created_at", "id"))
     now = clock.now()
     idle_state, idle_checks = timeline.idle_checks(session, now)
     return render(request, "dashboard/session_detail.html", {
         "session": session, "admin": admin, "events": events,
-        "kernels": session.kernels.all(), "phases": timeline.phases(events),
+        "kernels": session.kernels.select_related("agent"), "phases": timeline.phases(events),
         "progress": timeline.start_progress(session),
         "finished": session.status in FINISHED_STATUSES, "rendered_at": now,
         "idle_state": idle_state, "idle_checks": idle_checks,

@@ -125,10 +125,11 @@ def _record_many(session, events, reason, actor, now):
                         to_status or "", reason, actor, data or {}, now)
                        for kernel, name, from_status, to_status, data in events],
                       returning="id")
+    agent_id = next((k.agent_id for k, *_ in events if k is not None), None)
     events_module.publish_many_on_commit([
         (session, name, {"kernel_id": kernel.pk if kernel else None, "status": to_status,
                          "previous_status": from_status, "reason": reason, "at": now,
-                         "data": data, "event_id": event_id})
+                         "data": data, "event_id": event_id, "agent_id": agent_id})
         for (kernel, name, from_status, to_status, data), event_id in zip(events, ids,
                                                                            strict=True)])
 
@@ -444,9 +445,12 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
                                      "reason", "actor", "data", "created_at"],
                       [(sid, kid, name, before, step, "", actor, {}, now)
                        for sid, kid, name, before, step in events], returning="id")
+    agent_of = dict(kernel_updates)
+    session_agent = {kernel_rows[kid][1]: agent_id for kid, agent_id in kernel_updates}
     events_module.publish_many_on_commit(
         [(sessions[sid], name, {"kernel_id": kid, "status": step, "previous_status": before,
-                                "reason": "", "at": now, "event_id": event_id})
+                                "reason": "", "at": now, "event_id": event_id,
+                                "agent_id": agent_of[kid] if kid else session_agent[sid]})
          for (sid, kid, name, before, step), event_id in zip(events, ids, strict=True)])
     if check_image:
         kernels = [_KernelRef(kernel_id, agent_id, kernel_rows[kernel_id][4])

@@ -55,18 +55,62 @@ def publish_on_commit(session, name, **fields):
 
 
 def publish_many_on_commit(items):
-    """Many (session, name, fields) messages, sent together after commit."""
-    batch = []
+    """Many (session, name, fields) messages, logged and sent together after commit.
+    `fields` may name the `agent_id` of the change, for the log only."""
+    batch, agents = [], []
     for session, name, fields in items:
+        agents.append(fields.pop("agent_id", None))
         msg = message(session, name, **fields)
         batch.append(([session_group(session.pk), user_group(session.user_id), ADMINS_GROUP],
                       msg))
     if batch:
-        transaction.on_commit(lambda: publish_batch(batch))
+        def after_commit():
+            log_events([msg for _, msg in batch], agents)
+            publish_batch(batch)
+
+        transaction.on_commit(after_commit)
 
 
 def publish(groups, msg):
     publish_batch([(groups, msg)])
+
+
+# Kernel events worth a line of their own; the other kernel steps follow from the
+# session's line (at DEBUG they are logged too).
+LOGGED_KERNEL_EVENTS = ("kernel_retry", "kernel_error", "kernel_health")
+
+
+def log_events(messages, agents):
+    """One log line per stored session event (a transition, an idle warning, a retry),
+    after commit, with its ids as fields for LOG_FORMAT=json: `session_id`, `kernel_id`
+    (a session's line: its kernels that moved, `kernel_ids`), `agent_id`."""
+    moved = {}
+    for msg in messages:
+        if msg["kernel_id"]:
+            moved.setdefault((msg["session_id"], msg["status"]), []).append(msg["kernel_id"])
+    for msg, agent_id in zip(messages, agents, strict=True):
+        session_level = msg["kernel_id"] is None
+        level = (logging.INFO if session_level or msg["event"].startswith(LOGGED_KERNEL_EVENTS)
+                 else logging.DEBUG)
+        if not log.isEnabledFor(level):
+            continue
+        extra = {"event": msg["event"], "session_id": msg["session_id"],
+                 "session_name": msg["session_name"], "kernel_id": msg["kernel_id"],
+                 "agent_id": agent_id or msg["data"].get("agent_id"),
+                 "status": msg["status"], "previous_status": msg["previous_status"],
+                 "reason": msg["reason"]}
+        if session_level:
+            kernels = moved.get((msg["session_id"], msg["status"]), [])
+            extra["kernel_ids"] = kernels
+            extra["kernel_id"] = kernels[0] if len(kernels) == 1 else None
+            subject = f"session {msg['session_name']} ({msg['session_id']})"
+        else:
+            subject = f"kernel {msg['kernel_id']} of session {msg['session_id']}"
+        change = (f"{msg['previous_status']} -> {msg['status']}"
+                  if msg["previous_status"] not in ("", msg["status"]) else msg["status"])
+        log.log(level, "%s %s: %s%s%s", subject, msg["event"], change,
+                f" on agent {extra['agent_id']}" if extra["agent_id"] else "",
+                f" ({msg['reason']})" if msg["reason"] else "", extra=extra)
 
 
 def publish_batch(batch):

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from agents_app.models import AgentStatus
 from scheduling_app.models import Domain, Project, ResourcePolicy, ScalingGroup, SlotsField
 
 
@@ -196,6 +197,15 @@ class Session(StatusFields):
                 "unknown_reason": record.get("prediction_unknown") or "",
                 "reservation": record.get("reservation"),
                 "as_of": record.get("last_try")}
+
+    @property
+    def unreachable_agents(self):
+        """Agents of its live kernels that stopped reporting (LOST): the kernels keep their
+        status until the agent is back or its lost_timeout ends them. Reads the kernels
+        and agents prefetched with `kernels__agent`."""
+        return sorted({k.agent_id for k in self.kernels.all()
+                       if k.agent_id and k.status not in FINISHED_STATUSES
+                       and k.agent.status == AgentStatus.LOST})
 
     @property
     def main_kernel(self):

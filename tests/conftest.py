@@ -4,13 +4,16 @@ A test that needs Docker, PostgreSQL or Redis skips when it is missing on a deve
 machine and fails under CI=true, where every service must be there.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 
+import docker
 import pytest
 from django.conf import settings
 from django.core.management import CommandError
@@ -84,6 +87,33 @@ def wait_for(predicate, timeout=30.0, interval=0.1, message="condition"):
             return result
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+@contextlib.contextmanager
+def beat_sweeping(interval=0.1):
+    """The lost-agent sweep every `interval` s in a thread, as beat fires it all along
+    (so that the manager is listening when a fault starts); yields the agents it found."""
+    from django.db import connections
+
+    from sessions_app.lifecycle import progress
+
+    stop, found = threading.Event(), []
+
+    def run():
+        try:
+            while not stop.is_set():
+                found.extend(progress.sweep_lost_agents())
+                stop.wait(interval)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield found
+    finally:
+        stop.set()
+        thread.join(timeout=30)
 
 
 @pytest.fixture
@@ -215,12 +245,7 @@ class LiveSystem:
                     "REDIS_URL": settings.REDIS_URL, "PYTHONUNBUFFERED": "1"}
         self.manager_env = {**base_env, "DATABASE_URL": database_url_of_test_db()}
         self.agent_env = {**base_env, "DATABASE_URL": NO_DATABASE_URL}
-        celery = str(Path(sys.executable).with_name("celery"))
-        self.worker = Process("manager-worker", [
-            celery, "-A", "backendai_web", "worker", "-Q", "manager", "--pool", "threads",
-            "-c", "4", "-n", f"manager-{self.agent_id}@%h", "--without-gossip",
-            "--without-mingle", "-l", "INFO",
-        ], self.manager_env, log_dir)
+        self.worker = self.worker_process(self.manager_env)
         self.agent = self.agent_process()
 
     def agent_process(self):
@@ -233,6 +258,22 @@ class LiveSystem:
     def restart_agent(self):
         self.agent.stop()
         self.agent = self.agent_process().start()
+
+    def worker_process(self, env):
+        celery = str(Path(sys.executable).with_name("celery"))
+        self.workers_started = getattr(self, "workers_started", 0) + 1
+        name = "manager-worker" + (f"-{self.workers_started}" if self.workers_started > 1 else "")
+        return Process(name, [
+            celery, "-A", "backendai_web", "worker", "-Q", "manager", "--pool", "threads",
+            "-c", "4", "-n", f"manager-{self.agent_id}@%h", "--without-gossip",
+            "--without-mingle", "-l", "INFO",
+        ], env, self.log_dir)
+
+    def restart_worker(self, env):
+        """A new manager worker with `env`, once the one running has stopped."""
+        self.worker.stop()
+        self.worker = self.worker_process(env).start()
+        return self.worker
 
     def wait_for_agent(self, timeout=60, since=None):
         """The agent ALIVE, with a heartbeat after `since` (a restarted agent is up)."""
@@ -258,10 +299,21 @@ def live_system(django_db_setup, django_db_blocker, docker_client, redis_availab
     yield system
     system.agent.stop()
     system.worker.stop()
+    remove_kernels_of(docker_client, system.agent_id)
+
+
+def remove_kernels_of(docker_client, agent_id):
+    """The containers an agent left, and their sessions' networks."""
+    sessions = set()
     for container in docker_client.containers.list(
-        all=True, filters={"label": f"ai.backend.agent-id={system.agent_id}"}
+        all=True, filters={"label": f"ai.backend.agent-id={agent_id}"}
     ):
+        sessions.add(container.labels.get("ai.backend.session-id"))
         container.remove(force=True)
+    for session_id in sessions - {None}:
+        for network in docker_client.networks.list(names=[f"bai-session-{session_id}"]):
+            with contextlib.suppress(docker.errors.APIError):  # a sibling elsewhere uses it
+                network.remove()
 
 
 @pytest.fixture

@@ -116,8 +116,10 @@ def test_a_container_that_dies_by_itself_is_self_terminated(live, as_alice, dock
     wait_status(session_id, S.TERMINATED)
     kernel.refresh_from_db()
     assert (kernel.status_info, kernel.exit_code) == ("self-terminated", 137)
-    assert not docker_client.containers.list(
-        all=True, filters={"label": f"ai.backend.kernel-id={kernel.pk}"})
+    # Removed once its exit report is delivered (until then it is the record of the exit).
+    wait_for(lambda: not docker_client.containers.list(
+        all=True, filters={"label": f"ai.backend.kernel-id={kernel.pk}"}), timeout=15,
+        message="the exited container removed")
 
 
 def test_cluster_session_has_its_network_hostnames_and_shared_ssh_key(live, as_alice,
@@ -128,8 +130,13 @@ def test_cluster_session_has_its_network_hostnames_and_shared_ssh_key(live, as_a
     session = Session.objects.get(pk=session_id)
     network = f"bai-session-{session_id}"
     assert docker_client.networks.list(names=[network])
+    # No ping: kernels have no NET_RAW (README "Kernel hardening"); TCP to a listener.
+    sub = session.kernels.get(cluster_role="sub")
+    docker_client.containers.get(sub.container_id).exec_run(
+        ["nc", "-ll", "-p", "7000", "-e", "echo", "reachable"], detach=True)
+    time.sleep(0.5)
     pinged = as_alice.post(f"/api/v1/sessions/{session_id}/execute/",
-                           {"command": "ping -c1 -W2 sub1 >/dev/null && echo reachable; "
+                           {"command": "nc -w 2 sub1 7000 </dev/null; "
                                        "echo $BACKENDAI_CLUSTER_HOST $BACKENDAI_CLUSTER_SIZE; "
                                        "cat /home/work/.ssh/id_cluster.pub"},
                            content_type="application/json").json()
@@ -137,7 +144,6 @@ def test_cluster_session_has_its_network_hostnames_and_shared_ssh_key(live, as_a
     lines = pinged["stdout"].splitlines()
     assert lines[0] == "reachable" and lines[1] == "main1 2"
     assert lines[2] + "\n" == session.cluster_ssh["public"]
-    sub = session.kernels.get(cluster_role="sub")
     in_sub = docker_client.containers.get(sub.container_id).exec_run(
         ["cat", "/home/work/.ssh/authorized_keys"]).output.decode()
     assert in_sub == session.cluster_ssh["public"]

@@ -167,11 +167,14 @@ def test_docker_unreachable_for_a_while_the_agent_keeps_its_heartbeat_and_recove
         row.refresh_from_db()
         assert row.last_heartbeat > first  # still beating without Docker
         assert row.status == AgentStatus.ALIVE and row.docker_error
-        assert "Docker engine unreachable" in agent.output()
+        # Logged when it starts, not at every heartbeat (again only every 300 s).
+        assert agent.output().count("Docker engine unreachable") == 1
+        assert agent.output().count("Docker event stream interrupted") <= 1
         proxy.start()
         wait_for(lambda: Agent.objects.get(pk=agent_id).docker_error == "", timeout=15,
                  message="the agent to recover")
-        assert "Docker engine reachable again" in agent.output()
+        wait_for(lambda: "Docker engine unreachable, this agent takes no kernels: over after"
+                 in agent.output(), timeout=5, message="the recovery's log line")
     finally:
         agent.stop()
         with contextlib.suppress(OSError):  # stopped already when the test failed early

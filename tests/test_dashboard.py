@@ -243,7 +243,7 @@ def test_terminate_refusal_is_shown_with_the_rules_message(as_alice, alice):
     session = make_session(alice, S.PREPARING)
     response = as_alice.post(f"/sessions/{session.pk}/terminate/", follow=True)
     assert ("was not terminated: Cannot destroy kernels in scheduled/preparing/terminating/"
-            "error status." in text_of(response))
+            "error status; PREPARING times out at " in text_of(response))
     response = as_alice.post(f"/sessions/{session.pk}/terminate/", {"forced": "true"},
                              follow=True)
     assert "was not terminated: You are not allowed to force-terminate." in text_of(response)

@@ -66,8 +66,8 @@ def test_destroy_rules(status, forced, role, users, client, sent,
     kernel.refresh_from_db()
     session.refresh_from_db()
     assert kernel.status == kernel_after
-    if message:
-        assert response.json()["msg"] == message
+    if message:  # the rule's words, then when the status ends by itself
+        assert response.json()["msg"].startswith(message)
     if event is None:  # refused or already finished: nothing changed
         assert SessionEvent.objects.filter(kernel=kernel).count() == before_events
         assert kernel.status_info == before_reason
@@ -100,6 +100,7 @@ def test_destroy_rules(status, forced, role, users, client, sent,
         assert len(destroys) == (1 if container_known and status != S.PENDING else 0)
     if destroys:
         assert destroys[0]["kernel_id"] == str(kernel.pk)
+        assert destroys[0]["forced"] is forced  # force reaches the agent as force
 
 
 def test_destroy_is_idempotent(alice, client):
@@ -152,3 +153,39 @@ def test_a_multi_kernel_session_is_refused_whole_when_one_kernel_is_in_transit(a
     client.force_login(alice)
     assert client.delete(f"/api/v1/sessions/{session.pk}/").status_code == 409
     assert session.kernels.get(cluster_role="main").status == S.RUNNING
+
+
+@pytest.mark.parametrize(("status", "timeout_field", "then"), [
+    (S.SCHEDULED, "scheduled_timeout", "it is then retried or rescheduled"),
+    (S.PREPARING, "preparing_timeout", "it is then retried or rescheduled"),
+    (S.PULLING, "pull_timeout", "it is then retried or rescheduled"),
+    (S.PREPARED, "prepared_timeout", "it is then retried or rescheduled"),
+    (S.CREATING, "create_timeout", "it is then retried or rescheduled"),
+    (S.TERMINATING, "terminate_timeout", "it is then killed at once"),
+])
+def test_a_refused_destroy_says_when_the_status_times_out(status, timeout_field, then,
+                                                         alice, client):
+    import time_machine
+
+    from scheduling_app.models import ScalingGroup
+    from sessions_app import clock
+
+    ScalingGroup.objects.filter(name="default").update(**{timeout_field: 90})
+    with time_machine.travel("2026-01-01 10:00:00Z", tick=False):
+        session = make_session(alice, status)
+    client.force_login(alice)
+    with time_machine.travel("2026-01-01 10:00:30Z", tick=False):
+        assert clock.now().isoformat().startswith("2026-01-01T10:00:30")
+        response = client.delete(f"/api/v1/sessions/{session.pk}/")
+    assert response.status_code == 409
+    assert response.json()["msg"].endswith(
+        f"; {status} times out at 2026-01-01T10:01:30+00:00 (in 60s): {then}")
+
+
+def test_a_refused_destroy_of_an_error_kernel_says_how_it_ends(alice, client):
+    session = make_session(alice, S.ERROR)
+    client.force_login(alice)
+    response = client.delete(f"/api/v1/sessions/{session.pk}/")
+    assert response.status_code == 409
+    assert response.json()["msg"].endswith(
+        "; it stays in ERROR until its container is removed or an admin force-terminates it")

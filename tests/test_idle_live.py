@@ -185,3 +185,57 @@ def test_an_idle_jupyter_kernel_is_culled_even_while_the_owner_runs_commands(
     assert checks["app-activity"]["app_busy"] is False
     assert checks["app-activity"]["expires_at"] == (
         session.starts_at + timedelta(seconds=4)).isoformat()
+
+
+def serving_answer(answer):
+    """A startup command whose /api/kernels answers `answer` (any bytes)."""
+    return (f"mkdir -p /www/api && printf '%s' '{answer}' > /www/api/kernels"
+            f" && exec httpd -f -p {APP_PORT} -h /www")
+
+
+# Sends its headers, then nothing for a minute: a server that never finishes its answer.
+HANGING_APP = (f"while :; do (printf 'HTTP/1.0 200 OK\\r\\n\\r\\n['; sleep 60) "
+               f"| nc -l -p {APP_PORT}; done")
+HUGE_APP = (f"mkdir -p /www/api && head -c 1000000 /dev/zero | tr '\\0' ' ' > "
+            f"/www/api/kernels && exec httpd -f -p {APP_PORT} -h /www")
+
+
+def test_broken_apps_leave_the_heartbeat_on_time_and_the_other_sessions_probed(
+        live, alice, client, policy, app_image):
+    from agents_app.models import Agent
+
+    policy.idle_timeout = 3600
+    policy.save()
+    wait_for(lambda: Image.objects.filter(name=app_image).exists(), message="the image")
+    client.force_login(alice)
+    small = {"cpu": "0.25", "mem": "64m"}  # six of them fit the test agent
+    broken = [running(create(client, name, image=app_image, startup_command=command,
+                             resources=small))
+              for name, command in [
+                  ("hanging", HANGING_APP), ("huge", HUGE_APP),
+                  ("not-json", serving_answer("[{{{")),
+                  ("not-kernels", serving_answer('[1, "two"]')),
+                  ("bad-time", serving_answer('[{"last_activity": "yesterday"}]'))]]
+    good = running(create(client, "good", image=app_image, resources=small,
+                          startup_command=serving_kernels([
+                              {"id": "k1", "execution_state": "busy",
+                               "last_activity": LONG_AGO}])))
+    assert wait_for(lambda: app_report(good), message="the good app's report")["busy"]
+    beats, deadline = [], time.monotonic() + 6
+    while time.monotonic() < deadline:  # every heartbeat the manager takes in, for 6 s
+        beat = Agent.objects.get(pk=live.agent_id).last_heartbeat
+        if not beats or beat != beats[-1]:
+            beats.append(beat)
+        time.sleep(0.05)
+    gaps = [(b - a).total_seconds() for a, b in zip(beats, beats[1:], strict=False)]
+    assert len(beats) >= 8 and max(gaps) < 1.2, gaps  # interval 0.5 s, as without them
+    for session in broken:
+        assert app_report(session) is None
+        assert Session.objects.get(pk=session.pk).status == S.RUNNING
+    idle.check_idle()  # the pass goes over every one of them
+    good.refresh_from_db()
+    assert good.status_data["idle_checks"]["app-activity"]["app_busy"] is True
+    log = live.agent.output()
+    assert "malformed /api/kernels ignored" in log
+    for session in [*broken, good]:
+        client.delete(f"/api/v1/sessions/{session.pk}/")

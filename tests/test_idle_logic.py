@@ -183,24 +183,56 @@ def test_the_pass_costs_the_same_queries_for_few_or_many_sessions(
         idle.check_idle()
 
 
-def test_owner_activity_is_recorded_by_the_api_but_not_an_admins_look(alice, carol, client):
+def test_only_what_touches_the_containers_is_activity(alice, carol, client, sent):
     make_agent()
     session = make_session(alice, Status.RUNNING)
-    client.force_login(carol)
-    client.get(f"/api/v1/sessions/{session.pk}/")
+    client.force_login(alice)
+    for path in (f"/api/v1/sessions/{session.pk}/", f"/api/v1/sessions/{session.pk}/events/",
+                 f"/sessions/{session.pk}/"):  # reading its status is not using it
+        assert client.get(path).status_code == 200
+    assert Session.objects.get(pk=session.pk).last_activity is None
+    client.force_login(carol)  # an admin's restart is not the owner's activity
+    assert client.post(f"/api/v1/sessions/{session.pk}/restart/").status_code == 202
     assert Session.objects.get(pk=session.pk).last_activity is None
     client.force_login(alice)
-    client.get(f"/api/v1/sessions/{session.pk}/")
+    assert client.post(f"/api/v1/sessions/{session.pk}/restart/").status_code == 202
     assert Session.objects.get(pk=session.pk).last_activity is not None
     assert clock.now() >= Session.objects.get(pk=session.pk).last_activity
 
 
-def test_the_owners_session_page_counts_as_activity(alice, carol, client):
+def test_a_status_polling_owner_does_not_keep_an_idle_session_alive(alice, client, sent):
+    from tests.signing import signed_call
+
+    policy = default_of(ResourcePolicy)
+    policy.idle_timeout = 600
+    policy.save()
     make_agent()
     session = make_session(alice, Status.RUNNING)
-    client.force_login(carol)
-    assert client.get(f"/sessions/{session.pk}/").status_code == 200
-    assert Session.objects.get(pk=session.pk).last_activity is None
     client.force_login(alice)
-    assert client.get(f"/sessions/{session.pk}/").status_code == 200
-    assert Session.objects.get(pk=session.pk).last_activity is not None
+    keypair = session.keypair
+    culled = {}
+    for minute in range(1, 11):  # a script waiting for a status, every minute
+        with time_machine.travel(session.starts_at + timedelta(minutes=minute), tick=False):
+            assert client.get(f"/api/v1/sessions/{session.pk}/").status_code == 200
+            assert client.get(f"/sessions/{session.pk}/").status_code == 200
+            assert signed_call(client, keypair, "GET", f"/session/{session.name}") \
+                .status_code == 200
+            culled[minute] = idle.check_idle()
+    assert culled == {**{m: [] for m in range(1, 10)}, 10: [session.pk]}  # 600 s idle
+    session.refresh_from_db()
+    assert (session.status, session.status_info) == (Status.TERMINATING, "idle-timeout")
+    assert session.last_activity is None
+
+
+def test_one_unreadable_app_report_never_stops_the_pass_for_the_others(alice, caplog):
+    policy = default_of(ResourcePolicy)
+    policy.idle_timeout = 600
+    policy.save()
+    make_agent(slots={"cpu": "8", "mem": "8g"})
+    broken = make_session(alice, Status.RUNNING, name="broken")
+    fine = make_session(alice, Status.RUNNING, name="fine")
+    broken.kernels.update(last_stat={"app": {"busy": False, "last_activity": "yesterday"}})
+    with time_machine.travel(fine.starts_at + timedelta(seconds=601), tick=False):
+        assert set(idle.check_idle()) == {fine.pk}
+    assert f"idle check of session {broken.pk} skipped" in caplog.text
+    assert Session.objects.get(pk=broken.pk).status == Status.RUNNING

@@ -22,7 +22,7 @@ from tests.factories import make_agent, make_session
 
 STATUSES = list(Status)
 AGENT_EVENTS = ["image_pulling", "image_pulled", "pull_failed", "kernel_started",
-                "creation_failed", "kernel_terminated"]
+                "creation_failed", "kernel_terminated", "teardown_failed", "pre_stop_failed"]
 
 operations = st.lists(st.one_of(
     st.tuples(st.just("create"), st.integers(1, 2)),

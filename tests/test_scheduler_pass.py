@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 import time_machine
 
-from agents_app.models import Agent, AgentStatus
+from agents_app.models import Agent
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
 from scheduling_app.scheduler import schedule
 from sessions_app import clock
@@ -146,21 +146,6 @@ def test_sweep_pending_cancels_after_the_groups_timeout(alice):
     assert (session.status, session.status_info) == (S.CANCELLED, "pending-timeout")
 
 
-def test_an_agent_without_heartbeat_is_lost_and_its_kernels_released(alice, settings):
-    settings.AGENT_HEARTBEAT_INTERVAL = 5
-    agent = make_agent(slots={"cpu": "4", "mem": "4g"})
-    make_session(alice, S.RUNNING, agent=agent)
-    with time_machine.travel(clock.now() + timedelta(seconds=14)):
-        assert progress.sweep_lost_agents() == []
-    with time_machine.travel(clock.now() + timedelta(seconds=16)):
-        assert progress.sweep_lost_agents() == [agent.pk]
-    agent.refresh_from_db()
-    assert agent.status == AgentStatus.LOST and agent.free_slots == {"cpu": 4, "mem": 4 * 2**30}
-    kernel = Kernel.objects.get()
-    assert (kernel.status, kernel.status_info) == (S.TERMINATED, "agent-lost")
-    assert KeyPair.objects.get(user=alice).concurrency_used == 0
-
-
 def test_failed_pulls_are_retried_then_rescheduled_on_another_agent(alice, sent):
     bad = make_agent("bad")
     session = make_session(alice, S.PULLING, agent=bad)
@@ -214,8 +199,8 @@ def test_stuck_stages_time_out(alice, sent):
     with time_machine.travel(clock.now() + timedelta(seconds=122)):
         progress.check_progress()
     assert creating.kernels.get().status_data["retries"] == {"creating": 2}
-    t = terminating.kernels.get()
-    assert (t.status, t.status_info) == (S.TERMINATED, "force-terminated")
+    t = terminating.kernels.get()  # killed at once, then ERROR (test_stage_timeouts.py)
+    assert (t.status, t.status_data["forced"]) == (S.ERROR, True)
 
 
 def test_lost_destroy_requests_are_sent_again(alice, sent):

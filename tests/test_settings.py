@@ -78,3 +78,33 @@ def test_a_closed_connection_goes_back_to_the_pool(postgres):
         connection.close()
     assert len(seen) <= pooled < 10, (seen, pooled)  # without the pool: 10 new backends
     assert connection.pool.get_stats()["pool_size"] == pooled  # none opened meanwhile
+
+
+def test_the_production_settings_of_the_readme_pass_check_deploy_without_a_warning(tmp_path):
+    secret = tmp_path / "secret_key"
+    secret.write_text("k7Qx2-production-secret-" + "9f8e7d6c5b4a" * 5 + "\n")
+    token = tmp_path / "metrics_token"
+    token.write_text("scrape-me\n")
+    clean = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DEBUG"}}
+    env = {**clean, "DJANGO_SETTINGS_MODULE": "backendai_web.settings", "DEBUG": "false",
+           "HTTPS": "true", "SECRET_KEY_FILE": str(secret), "METRICS_TOKEN_FILE": str(token),
+           "ALLOWED_HOSTS": "bai.example.com", "CSRF_TRUSTED_ORIGINS": "https://bai.example.com",
+           "LOG_FORMAT": "json"}
+    checked = subprocess.run([sys.executable, "manage.py", "check", "--deploy",
+                              "--fail-level", "WARNING"], cwd=ROOT, env=env,
+                             capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "System check identified no issues (0 silenced)." in checked.stdout
+    shown = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); from django.conf import "
+         "settings as s; print(s.SECRET_KEY, s.METRICS_TOKEN, s.SESSION_COOKIE_SECURE, "
+         "s.SECURE_PROXY_SSL_HEADER)"], cwd=ROOT, env=env, capture_output=True, text=True,
+        check=True)
+    assert shown.stdout.split()[:4] == [secret.read_text().strip(), "scrape-me", "True",
+                                        "('HTTP_X_FORWARDED_PROTO',"]
+    # Without the production settings the same check warns (the test can fail).
+    plain = subprocess.run([sys.executable, "manage.py", "check", "--deploy",
+                            "--fail-level", "WARNING"], cwd=ROOT,
+                           env={**clean, "DJANGO_SETTINGS_MODULE": "backendai_web.settings"},
+                           capture_output=True, text=True)
+    assert plain.returncode != 0 and "security.W018" in plain.stderr + plain.stdout

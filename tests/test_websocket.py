@@ -156,10 +156,10 @@ async def test_a_client_narrows_to_one_session(alice, bob, login):
     communicator, _, _ = await connect(login(alice), path=f"/ws/events/?session={one.pk}")
     assert await communicator.receive_json_from() == {"event": "subscribed",
                                                       "session_id": str(one.pk)}
-    # the owner opening the session's page is activity on it (idle culling)
+    # following a session is not activity on it (idle culling)
     last = await database_sync_to_async(
         lambda: Session.objects.get(pk=one.pk).last_activity)()
-    assert last is not None
+    assert last is None
     await new_session(alice, name="two")
     await database_sync_to_async(cancel)(one)
     assert {m["session_name"] for m in await receive_all(communicator)} == {"one"}
@@ -233,3 +233,26 @@ async def test_a_list_page_can_leave_out_kernel_events(alice, login):
     assert [m["event"] for m in replayed] == ["session_enqueued", "session_scheduled",
                                               "caught_up"]
     await communicator.disconnect()
+
+
+async def test_open_websockets_are_counted_for_metrics(login, alice):
+    from backendai_web import metrics
+
+    await database_sync_to_async(metrics.reset)()
+
+    def gauge():
+        text = metrics.exposition().decode()
+        return next(float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith("backendai_websocket_connections "))
+
+    first, connected, _ = await connect(cookie=login(alice))
+    second, connected_too, _ = await connect(cookie=login(alice))
+    assert connected and connected_too
+    assert await database_sync_to_async(gauge)() == 2
+    await first.disconnect()
+    assert await database_sync_to_async(gauge)() == 1
+    await second.disconnect()
+    assert await database_sync_to_async(gauge)() == 0
+    refused, accepted, code = await connect()  # no login: closed before it is counted
+    assert not accepted and code == 4401
+    assert await database_sync_to_async(gauge)() == 0

@@ -7,21 +7,27 @@ of its own that matters: the labels on its containers are the record of its kern
 it may be killed at any moment and started again.
 """
 
+import collections
 import logging
 import platform
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
+from django.conf import settings
 from docker.errors import DockerException, NotFound
 
-from backendai_web import __version__
+from backendai_web import __version__, metrics
 from backendai_web.celery import app
+from backendai_web.logs import RepeatedFailure
 
 from . import docker_backend as backend
 from .provisioners import KernelRunner
 
 log = logging.getLogger("agent")
+ENDED_KEPT = 60  # seconds a reaped kernel stays in the heartbeat's "ended"
 
 
 class Agent:
@@ -37,8 +43,23 @@ class Agent:
         self._docker_error = None
         self._lock = threading.Lock()
         self._destroying = set()  # kernel ids this agent is stopping itself
+        self._reaping = set()  # kernel ids whose exit is being reported, then torn down
+        self._ended = {}  # kernel id → when its exit was reported (heartbeats tell them)
+        self._outbox = collections.deque()  # reports the broker has not taken yet
+        self._outbox_lock = threading.Lock()
+        self._broker_down_since = None
         self._cpu_samples = {}  # container id → (container cpu ns, system cpu ns)
+        # Stats and app probes run beside the heartbeat, never in its way.
+        self._probes = ThreadPoolExecutor(max_workers=8, thread_name_prefix="measure")
+        self._measuring = {}  # container id → (monotonic time, the measurement in flight)
+        self._app_seen = {}  # container id → the last app report worth keeping
         self.stopping = threading.Event()
+        # Logged when they start, every LOG_REPEAT_INTERVAL s while they last, and when over.
+        self._docker_failure = RepeatedFailure(
+            log, "Docker engine unreachable, this agent takes no kernels",
+            every=settings.LOG_REPEAT_INTERVAL)
+        self._stream_failure = RepeatedFailure(log, "Docker event stream interrupted",
+                                               every=settings.LOG_REPEAT_INTERVAL)
 
     # Docker connection, re-established after the engine comes back.
     @property
@@ -54,22 +75,54 @@ class Agent:
         except (DockerException, OSError) as exc:
             with self._lock:
                 self._client = None
-            if self._docker_error is None:
-                log.error("Docker engine unreachable (%s); this agent takes no kernels until it "
-                          "answers again", exc)
+            self._docker_failure.failed(exc, agent_id=self.id)
             self._docker_error = str(exc)[:500]
             return False
-        if self._docker_error is not None:
-            log.info("Docker engine reachable again")
-            self._docker_error = None
+        self._docker_failure.ok(agent_id=self.id)
+        self._docker_error = None
         return True
 
-    # Reports to the manager.
-    def report(self, kernel_id, event, **data):
-        # Retried by kombu while the broker is briefly away: a report must not be lost.
-        app.send_task("manager.kernel_event", queue="manager", ignore_result=True,
-                      kwargs={"kernel_id": kernel_id, "event": event,
-                              "data": {"agent_id": self.id, **data}})
+    # Reports to the manager. A report the broker cannot take now is kept, in order, and
+    # sent when it answers again (heartbeat loop); the manager applies each one once (every
+    # handler is a conditional transition). `then` runs once the report is delivered.
+    def report(self, kernel_id, event, then=None, **data):
+        self._outbox.append(({"kernel_id": kernel_id, "event": event,
+                              "data": {"agent_id": self.id, **data}}, then))
+        self.flush_reports()
+
+    def flush_reports(self):
+        """Send the kept reports in order; stop at the first the broker refuses."""
+        # A thread that finds the lock taken leaves its report to the sender, which looks
+        # again after letting go of the lock.
+        while self._outbox and self._outbox_lock.acquire(blocking=False):
+            try:
+                while self._outbox:
+                    kwargs, then = self._outbox[0]
+                    if not self._send("manager.kernel_event", kwargs):
+                        return
+                    self._outbox.popleft()
+                    if then is not None:
+                        threading.Thread(target=then, daemon=True).start()
+            finally:
+                self._outbox_lock.release()
+
+    def _send(self, task, kwargs):
+        """One message to the manager's queue; False while the broker does not take it
+        (said once when that starts and once when it ends, not at every try)."""
+        try:
+            app.send_task(task, kwargs=kwargs, queue="manager", ignore_result=True,
+                          retry=False)
+        except Exception as exc:  # kombu's OperationalError and the socket errors under it
+            if self._broker_down_since is None:
+                self._broker_down_since = time.monotonic()
+                log.error("broker unreachable (%s): reports are kept and heartbeats resume "
+                          "when it answers", exc)
+            return False
+        if self._broker_down_since is not None:
+            log.warning("broker reachable again after %.0f s; %d kept reports sent",
+                        time.monotonic() - self._broker_down_since, len(self._outbox))
+            self._broker_down_since = None
+        return True
 
     def slots(self):
         if self.fixed_slots:
@@ -85,6 +138,13 @@ class Agent:
             # Still alive, but without Docker: no slots, no kernel list to reconcile.
             return {**info, "docker_error": self._docker_error, "slots": {}, "images": []}
         containers = backend.list_kernel_containers(self.docker, self.id)
+        for container in containers:
+            if container.status in ("exited", "dead"):
+                # Ended while this agent was away or Docker's events did not reach it (an
+                # agent or engine restart): reported and removed like any other exit.
+                self.reap_in_background(container.labels.get(backend.KERNEL_ID), container.id)
+        now = time.time()
+        self._ended = {k: at for k, at in self._ended.items() if at > now - ENDED_KEPT}
         return {
             **info,
             "docker_error": None,
@@ -95,10 +155,32 @@ class Agent:
                  "state": c.status, "stat": self.sample(c) if c.status == "running" else {}}
                 for c in containers
             ],
+            # Exits reported just now: their reports, not this list, end the kernels.
+            "ended": sorted(self._ended),
         }
 
     def sample(self, container):
-        """cpu % (since the previous sample) and memory of a running container."""
+        """cpu % (since the previous sample), memory and the app's activity of a running
+        container, as last measured in the background; {} when nothing new was measured
+        since the last heartbeat. Docker's stats take up to a second per container and an
+        app may not answer: a heartbeat waits for neither."""
+        now = time.monotonic()
+        for gone in [c for c, (at, _) in self._measuring.items() if now - at > 600]:
+            self._measuring.pop(gone, None)  # containers not seen for 10 minutes
+            self._app_seen.pop(gone, None)
+        _, measuring = self._measuring.get(container.id, (now, None))
+        fresh = {}
+        if measuring is None or measuring.done():
+            if measuring is not None:
+                try:
+                    fresh = measuring.result()
+                except Exception:  # a measurement must never end a heartbeat
+                    log.exception("sampling %s failed", container.name)
+            measuring = self._probes.submit(self.measure, container)
+        self._measuring[container.id] = (now, measuring)
+        return fresh
+
+    def measure(self, container):
         try:
             stats = container.stats(stream=False, one_shot=True)
         except (DockerException, OSError):
@@ -111,7 +193,7 @@ class Agent:
         memory = stats.get("memory_stats", {})
         stat = {"mem_bytes": memory.get("usage", 0), "mem_limit": memory.get("limit", 0),
                 "at": time.time()}
-        app = backend.app_activity(container)
+        app = self.app_report(container)
         if app is not None:
             stat["app"] = app
         if previous and system > previous[1]:
@@ -120,7 +202,21 @@ class Agent:
                                         * cpus * 100, 2)
         return stat
 
+    def app_report(self, container):
+        """The app's activity (docker_backend.app_activity, bounded in time and size); a
+        probe that fails or finds no activity keeps the activity already seen."""
+        if backend.jupyter_port(container.labels) is None:
+            return None
+        report = kept_activity(self._app_seen.get(container.id),
+                               backend.app_activity(container))
+        if report is not None:
+            self._app_seen[container.id] = report
+        return report
+
     def heartbeat_once(self):
+        """Kept reports first, then the heartbeat (not kept: the next one replaces it).
+        True when it was sent with Docker's details."""
+        self.flush_reports()
         try:
             info = self.heartbeat_info()
         except (DockerException, OSError) as exc:
@@ -128,15 +224,14 @@ class Agent:
             info = {"id": self.id, "addr": self.addr, "scaling_group": self.scaling_group,
                     "docker_error": str(exc)[:500], "slots": {}, "images": [],
                     "taken_at": time.time()}
-        app.send_task("manager.heartbeat", kwargs={"info": info}, queue="manager",
-                      ignore_result=True)
-        return info.get("docker_error") is None
+        return self._send("manager.heartbeat", {"info": info}) and \
+            info.get("docker_error") is None
 
     def heartbeat_loop(self):
         while not self.stopping.is_set():
             try:
                 self.heartbeat_once()
-            except Exception:  # a broker hiccup must not end the heartbeat thread
+            except Exception:  # nothing may end the heartbeat thread
                 log.exception("heartbeat failed")
             self.stopping.wait(self.heartbeat_interval)
 
@@ -147,12 +242,13 @@ class Agent:
                 since = time.time()
                 stream = self.docker.events(decode=True, since=since, filters={
                     "type": "container", "label": f"{backend.AGENT_ID}={self.id}"})
+                self._stream_failure.ok(agent_id=self.id)
                 for event in stream:
                     self.on_event(event)
                     if self.stopping.is_set():
                         break
             except Exception as exc:  # the engine went away: retry when it answers
-                log.warning("Docker event stream interrupted: %s", exc)
+                self._stream_failure.failed(exc, agent_id=self.id)
                 self.stopping.wait(2)
 
     def on_event(self, event):
@@ -161,26 +257,50 @@ class Agent:
         kernel_id = attributes.get(backend.KERNEL_ID)
         if not kernel_id:
             return
-        if action == "die" and kernel_id not in self._destroying:
-            threading.Thread(target=self.reap, args=(kernel_id, event.get("id")),
-                             daemon=True).start()
+        if action == "die":
+            self.reap_in_background(kernel_id, event.get("id"))
         elif action.startswith("health_status"):
             status = action.split(":", 1)[-1].strip()
             self.report(kernel_id, "kernel_health", status=status)
 
+    def reap_in_background(self, kernel_id, container_id):
+        if kernel_id and kernel_id not in self._destroying and kernel_id not in self._reaping:
+            self._reaping.add(kernel_id)
+            threading.Thread(target=self.reap, args=(kernel_id, container_id),
+                             daemon=True).start()
+
     def reap(self, kernel_id, container_id):
-        """A container that ended by itself: keep its log tail, remove everything it
-        held, report the exit."""
+        """A container that ended by itself: report its exit with its log tail, and once
+        the report is delivered remove everything it held (until then the exited
+        container, labels and all, is the record of it, even across an agent restart)."""
+        self._reaping.add(kernel_id)
         try:
             container = self.docker.containers.get(container_id)
-        except NotFound:
-            return  # removed by a destroy meanwhile, which reported
-        if container.status in ("running", "restarting"):
-            return  # restarted in place (a session restart): it did not end
-        exit_code = container.attrs.get("State", {}).get("ExitCode")
-        _, logs = KernelRunner.from_container(self.docker, self.id, container).teardown()
-        self.report(kernel_id, "kernel_terminated", exit_code=exit_code,
-                    reason="self-terminated", log_tail=logs)
+            if container.status in ("running", "restarting") or kernel_id in self._destroying:
+                self._reaping.discard(kernel_id)
+                return  # restarted in place (a session restart), or being stopped: no exit
+            exit_code, reason = backend.exit_status(container)
+        except (DockerException, OSError) as exc:  # removed meanwhile, or Docker away
+            self._reaping.discard(kernel_id)
+            if not isinstance(exc, NotFound):
+                log.warning("could not read the exit of kernel %s: %s", kernel_id, exc)
+            return
+        try:
+            logs = container.logs(tail=1000)[-backend.LOG_TAIL_BYTES:].decode("utf-8",
+                                                                              "replace")
+        except (DockerException, OSError):  # a dead container may have none to give
+            logs = ""
+        self._ended[kernel_id] = time.time()
+
+        def remove():  # it has ended already: nothing to stop gracefully, no hook to run
+            try:
+                KernelRunner.from_container(self.docker, self.id, container).teardown(
+                    forced=True)
+            finally:
+                self._reaping.discard(kernel_id)
+
+        self.report(kernel_id, "kernel_terminated", then=remove, exit_code=exit_code,
+                    reason=reason, log_tail=logs)
 
     # Kernel operations, called by the agent's Celery tasks.
     def check_and_pull(self, kernel_id, image):
@@ -209,18 +329,25 @@ class Agent:
         if existing is not None:  # half made by an agent that died: start over
             self._destroying.add(kernel_id)
             try:
-                KernelRunner.from_container(self.docker, self.id, existing).teardown()
+                KernelRunner.from_container(self.docker, self.id, existing).teardown(
+                    forced=True)
             finally:
                 self._destroying.discard(kernel_id)
         try:
-            _, container = KernelRunner.start(self.docker, self.id, spec)
+            with metrics.Timer("agent_container_start_seconds", agent=self.id):
+                _, container = KernelRunner.start(self.docker, self.id, spec)
         except (DockerException, OSError) as exc:
-            log.warning("kernel %s failed to start: %s", kernel_id, exc)
+            log.warning("kernel %s failed to start: %s", kernel_id, exc,
+                        extra={"kernel_id": kernel_id, "agent_id": self.id})
+            metrics.count("agent_container_starts", agent=self.id, outcome="failed")
             self.report(kernel_id, "creation_failed", error=str(exc)[:500])
             return
+        metrics.count("agent_container_starts", agent=self.id, outcome="started")
         self.report(kernel_id, "kernel_started", container_id=container.id)
 
-    def destroy_kernel(self, kernel_id, container_id="", reason=""):
+    def destroy_kernel(self, kernel_id, container_id="", reason="", forced=False):
+        """Stop and remove the kernel's container: gracefully (pre-stop hook, SIGTERM to
+        the whole workload, the grace period, SIGKILL), or at once when forced."""
         self._destroying.add(kernel_id)
         try:
             container = backend.find_kernel_container(self.docker, self.id, kernel_id,
@@ -228,8 +355,13 @@ class Agent:
             if container is None:
                 self.report(kernel_id, "kernel_terminated", exit_code=None, reason=reason)
                 return
-            exit_code, logs = KernelRunner.from_container(self.docker, self.id,
-                                                          container).teardown()
+            runner = KernelRunner.from_container(self.docker, self.id, container)
+            exit_code, logs = runner.teardown(
+                forced=forced, on_hook_failure=lambda code, output: self.report(
+                    kernel_id, "pre_stop_failed", exit_code=code, output=output))
+            if runner.failure:  # Docker refused: the container may still run
+                self.report(kernel_id, "teardown_failed", error=runner.failure)
+                return
             self.report(kernel_id, "kernel_terminated", exit_code=exit_code, reason=reason,
                         log_tail=logs)
         finally:
@@ -261,7 +393,7 @@ class Agent:
             return
         log.warning("removing dangling container %s (%s)", container.name, container_id[:12])
         self._destroying.add(container.labels.get(backend.KERNEL_ID, ""))
-        KernelRunner.from_container(self.docker, self.id, container).teardown()
+        KernelRunner.from_container(self.docker, self.id, container).teardown(forced=True)
 
     def logs(self, kernel_id, container_id="", tail=2000):
         container = backend.find_kernel_container(self.docker, self.id, kernel_id,
@@ -281,6 +413,20 @@ class Agent:
         return {"exit_code": result.exit_code,
                 "stdout": (stdout or b"").decode("utf-8", "replace")[-65536:],
                 "stderr": (stderr or b"").decode("utf-8", "replace")[-65536:]}
+
+
+def kept_activity(seen, report):
+    """The app report to send, from the last one kept and a new probe's: a probe that
+    failed (None) is no news, and one without activity (no kernels, or older times)
+    keeps the newest last_activity already seen."""
+    if report is None:
+        return seen
+    if seen and seen.get("last_activity") and (
+            not report.get("last_activity")
+            or datetime.fromisoformat(report["last_activity"])
+            < datetime.fromisoformat(seen["last_activity"])):
+        return {**report, "last_activity": seen["last_activity"]}
+    return report
 
 
 _current = None

@@ -4,14 +4,18 @@ Labels on a container are the whole record of its kernel (no pickle, no local st
 so that an agent that restarts, or one that never saw the container start, can stop it.
 """
 
+import ipaddress
 import json
 import logging
+import socket
 import time
-import urllib.request
+import uuid
 from datetime import datetime
 
 import docker
+from django.conf import settings
 from docker.errors import APIError, ImageNotFound, NotFound
+from docker.types import IPAMConfig, IPAMPool, Ulimit
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +29,21 @@ SESSION_TYPE = "ai.backend.session-type"
 KERNELSPEC = "ai.backend.kernelspec"
 LOG_TAIL_BYTES = 64 * 1024
 
-# PID 1 of an interactive kernel: exits 0 at once on SIGTERM, otherwise waits forever.
-KEEPALIVE = 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done'
+# The kernel's command runs under Docker's init (tini) in a process group of its own;
+# TINI_KILL_PROCESS_GROUP makes tini pass a stop's SIGTERM to that whole group, so that the
+# startup command and whatever it started get it, not only the shell.
+INIT_ENVIRONMENT = {"TINI_KILL_PROCESS_GROUP": "1"}
+
+# The keep-alive shell of an interactive kernel. On SIGTERM it waits until every process
+# of its group (the startup command and its children) has ended, then exits 0: the
+# workload gets the whole grace period; Docker's SIGKILL ends what ignores SIGTERM.
+KEEPALIVE = (
+    "busy() { for d in /proc/[0-9]*; do [ \"${d#/proc/}\" = \"$$\" ] && continue; "
+    "read -r s < \"$d/stat\" 2>/dev/null || continue; set -- ${s##*) }; "
+    "[ \"$1\" != Z ] && [ \"$3\" = \"$$\" ] && return 0; done; return 1; }; "
+    "trap 'wait; while busy; do sleep 0.2 & wait $!; done; exit 0' TERM INT; "
+    "while :; do sleep 3600 & wait $!; done"
+)
 
 
 def connect():
@@ -95,7 +112,7 @@ def kernel_command(spec):
     if spec["session_type"] == "batch":
         return ["/bin/sh", "-c", startup]
     if startup:
-        return ["/bin/sh", "-c", f"( {startup} ) & {KEEPALIVE}"]
+        return ["/bin/sh", "-c", f"( {startup}\n) & {KEEPALIVE}"]
     return ["/bin/sh", "-c", KEEPALIVE]
 
 
@@ -108,6 +125,7 @@ def kernel_environment(spec):
         "BACKENDAI_CLUSTER_IDX": str(spec["cluster_idx"]),
         "BACKENDAI_CLUSTER_HOST": spec["cluster_hostname"],
         "BACKENDAI_CLUSTER_SIZE": str(spec["cluster_size"]),
+        **INIT_ENVIRONMENT,
     }
 
 
@@ -116,8 +134,60 @@ def resource_limits(slots):
     if "cpu" in slots:
         limits["nano_cpus"] = int(float(slots["cpu"]) * 1e9)
     if "mem" in slots:
-        limits["mem_limit"] = int(slots["mem"])
+        # memory + swap = memory: no swap, so a memory hog meets its limit instead of
+        # making the host swap.
+        limits["mem_limit"] = limits["memswap_limit"] = int(slots["mem"])
     return limits
+
+
+def session_subnets(session_id):
+    """Candidate subnets of KERNEL_NETWORK_POOL for a session's network, starting at one
+    its id picks: Docker's own default pools give an engine about 30 bridge networks,
+    this project's pool thousands (a /26 each: a cluster of 32 kernels and a gateway)."""
+    pool = ipaddress.ip_network(settings.KERNEL_NETWORK_POOL)
+    count = 2 ** (26 - pool.prefixlen)
+    start = uuid.UUID(str(session_id)).int % count
+    for i in range(min(count, 256)):
+        yield ipaddress.ip_network((int(pool.network_address) + ((start + i) % count) * 64, 26))
+
+
+def create_session_network(client, name, session_id, *, internal=False):
+    short = uuid.UUID(str(session_id)).hex[:12]
+    for subnet in session_subnets(session_id):
+        ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=str(subnet),
+                                                 gateway=str(subnet.network_address + 1))])
+        try:
+            return client.networks.create(
+                name, driver="bridge", check_duplicate=True, internal=internal, ipam=ipam,
+                # The host side is bai<12 hex>: the firewall's rules match bai+.
+                options={"com.docker.network.bridge.name": f"bai{short}"},
+                labels={SESSION_ID: session_id})
+        except APIError as exc:
+            if "overlap" not in str(exc).lower():
+                raise
+    raise APIError(f"no free subnet for {name} in {settings.KERNEL_NETWORK_POOL}")
+
+
+# What a shell workload needs of root's powers inside its container (README "Kernel
+# hardening"); Docker's other defaults (NET_RAW, MKNOD, SYS_CHROOT, SETPCAP, SETFCAP,
+# AUDIT_WRITE) are dropped.
+KERNEL_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
+                       "NET_BIND_SERVICE")
+DEFAULT_PIDS_LIMIT = 1024
+DEFAULT_OPEN_FILES_LIMIT = 8192
+
+
+def hardening(spec):
+    """Container options that keep a kernel from reaching past its container."""
+    open_files = int(spec.get("open_files_limit") or DEFAULT_OPEN_FILES_LIMIT)
+    return {
+        "privileged": False,
+        "cap_drop": ["ALL"],
+        "cap_add": list(KERNEL_CAPABILITIES),
+        "security_opt": ["no-new-privileges"],
+        "pids_limit": int(spec.get("pids_limit") or DEFAULT_PIDS_LIMIT),
+        "ulimits": [Ulimit(name="nofile", soft=open_files, hard=open_files)],
+    }
 
 
 def find_kernel_container(client, agent_id, kernel_id, container_id="", image=""):
@@ -139,26 +209,50 @@ def list_kernel_containers(client, agent_id):
     return client.containers.list(all=True, filters={"label": f"{AGENT_ID}={agent_id}"})
 
 
-def stop_and_remove(container, grace_period):
-    """SIGTERM, SIGKILL after the grace period, keep the log tail, remove.
+def stop_and_remove(container, grace_period, *, forced=False):
+    """SIGTERM, SIGKILL after the grace period (at once when forced), keep the log tail,
+    remove.
 
-    Returns (exit_code, log_tail). A container already gone or stopped is not an error.
+    Returns (exit_code, log_tail). A container already gone or stopped is not an error;
+    a container Docker refuses to stop or remove raises APIError.
     """
     try:
-        container.stop(timeout=max(int(grace_period), 0))
+        if forced:
+            container.kill()  # SIGKILL to PID 1: the whole container ends now
+            container.wait(timeout=30)
+        else:
+            container.stop(timeout=max(int(grace_period), 0))
     except NotFound:
         return None, ""
     except APIError as exc:
-        if exc.status_code != 409:
+        if exc.status_code != 409:  # 409: not running any more
             raise
     try:
         container.reload()
-        exit_code = container.attrs["State"]["ExitCode"]
-        logs = container.logs(tail=1000)[-LOG_TAIL_BYTES:].decode("utf-8", "replace")
+        exit_code, _ = exit_status(container)
+        logs = log_tail(container)
         container.remove(force=True)
     except NotFound:
         return None, ""
     return exit_code, logs
+
+
+def log_tail(container):
+    """The end of the container's log; empty for a container Docker no longer serves
+    logs of (dead, or marked for removal by an earlier try)."""
+    try:
+        return container.logs(tail=1000)[-LOG_TAIL_BYTES:].decode("utf-8", "replace")
+    except APIError as exc:
+        if exc.status_code != 409:
+            raise
+        return ""
+
+
+def exit_status(container):
+    """(exit code, reason) of a container that ended: `oom-killed` when the kernel's OOM
+    killer ended it (Docker's State.OOMKilled), else `self-terminated`."""
+    state = container.attrs.get("State", {})
+    return state.get("ExitCode"), "oom-killed" if state.get("OOMKilled") else "self-terminated"
 
 
 def kernelspec_images(client):
@@ -182,9 +276,15 @@ def jupyter_port(labels):
     return None
 
 
-def app_activity(container, timeout=1.0):
+APP_PROBE_DEADLINE = 1.0  # seconds for the whole probe: connect, ask, read
+APP_PROBE_MAX_BYTES = 64 * 1024  # a /api/kernels answer larger than this is not read
+
+
+def app_activity(container, deadline=APP_PROBE_DEADLINE):
     """Ask the app's /api/kernels (as Kubeflow's culler does): any kernel busy, and the
-    newest last_activity. None when the image declares no such app or it does not answer."""
+    newest last_activity. None when the image declares no such app, or it does not
+    answer well within `deadline` seconds in all: the container runs the server, so its
+    answer is bounded in time and size, and anything malformed is logged and ignored."""
     port = jupyter_port(container.labels)
     if port is None:
         return None
@@ -193,13 +293,49 @@ def app_activity(container, timeout=1.0):
     if not address:
         return None
     try:
-        with urllib.request.urlopen(f"http://{address}:{port}/api/kernels",
-                                    timeout=timeout) as response:
-            kernels = json.loads(response.read() or b"[]")
-    except (OSError, ValueError):
-        return None
+        body = _bounded_get(address, port, "/api/kernels", deadline)
+        return _kernels_report(json.loads(body or b"[]"))
+    except (OSError, TimeoutError) as exc:  # not answering (yet): no report
+        log.debug("app probe of %s: %s", container.name, exc)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("app probe of %s: malformed /api/kernels ignored: %s", container.name,
+                    str(exc)[:200])
+    return None
+
+
+def _bounded_get(address, port, path, deadline):
+    """An HTTP/1.0 GET (no chunked answer, the server closes) that takes at most
+    `deadline` seconds and reads at most APP_PROBE_MAX_BYTES; the body of a 200."""
+    ends = time.monotonic() + deadline
+    with socket.create_connection((address, port), timeout=deadline) as sock:
+        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {address}\r\n"
+                     "Accept: application/json\r\n\r\n".encode())
+        received = bytearray()
+        while len(received) <= APP_PROBE_MAX_BYTES:
+            left = ends - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no whole answer within {deadline}s")
+            sock.settimeout(left)
+            chunk = sock.recv(16384)
+            if not chunk:
+                break
+            received += chunk
+        else:
+            raise ValueError(f"answer over {APP_PROBE_MAX_BYTES} bytes")
+    head, separator, body = bytes(received).partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split()
+    if not separator or len(status) < 2 or status[1] != b"200":
+        raise ValueError(f"not a 200 answer: {head[:80]!r}")
+    return body
+
+
+def _kernels_report(kernels):
+    if not isinstance(kernels, list) or not all(isinstance(k, dict) for k in kernels):
+        raise ValueError("not a list of kernels")
     busy = any(k.get("execution_state") == "busy" for k in kernels)
     times = [datetime.fromisoformat(k["last_activity"]) for k in kernels
              if k.get("last_activity")]
+    if any(t.tzinfo is None for t in times):
+        raise ValueError("last_activity without a time zone")
     last = max(times).isoformat() if times else None
     return {"busy": busy, "last_activity": last, "kernels": len(kernels)}

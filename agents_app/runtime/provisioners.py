@@ -41,8 +41,11 @@ class ScratchVolume:
 
 
 class ClusterNetwork:
-    """A bridge network of the session's own, shared by its kernels on this agent; the
-    last kernel to go removes it."""
+    """A bridge network of the session's own (every session, one kernel or a cluster),
+    shared by its kernels on this agent; the last kernel to go removes it. Docker keeps
+    bridges apart, so kernels of different sessions cannot reach each other; the host
+    interface is named bai…, which the agent's firewall (firewall.py) closes to the host's
+    own services. Without outbound access it is an internal network."""
 
     def __init__(self, client):
         self.client = client
@@ -50,16 +53,14 @@ class ClusterNetwork:
     # Sibling kernels start at the same time; Docker may accept two networks of one name.
     _creating = threading.Lock()
 
-    def setup(self, session_id, cluster_size):
-        if cluster_size <= 1:
-            return None
+    def setup(self, session_id, cluster_size, allow_outbound=True):
         name = f"bai-session-{session_id}"
         with self._creating:
             if self.client.networks.list(names=[name]):
                 return name
             try:
-                self.client.networks.create(name, driver="bridge", check_duplicate=True,
-                                            labels={backend.SESSION_ID: session_id})
+                backend.create_session_network(self.client, name, session_id,
+                                               internal=not allow_outbound)
             except APIError as exc:  # made by another agent process meanwhile
                 if exc.status_code != 409:
                     raise
@@ -93,6 +94,7 @@ class KernelContainer:
             environment=backend.kernel_environment(spec), init=True, detach=True,
             volumes={volume: {"bind": "/home/work", "mode": "rw"}},
             network=network, **backend.resource_limits(spec["slots"]),
+            **backend.hardening(spec),
         )
         try:
             if network:  # reachable by its cluster hostname from its siblings
@@ -107,29 +109,41 @@ class KernelContainer:
             raise
         return container
 
-    def teardown(self, container, grace_period=None):
-        """Stop gracefully (pre-stop hook, SIGTERM, SIGKILL after the grace period), keep
-        the log tail, remove. Returns (exit_code, log_tail); gone or stopped is not an
-        error."""
+    def teardown(self, container, grace_period=None, *, forced=False, on_hook_failure=None):
+        """Stop gracefully (pre-stop hook, SIGTERM, SIGKILL after the grace period) or, when
+        forced, SIGKILL at once without the hook; keep the log tail, remove. Returns
+        (exit_code, log_tail); gone or stopped is not an error. A hook that fails is
+        passed to on_hook_failure(exit_code, output) and the stop goes on."""
+        if forced:
+            return backend.stop_and_remove(container, 0, forced=True)
         if grace_period is None:
             grace_period = int(container.labels.get(backend.GRACE_PERIOD, "10"))
         hook = container.labels.get(PRE_STOP, "")
         if hook:
             started = time.monotonic()
-            run_pre_stop(container, hook, grace_period)
+            exit_code, output = run_pre_stop(container, hook, grace_period)
+            if exit_code != 0 and on_hook_failure is not None:
+                on_hook_failure(exit_code, output)
             grace_period = max(grace_period - (time.monotonic() - started),
                                MIN_GRACE_AFTER_HOOK)
         return backend.stop_and_remove(container, grace_period)
 
 
+HOOK_OUTPUT_TAIL = 2000  # characters of a failed hook's output kept in its event
+
+
 def run_pre_stop(container, command, timeout):
-    """The session's pre-stop command, bounded by the grace period."""
+    """The session's pre-stop command, bounded by the grace period: (exit code, output
+    tail); exit code None when it could not run (the container is not running)."""
     try:
         result = container.exec_run(["timeout", str(max(int(timeout), 1)), "/bin/sh", "-c",
                                      command])
-        log.info("pre-stop hook of %s exited %s", container.name, result.exit_code)
     except (APIError, NotFound) as exc:
         log.info("pre-stop hook of %s not run: %s", container.name, exc)
+        return 0, ""  # a stopped container has nothing to prepare
+    log.info("pre-stop hook of %s exited %s", container.name, result.exit_code)
+    output = (result.output or b"").decode("utf-8", "replace")[-HOOK_OUTPUT_TAIL:]
+    return result.exit_code, output
 
 
 def ssh_archive(keypair):
@@ -156,22 +170,32 @@ class KernelRunner:
 
     def __init__(self):
         self.held = []  # (provisioner, resource)
+        self.failure = None  # Docker's error when the container could not be torn down
 
     def setup(self, provisioner, *args):
         resource = provisioner.setup(*args)
         self.held.append((provisioner, resource))
         return resource
 
-    def teardown(self):
-        """Tear down everything held; the container's (exit code, log tail) if it had one."""
+    def teardown(self, *, forced=False, on_hook_failure=None):
+        """Tear down everything held; the container's (exit code, log tail) if it had one.
+
+        When Docker refuses to stop or remove the container, its error is kept in
+        `self.failure` and the resources it still uses are left for the next try."""
         result = (None, "")
+        self.failure = None
         for provisioner, resource in reversed(self.held):
             try:
-                outcome = provisioner.teardown(resource)
                 if isinstance(provisioner, KernelContainer):
-                    result = outcome
-            except Exception:  # the others must still go
+                    result = provisioner.teardown(resource, forced=forced,
+                                                  on_hook_failure=on_hook_failure)
+                else:
+                    provisioner.teardown(resource)
+            except Exception as exc:  # the others must still go
                 log.exception("teardown of %s failed", type(provisioner).__name__)
+                if isinstance(provisioner, KernelContainer):
+                    self.failure = str(getattr(exc, "explanation", None) or exc)[:500]
+                    break  # its volume and network are still in use by it
         self.held.clear()
         return result
 
@@ -183,7 +207,7 @@ class KernelRunner:
         try:
             volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
             network = runner.setup(ClusterNetwork(client), spec["session_id"],
-                                   spec["cluster_size"])
+                                   spec["cluster_size"], spec.get("allow_outbound", True))
             container = runner.setup(KernelContainer(client, agent_id), spec, volume, network)
         except Exception:
             runner.teardown()

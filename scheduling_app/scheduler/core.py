@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import transaction
 
+from backendai_web import metrics
 from sessions_app import clock, engine
 from sessions_app.models import Kernel, Session, Status
 
@@ -45,7 +46,11 @@ def schedule(scaling_group_name=None, *, check_image=None):
             # Two passes on one group never overlap. NO KEY UPDATE lets new sessions
             # reference the group (their FK check takes KEY SHARE) while a pass runs.
             locked = ScalingGroup.objects.select_for_update(no_key=True).get(pk=group.pk)
-            placed += run_pass(locked, check_image=check_image).scheduled
+            with metrics.Timer("scheduler_pass_seconds", scaling_group=group.name):
+                scheduled = run_pass(locked, check_image=check_image).scheduled
+            placed += scheduled
+        if scheduled:
+            metrics.count("scheduler_sessions_placed", len(scheduled), scaling_group=group.name)
     return placed
 
 

@@ -5,6 +5,7 @@ is, except that a container that turned up for a finished kernel is destroyed.
 """
 
 import logging
+import re
 import uuid
 
 from django.db import transaction
@@ -15,7 +16,7 @@ from .. import clock, engine
 from .. import events as events_module
 from ..models import FINISHED_STATUSES, Kernel, Session, SessionResult, Status
 from ..services import kick_scheduler
-from .progress import retry_stage, start_session, start_single_kernel
+from .progress import end_with_kernel, retry_stage, start_session, start_single_kernel
 
 log = logging.getLogger(__name__)
 S = Status
@@ -67,8 +68,8 @@ def _started(kernel, data, actor):
         if kernel.status in FINISHED_STATUSES | {S.TERMINATING}:
             # Destroyed while its container was being created: the container must go too.
             kernel.container_id = data.get("container_id", "")
-            transaction.on_commit(
-                lambda: _destroy_on_agent(kernel, kernel.status_info or "force-terminated"))
+            transaction.on_commit(lambda: _destroy_on_agent(
+                kernel, kernel.status_info or "force-terminated", forced=True))
     return moved
 
 
@@ -76,29 +77,67 @@ def _creation_failed(kernel, data, actor):
     return retry_stage(kernel, "creating", f"failed-to-start: {data.get('error', '?')}")
 
 
+# Why a container ended by itself, as the agent read it from Docker's state.
+SELF_ENDED_REASONS = {"self-terminated", "oom-killed"}
+
+
 @transaction.atomic
 def _terminated(kernel, data, actor):
+    ended_by_itself = kernel.status not in (S.TERMINATING, S.ERROR)
     if kernel.status == S.TERMINATING:
         reason = kernel.status_info or data.get("reason") or "user-requested"
+    elif kernel.status == S.ERROR:  # its container is gone at last
+        reason = kernel.status_data.get("destroy_reason") or "force-terminated"
     else:  # it ended without being asked to
-        reason = "self-terminated"
+        reason = data.get("reason") if data.get("reason") in SELF_ENDED_REASONS \
+            else "self-terminated"
     exit_code = data.get("exit_code")
     if data.get("log_tail"):
         engine.set_kernel_data(kernel, log_tail=data["log_tail"][-65536:])
     # A quick command can end before its kernel_started report is handled: CREATING too.
-    if kernel.is_main and kernel.session.session_type == "batch" and \
-            kernel.status in (S.CREATING, S.RUNNING) and exit_code is not None:
+    # A main kernel stopped because another kernel ended still gives the batch result.
+    if kernel.is_main and kernel.session.session_type == "batch" and exit_code is not None \
+            and (kernel.status in (S.CREATING, S.RUNNING)
+                 or (kernel.status == S.TERMINATING and kernel.status_data.get("ended_with"))):
         _record_batch_result(kernel, exit_code, actor)
     moved = engine.mark_kernel_terminated(kernel, reason=reason, exit_code=exit_code,
                                           actor=actor, data={"exit_code": exit_code})
     if moved is None and kernel.exit_code is None and exit_code is not None:
         engine.set_kernel_data(kernel, exit_code=exit_code)
     if moved:
+        if ended_by_itself and kernel.session.cluster_size > 1:
+            end_with_kernel(moved, exit_code)
         transaction.on_commit(lambda: kick_scheduler(kernel.session.scaling_group.name))
     elif kernel.status in (S.RUNNING, S.TERMINATING):
         # A report for a kernel that was not in a live status we expected: nothing to do.
         log.info("kernel_terminated for %s in %s ignored", kernel.pk, kernel.status)
     return moved
+
+
+def _teardown_failed(kernel, data, actor):
+    """Docker refused to stop or remove the container: the kernel is in ERROR, with
+    Docker's message, until its container is gone (the terminate handler keeps asking;
+    an admin's force-terminate ends it)."""
+    error = f"teardown failed: {data.get('error', '?')}"
+    # Docker names containers and layers by 64-hex ids: short ones keep its words in view.
+    short = re.sub(r"\b([0-9a-f]{12})[0-9a-f]{52}\b", r"\1", error)
+    return engine.mark_kernel_error(
+        kernel, reason=short[:255], actor=actor,
+        from_statuses={S.RUNNING, S.TERMINATING, S.CREATING},
+        status_data={**kernel.status_data, "teardown_error": error[:500],
+                     "destroy_reason": kernel.status_info or "user-requested",
+                     "last_destroy_request": clock.now().isoformat()})
+
+
+def _pre_stop_failed(kernel, data, actor):
+    """kubelet's FailedPreStopHook: recorded, and the stop goes on."""
+    output = (data.get("output") or "")[-2000:]
+    # A session event naming the kernel: kernel rows in the history are its transitions.
+    engine.record_event(kernel.session, "kernel_pre_stop_failed", actor=actor,
+                        reason=f"pre-stop hook of {kernel.cluster_hostname} exited "
+                               f"{data.get('exit_code')}",
+                        data={"kernel_id": str(kernel.pk), "exit_code": data.get("exit_code"),
+                              "output": output})
 
 
 def _record_batch_result(kernel, exit_code, actor):
@@ -134,9 +173,9 @@ def _health(kernel, data, actor):
                         reason=f"health check: {status}", data={"health": status})
 
 
-def _destroy_on_agent(kernel, reason):
+def _destroy_on_agent(kernel, reason, *, forced=False):
     if kernel.agent_id:
-        rpc.send_destroy_kernel(kernel, reason)
+        rpc.send_destroy_kernel(kernel, reason, forced=forced)
 
 
 HANDLERS = {
@@ -147,6 +186,8 @@ HANDLERS = {
     "kernel_started": _started,
     "creation_failed": _creation_failed,
     "kernel_terminated": _terminated,
+    "teardown_failed": _teardown_failed,
+    "pre_stop_failed": _pre_stop_failed,
     "kernel_health": _health,
     "kernel_restarted": _restarted,
     "kernel_restart_failed": _restart_failed,

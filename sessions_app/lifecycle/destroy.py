@@ -2,14 +2,16 @@
 
 import logging
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.utils.module_loading import import_string
 
 from agents_app import rpc
+from backendai_web import metrics
 
-from .. import engine
+from .. import clock, engine
 from ..accounting import reconcile_usage
 from ..keypairs import is_admin
 from ..models import Status
@@ -21,9 +23,13 @@ FORCE_ONLY = {S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.TERMINATING, S
 
 
 class DestroyRefused(Exception):
-    def __init__(self, message, status_code=409):
+    """`message` is what the caller is told; `rule` the refusal's words alone (without
+    when the status times out), to group refusals by."""
+
+    def __init__(self, message, status_code=409, *, rule=None):
         super().__init__(message)
         self.message, self.status_code = message, status_code
+        self.rule = rule or message
 
 
 @dataclass
@@ -35,14 +41,32 @@ class DestroyResult:
         return {"status": self.status, "stats": self.last_stat}
 
 
-def _refusal(kernel_status, forced):
+def _refusal(kernel, forced):
+    """The rule's words when it refuses a destroy of this kernel, else None."""
     if forced:
         return None
-    if kernel_status == S.PULLING:
+    if kernel.status == S.PULLING:
         return "Cannot destroy kernels in pulling status"
-    if kernel_status in FORCE_ONLY:
+    if kernel.status in FORCE_ONLY:
         return "Cannot destroy kernels in scheduled/preparing/terminating/error status"
     return None
+
+
+def _times_out(kernel):
+    """When the kernel's status ends by itself (its scaling group's timeout), in words."""
+    group = kernel.session.scaling_group
+    timeout = group.timeout_of(kernel.status) if group else None
+    if kernel.status == S.ERROR:
+        return "; it stays in ERROR until its container is removed or an admin " \
+               "force-terminates it"
+    if not timeout or kernel.status_changed is None:
+        return ""
+    at = kernel.status_changed + timedelta(seconds=timeout)
+    left = max(int((at - clock.now()).total_seconds()), 0)
+    then = {S.TERMINATING: "it is then killed at once"}.get(
+        kernel.status, "it is then retried or rescheduled")
+    return (f"; {kernel.status} times out at {at.isoformat(timespec='seconds')} "
+            f"(in {left}s): {then}")
 
 
 def run_hooks(setting_name, *args):
@@ -57,6 +81,15 @@ def destroy_session(session, *, forced=False, reason="user-requested", actor=Non
     `actor` is the user asking, or None for the system (handlers, culling).
     Raises DestroyRefused with the message and HTTP status when the rules refuse.
     """
+    try:
+        return _destroy_session(session, forced=forced, reason=reason, actor=actor,
+                                keypair=keypair)
+    except DestroyRefused:
+        metrics.count("destroy_refusals", status=session.status)
+        raise
+
+
+def _destroy_session(session, *, forced, reason, actor, keypair):
     if actor is not None:
         admin = is_admin(actor, keypair)
         if forced and not admin:
@@ -70,11 +103,12 @@ def destroy_session(session, *, forced=False, reason="user-requested", actor=Non
 
     to_notify = []
     with transaction.atomic():
-        kernels = list(session.kernels.select_for_update().order_by("cluster_role", "cluster_idx"))
+        kernels = list(session.kernels.select_for_update().select_related(
+            "session__scaling_group").order_by("cluster_role", "cluster_idx"))
         for kernel in kernels:
-            refusal = _refusal(kernel.status, forced)
+            refusal = _refusal(kernel, forced)
             if refusal:
-                raise DestroyRefused(refusal)
+                raise DestroyRefused(refusal + _times_out(kernel), rule=refusal)
         for kernel in kernels:
             outcome = _destroy_kernel(kernel, forced=forced, reason=reason, actor=actor_name)
             if outcome:
@@ -86,7 +120,7 @@ def destroy_session(session, *, forced=False, reason="user-requested", actor=Non
         if forced:
             transaction.on_commit(reconcile_after_force)
     for kernel in to_notify:
-        transaction.on_commit(lambda k=kernel: _send_destroy(k, reason))
+        transaction.on_commit(lambda k=kernel: _send_destroy(k, reason, forced))
     run_hooks("POST_DESTROY_HOOKS", session, forced, reason, result)
     return result
 
@@ -110,7 +144,7 @@ def _destroy_kernel(kernel, *, forced, reason, actor):
         engine.mark_kernel_terminating(
             kernel, reason=reason, actor=actor,
             status_data={**kernel.status_data, "kernel": {"exit_code": None},
-                         "session": {"status": "terminating"}},
+                         "session": {"status": "terminating"}, "forced": forced},
         )
         return kernel
     log.warning("force-terminating kernel %s of session %s in %s", kernel.pk,
@@ -119,8 +153,8 @@ def _destroy_kernel(kernel, *, forced, reason, actor):
     return kernel if kernel.container_id else None
 
 
-def _send_destroy(kernel, reason):
-    rpc.send_destroy_kernel(kernel, reason)
+def _send_destroy(kernel, reason, forced):
+    rpc.send_destroy_kernel(kernel, reason, forced=forced)
 
 
 def reconcile_after_force():

@@ -2,6 +2,7 @@
 what an agent runs with what the manager believes (after any restart of either)."""
 
 import logging
+import uuid
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -29,6 +30,7 @@ def handle_heartbeat(info):
     group, _ = ScalingGroup.objects.get_or_create(name=info.get("scaling_group") or "default")
     agent = Agent.objects.select_for_update().filter(pk=info["id"]).first()
     became_alive = agent is None or agent.status != AgentStatus.ALIVE
+    was_lost = agent is not None and agent.status == AgentStatus.LOST
     fields = {
         "scaling_group": group,
         "addr": info.get("addr", ""),
@@ -40,14 +42,21 @@ def handle_heartbeat(info):
     }
     if info.get("slots"):  # without Docker the agent reports none: keep the last known
         fields["available_slots"] = info["slots"]
+    if "kernels" in info:
+        fields["containers"] = [{k: c.get(k) for k in ("kernel_id", "container_id", "state")}
+                                for c in info["kernels"]]
+        fields["containers_at"] = _snapshot_time(info.get("taken_at"))
     if agent is None:
         agent = Agent.objects.create(id=info["id"], status=AgentStatus.ALIVE, first_contact=now,
                                      **fields)
+        log.info("agent %s joined scaling group %s", agent.pk, group.name,
+                 extra={"agent_id": agent.pk})
     else:
         for name, value in fields.items():
             setattr(agent, name, value)
         if agent.status != AgentStatus.ALIVE:
-            log.info("agent %s is back (%s)", agent.pk, agent.status)
+            log.warning("agent %s is back (it was %s since %s)", agent.pk, agent.status,
+                        agent.lost_at)
             agent.status, agent.lost_at = AgentStatus.ALIVE, None
         agent.save()
     for image in info.get("images", []):
@@ -56,24 +65,31 @@ def handle_heartbeat(info):
             defaults={"labels": image.get("labels", {})},
         )
     if "kernels" in info:  # only a heartbeat that could list its containers
-        reconcile_containers(agent, info["kernels"], info.get("taken_at"))
+        reconcile_containers(agent, info["kernels"], info.get("taken_at"),
+                             ended=info.get("ended", ()), recovering=was_lost)
     if became_alive:
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return agent
 
 
-def reconcile_containers(agent, reported, taken_at=None):
+def reconcile_containers(agent, reported, taken_at=None, *, ended=None, recovering=False):
     """Make the agent's containers and the manager's kernels agree:
     - a container whose kernel is finished is destroyed;
     - a container of no kernel at all is dangling: removed;
     - a CREATING kernel whose container runs is RUNNING (its report was lost);
-    - a RUNNING or TERMINATING kernel without a container ended (self-terminated);
-    - the samples of running containers become their kernels' last_stat.
+    - a RUNNING or TERMINATING kernel without a container ended: container-gone (nothing
+      is left that could tell how), unless the agent lists it in `ended` (it reported
+      the exit just now, and that report ends it);
+    - the samples of running containers become their kernels' last_stat;
+    - `recovering` (the agent was LOST): each kernel whose container still runs gets a
+      kernel_recovered event. A container that exited meanwhile is reported by the agent
+      itself, with its exit code, when it reaps it.
     """
-    snapshot_at = (datetime.fromtimestamp(taken_at, tz=UTC) if taken_at else clock.now())
+    snapshot_at = _snapshot_time(taken_at)
     by_kernel = {r["kernel_id"]: r for r in reported if r.get("kernel_id")}
     kernels = {str(k.pk): k for k in Kernel.objects.filter(pk__in=[
-        k for k in by_kernel if _is_uuid(k)]).select_related("session")}
+        k for k in by_kernel if is_uuid(k)]).select_related("session")}
+    actor = f"agent:{agent.pk}"
     stats = []
     for kernel_id, container in by_kernel.items():
         kernel = kernels.get(kernel_id)
@@ -88,23 +104,38 @@ def reconcile_containers(agent, reported, taken_at=None):
             transaction.on_commit(lambda k=kernel: rpc.send_destroy_kernel(k, k.status_info))
         elif kernel.status == S.CREATING and container["state"] == "running":
             engine.mark_kernel_running(kernel, {"container_id": container["container_id"],
-                                                "adopted": True}, actor=f"agent:{agent.pk}")
-        elif container.get("stat") and kernel.status == S.RUNNING:
-            stat = container["stat"]
-            sample = [stat.get("at", snapshot_at.timestamp()), stat.get("cpu_percent"),
-                      _mem_percent(stat)]
-            history = add_sample(kernel.stat_history, sample)
-            stat["usage"] = summarize(history, settings.IDLE_UTILIZATION["window"])
-            stats.append((kernel.pk, stat, history))
+                                                "adopted": True}, actor=actor)
+        elif kernel.status == S.RUNNING and container["state"] == "running":
+            if recovering:
+                engine.record_event(kernel.session, "kernel_recovered", kernel=kernel,
+                                    actor=actor, reason=f"agent {agent.pk} is back; the "
+                                    "container kept running")
+            if container.get("stat"):
+                stats.append(_sample(kernel, container["stat"], snapshot_at))
     if stats:
         update_rows(Kernel, ["last_stat", "stat_history"], stats)
+    # Exits the agent reported just now are not judged here: their reports, with exit
+    # code and log tail, end those kernels (they may still be on their way).
+    listed = [k for k in by_kernel if is_uuid(k)] + [k for k in ended or () if is_uuid(k)]
     gone = Kernel.objects.filter(
         agent=agent, status__in=[S.RUNNING, S.TERMINATING],
         status_changed__lt=snapshot_at - SNAPSHOT_MARGIN,
-    ).exclude(pk__in=[k for k in by_kernel if _is_uuid(k)])
+    ).exclude(pk__in=listed)
     for kernel in gone:
-        reason = kernel.status_info if kernel.status == S.TERMINATING else "self-terminated"
-        engine.mark_kernel_terminated(kernel, reason=reason, actor=f"agent:{agent.pk}")
+        reason = kernel.status_info if kernel.status == S.TERMINATING else "container-gone"
+        engine.mark_kernel_terminated(kernel, reason=reason, actor=actor)
+
+
+def _sample(kernel, stat, snapshot_at):
+    sample = [stat.get("at", snapshot_at.timestamp()), stat.get("cpu_percent"),
+              _mem_percent(stat)]
+    history = add_sample(kernel.stat_history, sample)
+    stat["usage"] = summarize(history, settings.IDLE_UTILIZATION["window"])
+    return kernel.pk, stat, history
+
+
+def _snapshot_time(taken_at):
+    return datetime.fromtimestamp(taken_at, tz=UTC) if taken_at else clock.now()
 
 
 def _mem_percent(stat):
@@ -113,9 +144,7 @@ def _mem_percent(stat):
     return round(100 * stat.get("mem_bytes", 0) / stat["mem_limit"], 2)
 
 
-def _is_uuid(text):
-    import uuid
-
+def is_uuid(text):
     try:
         uuid.UUID(str(text))
     except ValueError:

@@ -6,11 +6,13 @@ hangs is retried, then rescheduled elsewhere, and what cannot succeed is cancell
 import logging
 from datetime import timedelta
 
+import redis
 from django.conf import settings
 from django.db import transaction
 
 from agents_app import rpc
-from agents_app.models import Agent, AgentStatus
+from agents_app.models import Agent, AgentStatus, HeartbeatWatch
+from backendai_web import metrics
 from backendai_web.celery import send_task_safely
 from scheduling_app.models import ScalingGroup
 
@@ -90,17 +92,25 @@ def check_pulling_progress():
 
 
 def terminate_sessions():
-    """Re-send the destroy request of TERMINATING kernels that got no answer."""
-    return _resend_stale(S.TERMINATING, "last_destroy_request",
-                         lambda k: rpc.send_destroy_kernel(k, k.status_info))
+    """Re-send the destroy request of TERMINATING kernels that got no answer, and keep
+    asking for the removal of any container of ERROR kernels (forced): an ERROR kernel
+    ends when its agent confirms it has no container left."""
+    return (_resend_stale(S.TERMINATING, "last_destroy_request", _send_destroy_again)
+            + _resend_stale(S.ERROR, "last_destroy_request", _send_destroy_again))
 
 
-def _resend_stale(status, marker, send):
+def _send_destroy_again(kernel):
+    forced = bool(kernel.status_data.get("forced")) or kernel.status == S.ERROR
+    rpc.send_destroy_kernel(kernel, kernel.status_data.get("destroy_reason")
+                            or kernel.status_info, forced=forced)
+
+
+def _resend_stale(status, marker, send, **filters):
     """Send again the request of kernels in `status` for RESEND_AFTER, at most once per
     RESEND_AFTER (the time of the last resend is kept in status_data[marker])."""
     stale = clock.now() - RESEND_AFTER
     sent = 0
-    for kernel in _kernels(status, status_changed__lt=stale):
+    for kernel in _kernels(status, status_changed__lt=stale, **filters):
         last = kernel.status_data.get(marker)
         if last and clock.parse(last) > stale:
             continue
@@ -134,36 +144,141 @@ def fail_session(kernel, reason, actor):
 
 
 
+@transaction.atomic
+def error_kernel(kernel, error, actor):
+    """A kernel whose container could not be made for a reason no retry can fix: ERROR
+    with Docker's message, its session's other kernels ended. The terminate handler asks
+    its agent to remove anything left, and the agent's answer ends it."""
+    moved = engine.mark_kernel_error(
+        kernel, reason=error[:255], actor=actor, from_statuses={S.CREATING},
+        status_data={**kernel.status_data, "destroy_reason": error[:255],
+                     "creation_error": error[:500]})
+    if moved is not None and kernel.session.cluster_size > 1:
+        end_with_kernel(moved)
+    return moved
+
+
 # Progress
 
 def check_progress():
-    """Timeouts per scaling group: PULLING and CREATING are retried, TERMINATING is
-    force-terminated."""
+    """The timeouts of the transitional statuses, per scaling group (ScalingGroup's
+    *_timeout fields); no kernel stays in any of them for ever:
+    - SCHEDULED and PREPARED: the session is rescheduled on another agent;
+    - PREPARING, PULLING and CREATING: retried on the same agent, then rescheduled (a pull
+      is never killed: the kernel moves on and the agent discards the result);
+    - TERMINATING: the agent is told to kill the container at once; without an answer
+      for as long again, the kernel goes to ERROR (its container may still run).
+    Also ends the kernels of sessions one of whose kernels ended by itself."""
     now = clock.now()
     moved = 0
     for group in ScalingGroup.objects.filter(is_active=True):
-        for status, stage, timeout, error in (
-                (S.PULLING, "preparing", group.pull_timeout, "image pull timed out"),
-                (S.CREATING, "creating", group.create_timeout, "container creation timed out")):
+        for status, stage, error in (
+                (S.PREPARING, "preparing", "the image check went unanswered"),
+                (S.PULLING, "preparing", "image pull timed out"),
+                (S.CREATING, "creating", "container creation timed out")):
+            timeout = group.timeout_of(status)
             cutoff = now - timedelta(seconds=timeout)
             for kernel in _kernels(status, session__scaling_group=group,
                                    status_changed__lt=cutoff):
                 last_try = kernel.status_data.get("last_retry")
                 if last_try and clock.parse(last_try) > cutoff:
                     continue  # each try gets the whole timeout
-                moved += bool(retry_stage(kernel, stage, error))
-        for kernel in _kernels(S.TERMINATING, session__scaling_group=group,
-                               status_changed__lt=now - timedelta(
-                                   seconds=group.terminate_timeout)):
-            with transaction.atomic():
-                if engine.mark_kernel_terminated(kernel, reason="force-terminated",
-                                                 from_statuses={S.TERMINATING}):
-                    log.warning("kernel %s TERMINATING past %ss: force-terminated", kernel.pk,
-                                group.terminate_timeout)
-                    transaction.on_commit(
-                        lambda k=kernel: rpc.send_destroy_kernel(k, "force-terminated"))
-                    moved += 1
+                moved += bool(retry_stage(kernel, stage, f"{error} after {timeout}s"))
+        for status in (S.SCHEDULED, S.PREPARED):
+            timeout = group.timeout_of(status)
+            for kernel in _kernels(status, session__scaling_group=group,
+                                   status_changed__lt=now - timedelta(seconds=timeout)):
+                with transaction.atomic():
+                    moved += bool(_reschedule_stuck(kernel, f"{status.lower()}-timeout: "
+                                                            f"{status} for over {timeout}s"))
+        moved += _force_stuck_terminations(group, now)
+    moved += end_sessions_of_ended_kernels()
     return moved
+
+
+def _reschedule_stuck(kernel, reason):
+    kernel = Kernel.objects.select_for_update().select_related("session").get(pk=kernel.pk)
+    if kernel.status not in (S.SCHEDULED, S.PREPARED):
+        return None  # moved on meanwhile
+    log.warning("kernel %s: %s", kernel.pk, reason)
+    return reschedule_elsewhere(kernel.session, kernel.agent_id, reason)
+
+
+def _force_stuck_terminations(group, now):
+    """TERMINATING past the group's timeout: a forced destroy (SIGKILL now, no hook);
+    unanswered for as long again: ERROR, for an admin to see (the terminate handler keeps
+    asking the agent to remove the container)."""
+    timeout = timedelta(seconds=group.terminate_timeout)
+    moved = 0
+    for kernel in _kernels(S.TERMINATING, session__scaling_group=group,
+                           status_changed__lt=now - timeout):
+        forced_at = kernel.status_data.get("forced_at")
+        if forced_at is None:
+            reason = kernel.status_info or "force-terminated"
+            engine.set_kernel_data(kernel, status_data={
+                **kernel.status_data, "forced": True, "forced_at": now.isoformat(),
+                "destroy_reason": reason, "last_destroy_request": now.isoformat()})
+            engine.record_event(kernel.session, "kernel_force_kill", actor="system",
+                                reason=f"{kernel.cluster_hostname} TERMINATING for over "
+                                       f"{group.terminate_timeout}s: killed at once",
+                                data={"kernel_id": str(kernel.pk)})
+            log.warning("kernel %s TERMINATING past %ss: killed at once", kernel.pk,
+                        group.terminate_timeout)
+            rpc.send_destroy_kernel(kernel, reason, forced=True)
+            moved += 1
+        elif clock.parse(forced_at) < now - timeout:
+            error = (f"terminate-timeout: agent {kernel.agent_id} did not confirm the "
+                     f"container's removal within {2 * group.terminate_timeout}s")
+            if engine.mark_kernel_error(kernel, reason=error[:255],
+                                        from_statuses={S.TERMINATING},
+                                        status_data={**kernel.status_data,
+                                                     "teardown_error": error}):
+                moved += 1
+    return moved
+
+
+def end_sessions_of_ended_kernels():
+    """Kernels still running in a session one of whose kernels has ended (a report the
+    event path missed, a reconcile, a lost agent): they are stopped too."""
+    ended = 0
+    running = (Kernel.objects.filter(status=S.RUNNING,
+                                     session__kernels__status=S.TERMINATED)
+               .values_list("session_id", flat=True).distinct())
+    for session_id in running:
+        first = (Kernel.objects.select_related("session")
+                 .filter(session_id=session_id, status=S.TERMINATED)
+                 .order_by("terminated_at").first())
+        if first is not None:
+            ended += end_with_kernel(first)
+    return ended
+
+
+@transaction.atomic
+def end_with_kernel(kernel, exit_code=None):
+    """A kernel ended by itself: the session's other kernels are stopped (gracefully),
+    with a reason that names it. Returns how many were asked to stop."""
+    why = kernel.status_info or "ended"
+    code = exit_code if exit_code is not None else kernel.exit_code
+    reason = (f"kernel {kernel.cluster_hostname} ended ({why}"
+              + (f", exit code {code})" if code is not None else ")"))[:255]
+    stopped = 0
+    for sibling in (kernel.session.kernels.select_for_update().exclude(pk=kernel.pk)
+                    .exclude(status__in=FINISHED_STATUSES | {S.TERMINATING, S.ERROR})):
+        if sibling.status == S.RUNNING:
+            if engine.mark_kernel_terminating(
+                    sibling, reason=reason, actor="system",
+                    status_data={**sibling.status_data, "ended_with": str(kernel.pk)}):
+                transaction.on_commit(lambda k=sibling: rpc.send_destroy_kernel(k, reason))
+                stopped += 1
+        elif sibling.status == S.PENDING:
+            stopped += bool(engine.mark_kernel_cancelled(sibling, reason=reason,
+                                                         actor="system"))
+        elif engine.mark_kernel_terminated(sibling, reason=reason, actor="system"):
+            stopped += 1
+            if sibling.container_id:
+                transaction.on_commit(lambda k=sibling: rpc.send_destroy_kernel(
+                    k, reason, forced=True))
+    return stopped
 
 
 # Recovery
@@ -178,6 +293,8 @@ def retry_stage(kernel, stage, error):
     if kernel.status not in expected:
         return None  # moved on meanwhile
     if is_permanent(error):
+        if stage == "creating":  # Docker refused the container: ERROR, with its words
+            return error_kernel(kernel, f"creating failed: {error}", "scheduler")
         return fail_session(kernel, f"{stage} failed: {error}"[:255], "scheduler")
     retries = {**kernel.status_data.get("retries", {})}
     retries[stage] = retries.get(stage, 0) + 1
@@ -190,7 +307,9 @@ def retry_stage(kernel, stage, error):
                             data={"try": retries[stage] + 1, "error": error[:500]})
         send = rpc.send_check_and_pull if stage == "preparing" else rpc.send_create_kernel
         transaction.on_commit(lambda: send(kernel))
+        transaction.on_commit(lambda: metrics.count("retries", stage=stage, outcome="retried"))
         return "retried"
+    transaction.on_commit(lambda: metrics.count("retries", stage=stage, outcome="rescheduled"))
     return reschedule_elsewhere(kernel.session, kernel.agent_id,
                                 f"{stage} failed {retries[stage]} times on agent "
                                 f"{kernel.agent_id}: {error}"[:255])
@@ -234,18 +353,91 @@ def sweep_pending():
 
 
 def sweep_lost_agents():
-    """No heartbeat for 3 intervals → LOST; its kernels end (agent-lost), slots freed."""
-    cutoff = clock.now() - timedelta(seconds=3 * settings.AGENT_HEARTBEAT_INTERVAL)
+    """An agent silent for 3 heartbeat intervals while the manager could hear it is LOST,
+    for scheduling only: no new kernel goes to it, and each of its kernels gets an event
+    saying that its agent is unreachable; nothing of the user's is touched, and an agent
+    that reports again recovers its kernels (heartbeats.handle_heartbeat). Only after the
+    scaling group's lost_timeout do its kernels end (agent-lost). Returns the agents that
+    became LOST in this pass."""
+    now = clock.now()
+    listening_since = _listening_since(now)
+    cutoff = now - timedelta(seconds=3 * settings.AGENT_HEARTBEAT_INTERVAL)
     lost = []
-    for agent in Agent.objects.filter(status=AgentStatus.ALIVE, last_heartbeat__lt=cutoff):
-        with transaction.atomic():
-            if not Agent.objects.filter(pk=agent.pk, status=AgentStatus.ALIVE,
-                                        last_heartbeat__lt=cutoff).update(
-                    status=AgentStatus.LOST, lost_at=clock.now()):
-                continue
-            log.warning("agent %s lost: no heartbeat since %s", agent.pk, agent.last_heartbeat)
-            for kernel in Kernel.objects.filter(agent=agent, status__in=engine.SLOT_HOLDING):
-                engine.mark_kernel_terminated(kernel, reason="agent-lost", actor="system")
-            lost.append(agent.pk)
+    if listening_since is not None and listening_since <= cutoff:
+        for agent in Agent.objects.filter(status=AgentStatus.ALIVE, last_heartbeat__lt=cutoff):
+            if _mark_lost(agent, cutoff, now):
+                lost.append(agent.pk)
+    end_kernels_of_lost_agents(now)
     return lost
 
+
+def _listening_since(now):
+    """Since when the manager has been able to hear heartbeats without a break; None when
+    it cannot now. Heartbeats reach it through the broker, a manager worker and the
+    database, and this sweep through beat, the broker and a worker too: the broker not
+    answering, or a gap since the previous sweep longer than the silence that makes an
+    agent LOST, means the manager was deaf, which is no agent's fault."""
+    gap = timedelta(seconds=3 * settings.AGENT_HEARTBEAT_INTERVAL)
+    hearing = broker_answers()
+    with transaction.atomic():
+        watch, _ = HeartbeatWatch.objects.select_for_update().get_or_create(pk=1)
+        if not hearing:
+            watch.listening_since = None
+        elif watch.listening_since is None or watch.last_sweep is None or \
+                now - watch.last_sweep > gap:
+            log.info("hearing heartbeats again from %s", now)
+            watch.listening_since = now
+        watch.last_sweep = now
+        watch.save()
+    return watch.listening_since
+
+
+def broker_answers():
+    try:
+        redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2,
+                             socket_connect_timeout=2).ping()
+    except redis.RedisError:
+        return False
+    return True
+
+
+@transaction.atomic
+def _mark_lost(agent, cutoff, now):
+    if not Agent.objects.filter(pk=agent.pk, status=AgentStatus.ALIVE,
+                                last_heartbeat__lt=cutoff).update(status=AgentStatus.LOST,
+                                                                  lost_at=now):
+        return False
+    timeout = agent.scaling_group.lost_timeout
+    log.warning("agent %s lost: no heartbeat since %s; its kernels end after %ss unless it "
+                "reports again", agent.pk, agent.last_heartbeat, timeout)
+    for kernel in _kernels_held_by(agent):
+        engine.record_event(
+            kernel.session, "kernel_agent_lost", kernel=kernel, actor="system",
+            reason=f"agent {agent.pk} unreachable since {agent.last_heartbeat:%H:%M:%S}",
+            data={"agent_id": agent.pk, "ends_after": timeout,
+                  "ends_at": (now + timedelta(seconds=timeout)).isoformat()})
+    return True
+
+
+def _kernels_held_by(agent):
+    return Kernel.objects.filter(agent=agent, status__in=engine.SLOT_HOLDING) \
+        .select_related("session").order_by("session__created_at", "cluster_idx")
+
+
+def end_kernels_of_lost_agents(now=None):
+    """The kernels of agents LOST for longer than their group's lost_timeout end with
+    agent-lost; their slots and concurrency are freed. An agent that comes back later
+    removes their containers (heartbeats.reconcile_containers)."""
+    now = now or clock.now()
+    ended = 0
+    for agent in Agent.objects.filter(status=AgentStatus.LOST).select_related("scaling_group"):
+        if agent.lost_at and agent.lost_at > now - timedelta(
+                seconds=agent.scaling_group.lost_timeout):
+            continue
+        for kernel in _kernels_held_by(agent):
+            with transaction.atomic():
+                if engine.mark_kernel_terminated(kernel, reason="agent-lost", actor="system"):
+                    ended += 1
+    if ended:
+        log.warning("%s kernels of lost agents ended (agent-lost)", ended)
+    return ended

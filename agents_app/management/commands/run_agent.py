@@ -8,6 +8,7 @@ from django.db.backends.signals import connection_created
 from backendai_web.celery import agent_queue, app
 from scheduling_app.slots import ResourceSlots, SlotError
 
+from ...runtime import firewall
 from ...runtime.agent import Agent, install
 
 
@@ -47,12 +48,14 @@ class Command(BaseCommand):
                               heartbeat_interval=options["heartbeat_interval"],
                               addr=options["addr"]))
         agent.docker_available()  # says in one line when Docker is unreachable
+        if settings.KERNEL_FIREWALL:
+            firewall.install()
         threading.Thread(target=agent.heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=agent.watch_events, name="docker-events", daemon=True).start()
         worker = app.Worker(
             queues=[agent_queue(agent.id)], pool="threads", concurrency=options["concurrency"],
             hostname=f"agent-{agent.id}@{socket.gethostname()}", loglevel="INFO",
-            without_gossip=True, without_mingle=True,
+            without_gossip=True, without_mingle=True, quiet=True,  # no banner: log lines only
         )
         try:
             worker.start()

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling_app', '0004_scalinggroup_idle_checkers'),
+        ('scheduling_app', '0008_scalinggroup_allow_outbound'),
     ]
 
     operations = [

@@ -1,0 +1,102 @@
+"""The invariants of ARCHITECTURE.md, counted: an operator's first look after an incident
+(`manage.py check_invariants`), and the last assertion of every fault test.
+
+Containers are known from what each ALIVE agent listed in its last heartbeat (the manager
+never talks to Docker); a kernel whose status changed after that list was taken is not
+judged by it.
+"""
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from agents_app.models import Agent, AgentStatus
+from scheduling_app.models import ScalingGroup
+
+from .. import clock
+from ..accounting import usage_drift
+from ..models import FINISHED_STATUSES, Kernel, Status
+from .heartbeats import SNAPSHOT_MARGIN, is_uuid
+
+S = Status
+# The handlers that end a state past its timeout run every 10 to 30 s (beat): a state
+# this far past its timeout is stuck, not merely waiting for the next run.
+STUCK_AFTER = timedelta(seconds=60)
+TIMED = [S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING,
+         S.TERMINATING]
+
+
+def timeout_of(group, status):
+    """Seconds past which a kernel in `status` is stuck: its group's timeout, twice for
+    TERMINATING (a forced kill first, then ERROR after as long again)."""
+    if status == S.PENDING:
+        return group.pending_timeout
+    timeout = group.timeout_of(status)
+    return 2 * timeout if status == S.TERMINATING else timeout
+
+
+@dataclass
+class Check:
+    name: str
+    violations: list = field(default_factory=list)
+
+
+def check_invariants(now=None):
+    """Every check with its violations (each a line of text); all empty when healthy."""
+    now = now or clock.now()
+    agents = list(Agent.objects.filter(status=AgentStatus.ALIVE, containers_at__isnull=False))
+    reported = {c["kernel_id"]: (agent, c) for agent in agents for c in agent.containers
+                if c.get("kernel_id")}
+    kernels = {str(k.pk): k for k in Kernel.objects.filter(
+        pk__in=[k for k in reported if is_uuid(k)])}
+    stray = Check("containers without a live kernel")
+    for kernel_id, (agent, container) in reported.items():
+        kernel = kernels.get(kernel_id)
+        if kernel is None or (kernel.status in FINISHED_STATUSES and
+                              kernel.status_changed < agent.containers_at - SNAPSHOT_MARGIN):
+            stray.violations.append(
+                f"agent {agent.pk}: container {container['container_id'][:12]} of "
+                f"{'unknown kernel' if kernel is None else kernel.status} kernel {kernel_id}")
+    missing = Check("live kernels without a container")
+    for agent in agents:
+        for kernel in Kernel.objects.filter(
+                agent=agent, status__in=[S.RUNNING, S.TERMINATING],
+                status_changed__lt=agent.containers_at - SNAPSHOT_MARGIN).exclude(
+                pk__in=[k for k, (a, _) in reported.items() if a.pk == agent.pk]):
+            missing.violations.append(f"agent {agent.pk}: {kernel.status} kernel {kernel.pk} "
+                                      f"of session {kernel.session_id}")
+    agent_drift, keypair_drift = usage_drift()
+    slots = Check("agent slot drift", [f"agent {agent.pk}: occupied {agent.occupied_slots}, "
+                                       f"its live kernels hold {expected.to_json()}"
+                                       for agent, expected in agent_drift])
+    concurrency = Check("keypair concurrency drift", [
+        f"keypair {keypair.pk}: concurrency_used {keypair.concurrency_used}, live sessions "
+        f"{expected}" for keypair, expected in keypair_drift])
+    return [stray, missing, slots, concurrency, _stuck(now)]
+
+
+def _stuck(now):
+    stuck = Check("kernels past their state's timeout")
+    for group in ScalingGroup.objects.all():
+        for status in TIMED:
+            timeout = timeout_of(group, status)
+            if not timeout:
+                continue
+            cutoff = now - timedelta(seconds=timeout) - STUCK_AFTER
+            since = "session__created_at" if status == S.PENDING else "status_changed"
+            for kernel in Kernel.objects.filter(status=status, session__scaling_group=group,
+                                                **{f"{since}__lt": cutoff}):
+                last_retry = kernel.status_data.get("last_retry")
+                if last_retry and clock.parse(last_retry) > cutoff:
+                    continue  # a retry gets the whole timeout again
+                stuck.violations.append(f"kernel {kernel.pk} of session {kernel.session_id}: "
+                                        f"{status} since {kernel.status_changed:%H:%M:%S}, "
+                                        f"its timeout {timeout}s")
+        lost_cutoff = now - timedelta(seconds=group.lost_timeout) - STUCK_AFTER
+        for kernel in Kernel.objects.filter(
+                agent__scaling_group=group, agent__status=AgentStatus.LOST,
+                agent__lost_at__lt=lost_cutoff).exclude(
+                status__in=FINISHED_STATUSES | {S.PENDING}):
+            stuck.violations.append(f"kernel {kernel.pk} of session {kernel.session_id}: "
+                                    f"{kernel.status} on agent {kernel.agent_id}, LOST past "
+                                    f"lost_timeout {group.lost_timeout}s")
+    return stuck

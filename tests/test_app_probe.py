@@ -1,0 +1,32 @@
+"""The app-activity probe's pure parts: what an answer means, and what is kept."""
+
+import pytest
+
+from agents_app.runtime import docker_backend
+from agents_app.runtime.agent import kept_activity
+
+SEEN = {"busy": False, "last_activity": "2026-01-01T10:00:00+00:00", "kernels": 1}
+
+
+def test_a_failed_or_empty_probe_keeps_the_activity_already_seen():
+    assert kept_activity(SEEN, None) == SEEN
+    assert kept_activity(None, None) is None
+    empty = {"busy": False, "last_activity": None, "kernels": 0}
+    assert kept_activity(SEEN, empty) == {**empty, "last_activity": SEEN["last_activity"]}
+    older = {"busy": True, "last_activity": "2026-01-01T09:00:00+00:00", "kernels": 2}
+    assert kept_activity(SEEN, older) == {**older, "last_activity": SEEN["last_activity"]}
+    newer = {"busy": False, "last_activity": "2026-01-01T11:00:00+01:00", "kernels": 1}
+    assert kept_activity(SEEN, newer) == newer  # 10:00 UTC too: not older
+
+
+def test_a_kernels_answer_is_read_only_when_well_formed():
+    assert docker_backend._kernels_report([
+        {"execution_state": "busy", "last_activity": "2026-01-01T10:00:00.000000Z"},
+        {"execution_state": "idle", "last_activity": "2026-01-01T11:00:00Z"}]) == {
+        "busy": True, "last_activity": "2026-01-01T11:00:00+00:00", "kernels": 2}
+    assert docker_backend._kernels_report([]) == {"busy": False, "last_activity": None,
+                                                  "kernels": 0}
+    for malformed in ({"kernels": []}, [1, "two"], [{"last_activity": "yesterday"}],
+                      [{"last_activity": "2026-01-01T10:00:00"}], "[]"):
+        with pytest.raises(ValueError):
+            docker_backend._kernels_report(malformed)

@@ -1,0 +1,119 @@
+"""Kernel hardening on real Docker, tried from inside a kernel: capabilities, no new
+privileges, the pids and open-files limits of the resource policy, no swap, no host path."""
+
+import pytest
+
+from agents_app.models import Agent, AgentStatus
+from agents_app.runtime.docker_backend import KERNEL_CAPABILITIES
+from scheduling_app.models import ResourcePolicy
+from sessions_app.models import Kernel
+from tests.test_agent_docker import S, create, wait_status
+
+pytestmark = pytest.mark.docker
+
+# Bit numbers from linux/capability.h.
+CAPABILITY_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "DAC_READ_SEARCH": 2, "FOWNER": 3,
+                   "FSETID": 4, "KILL": 5, "SETGID": 6, "SETUID": 7, "SETPCAP": 8,
+                   "NET_BIND_SERVICE": 10, "NET_RAW": 13, "SYS_CHROOT": 18, "SYS_ADMIN": 21,
+                   "MKNOD": 27, "AUDIT_WRITE": 29, "SETFCAP": 31}
+
+
+def execute(client, session_id, command, timeout=30):
+    response = client.post(f"/api/v1/sessions/{session_id}/execute/",
+                           {"command": command, "timeout": timeout},
+                           content_type="application/json")
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def status_field(status_text, name):
+    return next(line.split(":", 1)[1].strip() for line in status_text.splitlines()
+                if line.startswith(name + ":"))
+
+
+def test_a_kernel_has_only_the_listed_capabilities_no_new_privileges_and_its_limits(
+        live, as_alice, docker_client):
+    ResourcePolicy.objects.filter(name="default").update(kernel_pids_limit=200,
+                                                          kernel_open_files_limit=4096)
+    session_id = create(as_alice, "hardened")
+    wait_status(session_id, S.RUNNING)
+    result = execute(as_alice, session_id,
+                     "cat /proc/self/status; echo nofile=$(ulimit -n); "
+                     "echo pids=$(cat /sys/fs/cgroup/pids.max /sys/fs/cgroup/pids/pids.max "
+                     "2>/dev/null); mknod /home/work/dev c 1 3 2>&1 || echo mknod-refused")
+    assert result["exit_code"] == 0, result
+    out = result["stdout"]
+    allowed = sum(1 << CAPABILITY_BITS[name] for name in KERNEL_CAPABILITIES)
+    effective = int(status_field(out, "CapEff"), 16)
+    assert effective == allowed, f"CapEff {effective:x}, allowed {allowed:x}"
+    assert int(status_field(out, "CapBnd"), 16) == allowed  # nothing to regain either
+    for dropped in ("NET_RAW", "SYS_ADMIN", "MKNOD", "SYS_CHROOT"):
+        assert not effective & (1 << CAPABILITY_BITS[dropped])
+    assert status_field(out, "NoNewPrivs") == "1"
+    assert "nofile=4096" in out and "pids=200" in out
+    assert "mknod-refused" in out
+
+    kernel = Kernel.objects.get(session_id=session_id)
+    host = docker_client.containers.get(kernel.container_id).attrs["HostConfig"]
+    assert host["Privileged"] is False
+    assert host["CapDrop"] == ["ALL"] and sorted(host["CapAdd"]) == sorted(KERNEL_CAPABILITIES)
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["PidsLimit"] == 200
+    assert host["MemorySwap"] == host["Memory"] == 128 * 2**20  # no swap
+    # Its own scratch volume is its only mount: no host path, no Docker socket.
+    assert host["Binds"] == [f"bai-scratch-{kernel.pk}:/home/work:rw"]
+    mounts = docker_client.containers.get(kernel.container_id).attrs["Mounts"]
+    assert [(m["Type"], m["Destination"]) for m in mounts] == [("volume", "/home/work")]
+    # The agent counted the start in Redis; the manager's /metrics shows it.
+    from backendai_web import metrics
+
+    exposition = metrics.exposition().decode()
+    assert (f'backendai_agent_container_starts_total{{agent="{live.agent_id}",'
+            f'outcome="started"}}') in exposition
+    assert (f'backendai_agent_container_start_seconds_count{{agent="{live.agent_id}"}}'
+            in exposition)
+    as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    wait_status(session_id, S.TERMINATED)
+
+
+def test_a_fork_bomb_hits_the_pids_limit_while_another_session_still_answers(
+        live, as_alice, docker_client):
+    ResourcePolicy.objects.filter(name="default").update(kernel_pids_limit=64)
+    bomb = create(as_alice, "bomb", resources={"cpu": "0.5", "mem": "128m"})
+    other = create(as_alice, "other", resources={"cpu": "0.5", "mem": "128m"})
+    wait_status(bomb, S.RUNNING, timeout=60)
+    wait_status(other, S.RUNNING, timeout=60)
+    # A shell that forks without end: past 64 processes every fork fails.
+    forked = execute(as_alice, bomb, "i=0; while [ $i -lt 500 ]; do sleep 120 & "
+                                     "i=$((i+1)); done; echo done", timeout=20)
+    assert "can't fork" in forked["stderr"] or "Resource temporarily unavailable" in (
+        forked["stderr"]), forked
+    kernel = Kernel.objects.get(session_id=bomb)
+    container = docker_client.containers.get(kernel.container_id)
+    assert len(container.top()["Processes"]) <= 64
+    answer = execute(as_alice, other, "echo alive")
+    assert answer == {"stdout": "alive\n", "stderr": "", "exit_code": 0}
+    assert Agent.objects.get(pk=live.agent_id).status == AgentStatus.ALIVE
+    for session_id in (bomb, other):
+        as_alice.delete(f"/api/v1/sessions/{session_id}/?forced=false")
+    wait_status(bomb, S.TERMINATED, timeout=60)
+    wait_status(other, S.TERMINATED, timeout=60)
+
+
+def test_a_memory_hog_meets_its_own_limit_while_another_session_still_answers(
+        live, as_alice, docker_client):
+    hog = create(as_alice, "hog", resources={"cpu": "0.5", "mem": "64m"})
+    other = create(as_alice, "calm", resources={"cpu": "0.5", "mem": "64m"})
+    wait_status(hog, S.RUNNING, timeout=60)
+    wait_status(other, S.RUNNING, timeout=60)
+    # 256 MiB held in one process, four times the limit; no swap to spill into.
+    ate = execute(as_alice, hog, "head -c 256m /dev/zero | tail > /dev/null; echo exit=$?",
+                  timeout=30)
+    assert "exit=137" in ate["stdout"], ate  # the kernel's OOM killer took `tail`
+    assert execute(as_alice, other, "echo alive")["stdout"] == "alive\n"
+    assert execute(as_alice, hog, "echo still-here")["stdout"] == "still-here\n"
+    assert Agent.objects.get(pk=live.agent_id).status == AgentStatus.ALIVE
+    for session_id in (hog, other):
+        as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    wait_status(hog, S.TERMINATED, timeout=60)
+    wait_status(other, S.TERMINATED, timeout=60)

@@ -1,0 +1,167 @@
+"""Every transitional status ends by itself: check_progress with a frozen clock, one
+timeout at a time (no broker: what would be sent is recorded)."""
+
+from datetime import timedelta
+
+import pytest
+import time_machine
+
+from scheduling_app.models import ScalingGroup
+from sessions_app import clock
+from sessions_app.lifecycle import progress
+from sessions_app.lifecycle.agent_reports import handle_kernel_event
+from sessions_app.models import SessionEvent, Status
+from tests.factories import make_agent, make_session
+
+S = Status
+START = "2026-01-01 10:00:00Z"
+pytestmark = pytest.mark.usefixtures("sent")
+
+
+@pytest.fixture
+def frozen():
+    with time_machine.travel(START, tick=False) as traveller:
+        yield traveller
+
+
+def later(frozen, seconds):
+    frozen.move_to(clock.parse("2026-01-01T10:00:00+00:00") + timedelta(seconds=seconds))
+
+
+def group(**timeouts):
+    ScalingGroup.objects.filter(name="default").update(**timeouts)
+
+
+def sends(sent, task):
+    return [kwargs for name, kwargs in sent if name == task]
+
+
+@pytest.mark.parametrize(("status", "field"), [(S.SCHEDULED, "scheduled_timeout"),
+                                               (S.PREPARED, "prepared_timeout")])
+def test_a_kernel_stuck_scheduled_or_prepared_is_rescheduled_on_another_agent(
+        status, field, alice, frozen, django_capture_on_commit_callbacks, sent):
+    group(**{field: 60})
+    make_agent("stuck")
+    session = make_session(alice, status)
+    later(frozen, 59)
+    assert progress.check_progress() == 0
+    later(frozen, 61)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert progress.check_progress() == 1
+    session.refresh_from_db()
+    kernel = session.kernels.get()
+    assert (kernel.status, kernel.agent_id) == (S.PENDING, None)
+    assert kernel.status_info == f"{status.lower()}-timeout: {status} for over 60s"
+    assert session.status_data["scheduler"]["excluded_agents"] == ["stuck"]
+    assert sends(sent, "scheduling.schedule") == [{"scaling_group_name": "default"}]
+
+
+@pytest.mark.parametrize(("status", "field", "error"), [
+    (S.PREPARING, "preparing_timeout", "the image check went unanswered after 60s"),
+    (S.PULLING, "pull_timeout", "image pull timed out after 60s"),
+    (S.CREATING, "create_timeout", "container creation timed out after 60s"),
+])
+def test_a_kernel_stuck_preparing_pulling_or_creating_is_retried_then_rescheduled(
+        status, field, error, alice, frozen, django_capture_on_commit_callbacks, sent):
+    group(**{field: 60})
+    make_agent("slow")
+    session = make_session(alice, status)
+    task = "agent.create_kernel" if status == S.CREATING else "agent.check_and_pull"
+    later(frozen, 59)
+    assert progress.check_progress() == 0
+    for attempt, at in enumerate((61, 122), start=1):  # each try gets the whole timeout
+        later(frozen, at)
+        with django_capture_on_commit_callbacks(execute=True):
+            assert progress.check_progress() == 1
+        kernel = session.kernels.get()
+        assert kernel.status == status  # retried in place: a pull is never killed
+        stage = "creating" if status == S.CREATING else "preparing"
+        assert kernel.status_data["retries"] == {stage: attempt}
+        assert kernel.status_data["last_error"] == error
+        assert len(sends(sent, task)) == attempt
+    later(frozen, 150)
+    assert progress.check_progress() == 0  # 28 s into the third try
+    later(frozen, 183)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert progress.check_progress() == 1
+    kernel = session.kernels.get()
+    assert (kernel.status, kernel.agent_id) == (S.PENDING, None)
+    assert kernel.status_info == f"{stage} failed 3 times on agent slow: {error}"
+    assert not sends(sent, "agent.destroy_kernel")
+
+
+def test_a_kernel_stuck_terminating_is_killed_at_once_then_goes_to_error(
+        alice, frozen, sent):
+    group(terminate_timeout=60)
+    session = make_session(alice, S.TERMINATING)
+    kernel = session.kernels.get()
+    later(frozen, 59)
+    assert progress.check_progress() == 0
+    later(frozen, 61)
+    assert progress.check_progress() == 1
+    kernel.refresh_from_db()
+    assert kernel.status == S.TERMINATING  # never reported gone while it may still run
+    assert sends(sent, "agent.destroy_kernel") == [{
+        "kernel_id": str(kernel.pk), "container_id": kernel.container_id, "reason": "test",
+        "forced": True}]
+    killed = SessionEvent.objects.get(session=session, name="kernel_force_kill")
+    assert killed.reason == "main1 TERMINATING for over 60s: killed at once"
+    assert killed.data == {"kernel_id": str(kernel.pk)}
+    later(frozen, 120)
+    assert progress.check_progress() == 0  # the forced kill gets its own timeout
+    later(frozen, 122)
+    assert progress.check_progress() == 1
+    kernel.refresh_from_db()
+    session.refresh_from_db()
+    assert kernel.status == S.ERROR and session.status == S.ERROR
+    assert kernel.status_info == ("terminate-timeout: agent agent-1 did not confirm the "
+                                  "container's removal within 120s")
+    assert kernel.occupied_slots  # its container may still run: the slots stay held
+    # The terminate handler keeps asking for the removal, forced ...
+    later(frozen, 160)
+    assert progress.terminate_sessions() == 1
+    assert sends(sent, "agent.destroy_kernel")[-1]["forced"] is True
+    # ... and when the agent confirms it, the kernel is TERMINATED.
+    handle_kernel_event(kernel.pk, "kernel_terminated", {"exit_code": 137, "reason": "test"})
+    kernel.refresh_from_db()
+    assert (kernel.status, kernel.status_info, kernel.exit_code) == (S.TERMINATED, "test", 137)
+
+
+def test_a_plain_destroy_is_resent_graceful_and_a_forced_one_forced(alice, frozen, sent):
+    plain = make_session(alice, S.TERMINATING, name="plain")
+    forced = make_session(alice, S.TERMINATING, name="forced")
+    kernel = forced.kernels.get()
+    kernel.status_data = {**kernel.status_data, "forced": True}
+    kernel.save(update_fields=["status_data"])
+    later(frozen, 31)
+    assert progress.terminate_sessions() == 2
+    by_kernel = {s["kernel_id"]: s["forced"] for s in sends(sent, "agent.destroy_kernel")}
+    assert by_kernel == {str(plain.kernels.get().pk): False, str(kernel.pk): True}
+
+
+def test_a_container_docker_cannot_create_is_error_until_its_agent_confirms_nothing_is_left(
+        alice, frozen, sent, django_capture_on_commit_callbacks):
+    session = make_session(alice, S.CREATING, cluster_size=2)
+    main, sub = session.kernels.order_by("cluster_role")
+    error = ('failed-to-start: 400 Client Error: exec: "jupyter": executable file not found '
+             'in $PATH')
+    with django_capture_on_commit_callbacks(execute=True):
+        handle_kernel_event(main.pk, "creation_failed", {"error": error.split(": ", 1)[1]})
+    main.refresh_from_db()
+    sub.refresh_from_db()
+    assert (main.status, main.status_info) == (S.ERROR, f"creating failed: {error}")
+    assert sub.status == S.TERMINATED
+    assert sub.status_info == f"kernel main1 ended (creating failed: {error})"[:255]
+    session.refresh_from_db()
+    assert session.status == S.TERMINATING  # one kernel ERROR, the other ended
+    later(frozen, 31)
+    assert progress.terminate_sessions() == 1  # anything left of it is removed, forced
+    assert sends(sent, "agent.destroy_kernel")[-1] == {
+        "kernel_id": str(main.pk), "container_id": "", "reason": f"creating failed: {error}",
+        "forced": True}
+    handle_kernel_event(main.pk, "kernel_terminated", {"exit_code": None, "reason": "x"})
+    main.refresh_from_db()
+    session.refresh_from_db()
+    assert (main.status, main.status_info) == (S.TERMINATED, f"creating failed: {error}")
+    assert session.status == S.TERMINATED
+    assert not main.occupied_slots or main.agent.free_slots == {"cpu": 4, "mem": 8 * 2**30}
