@@ -11,7 +11,6 @@ from agents_app.models import Agent, AgentStatus, HeartbeatWatch
 from scheduling_app.models import ScalingGroup
 from sessions_app import clock
 from sessions_app.lifecycle import progress
-from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.heartbeats import handle_heartbeat
 from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import KeyPair, SessionEvent, Status
@@ -149,16 +148,25 @@ def test_a_kernel_whose_container_is_gone_ends_with_a_reason_that_says_so(lost_s
                                                                     "container-gone", None)
 
 
-def test_an_exit_the_agent_just_reported_is_left_to_its_report(lost_setup):
+def test_a_container_listed_as_exited_ends_its_kernel_with_its_exit_code(
+        lost_setup, django_capture_on_commit_callbacks, sent):
     agent, session, kernel = lost_setup
-    heartbeat(agent, [], at=45, ended=[str(kernel.pk)])
+    exited = {**running(kernel), "state": "exited", "exit_code": 3, "reason": "oom-killed"}
+    heartbeat(agent, [exited], at=45)  # its own report of the exit was lost on the way
     kernel.refresh_from_db()
-    assert kernel.status == S.RUNNING  # its report, with exit code and log tail, ends it
-    handle_kernel_event(kernel.pk, "kernel_terminated", {"exit_code": 3, "log_tail": "bye",
-                                                         "reason": "self-terminated"})
+    assert (kernel.status, kernel.status_info, kernel.exit_code) == (S.TERMINATED,
+                                                                    "oom-killed", 3)
+    sent.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat(agent, [exited], at=50)  # still there: the agent is asked to remove it
+    assert [name for name, _ in sent] == ["agent.destroy_kernel"]
+
+
+def test_a_container_the_agent_is_stopping_is_not_an_exit(lost_setup):
+    agent, session, kernel = lost_setup
+    heartbeat(agent, [{**running(kernel), "state": "stopping"}], at=45)
     kernel.refresh_from_db()
-    assert (kernel.status, kernel.status_info, kernel.exit_code, kernel.log_tail) == (
-        S.TERMINATED, "self-terminated", 3, "bye")
+    assert kernel.status == S.RUNNING
 
 
 def test_check_invariants_counts_stray_containers_missing_ones_drift_and_stuck_kernels(

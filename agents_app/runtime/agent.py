@@ -27,7 +27,7 @@ from . import docker_backend as backend
 from .provisioners import KernelRunner
 
 log = logging.getLogger("agent")
-ENDED_KEPT = 60  # seconds a reaped kernel stays in the heartbeat's "ended"
+STOPPED_KEPT = 30  # seconds a stopped kernel stays in the heartbeat's "stopping"
 
 
 class Agent:
@@ -43,8 +43,8 @@ class Agent:
         self._docker_error = None
         self._lock = threading.Lock()
         self._destroying = set()  # kernel ids this agent is stopping itself
-        self._reaping = set()  # kernel ids whose exit is being reported, then torn down
-        self._ended = {}  # kernel id → when its exit was reported (heartbeats tell them)
+        self._reaping = set()  # kernel ids whose exit this agent has reported
+        self._stopped = {}  # kernel id → when this agent removed its container
         self._outbox = collections.deque()  # reports the broker has not taken yet
         self._outbox_lock = threading.Lock()
         self._broker_down_since = None
@@ -84,10 +84,10 @@ class Agent:
 
     # Reports to the manager. A report the broker cannot take now is kept, in order, and
     # sent when it answers again (heartbeat loop); the manager applies each one once (every
-    # handler is a conditional transition). `then` runs once the report is delivered.
-    def report(self, kernel_id, event, then=None, **data):
-        self._outbox.append(({"kernel_id": kernel_id, "event": event,
-                              "data": {"agent_id": self.id, **data}}, then))
+    # handler is a conditional transition).
+    def report(self, kernel_id, event, **data):
+        self._outbox.append({"kernel_id": kernel_id, "event": event,
+                             "data": {"agent_id": self.id, **data}})
         self.flush_reports()
 
     def flush_reports(self):
@@ -97,12 +97,9 @@ class Agent:
         while self._outbox and self._outbox_lock.acquire(blocking=False):
             try:
                 while self._outbox:
-                    kwargs, then = self._outbox[0]
-                    if not self._send("manager.kernel_event", kwargs):
+                    if not self._send("manager.kernel_event", self._outbox[0]):
                         return
                     self._outbox.popleft()
-                    if then is not None:
-                        threading.Thread(target=then, daemon=True).start()
             finally:
                 self._outbox_lock.release()
 
@@ -138,26 +135,37 @@ class Agent:
             # Still alive, but without Docker: no slots, no kernel list to reconcile.
             return {**info, "docker_error": self._docker_error, "slots": {}, "images": []}
         containers = backend.list_kernel_containers(self.docker, self.id)
-        for container in containers:
-            if container.status in ("exited", "dead"):
-                # Ended while this agent was away or Docker's events did not reach it (an
-                # agent or engine restart): reported and removed like any other exit.
-                self.reap_in_background(container.labels.get(backend.KERNEL_ID), container.id)
-        now = time.time()
-        self._ended = {k: at for k, at in self._ended.items() if at > now - ENDED_KEPT}
         return {
             **info,
             "docker_error": None,
             "slots": self.slots(),
             "images": backend.kernelspec_images(self.docker),
-            "kernels": [
-                {"kernel_id": c.labels.get(backend.KERNEL_ID), "container_id": c.id,
-                 "state": c.status, "stat": self.sample(c) if c.status == "running" else {}}
-                for c in containers
-            ],
-            # Exits reported just now: their reports, not this list, end the kernels.
-            "ended": sorted(self._ended),
+            "kernels": [self.container_report(c) for c in containers],
+            "stopping": self.stopping_kernels(),
         }
+
+    def stopping_kernels(self):
+        """Kernels this agent is stopping or stopped a moment ago: their containers may be
+        gone from the list while the report of their end is still on its way."""
+        recent = time.time() - STOPPED_KEPT
+        self._stopped = {k: at for k, at in self._stopped.items() if at > recent}
+        return sorted(set(self._destroying) | set(self._stopped))
+
+    def container_report(self, container):
+        """What the manager reconciles: the state, samples of a running container, and the
+        exit of one that ended (found here even when Docker's event of it was missed: an
+        agent or engine restart). A container this agent is stopping or restarting is
+        `stopping`: its exit is not the kernel's end."""
+        kernel_id = container.labels.get(backend.KERNEL_ID)
+        entry = {"kernel_id": kernel_id, "container_id": container.id,
+                 "state": container.status, "stat": {}}
+        if kernel_id in self._destroying:
+            entry["state"] = "stopping"
+        elif container.status == "running":
+            entry["stat"] = self.sample(container)
+        elif container.status in ("exited", "dead"):
+            entry["exit_code"], entry["reason"] = backend.exit_status(container)
+        return entry
 
     def sample(self, container):
         """cpu % (since the previous sample), memory and the app's activity of a running
@@ -270,10 +278,10 @@ class Agent:
                              daemon=True).start()
 
     def reap(self, kernel_id, container_id):
-        """A container that ended by itself: report its exit with its log tail, and once
-        the report is delivered remove everything it held (until then the exited
-        container, labels and all, is the record of it, even across an agent restart)."""
-        self._reaping.add(kernel_id)
+        """A container that ended by itself: report its exit with its log tail. The
+        container stays, labels and all, as the record of that exit until the manager,
+        having ended the kernel, asks for its removal (reconcile_containers): a report lost
+        on the way (a broker that came back empty) is made good by the next heartbeat."""
         try:
             container = self.docker.containers.get(container_id)
             if container.status in ("running", "restarting") or kernel_id in self._destroying:
@@ -290,17 +298,8 @@ class Agent:
                                                                               "replace")
         except (DockerException, OSError):  # a dead container may have none to give
             logs = ""
-        self._ended[kernel_id] = time.time()
-
-        def remove():  # it has ended already: nothing to stop gracefully, no hook to run
-            try:
-                KernelRunner.from_container(self.docker, self.id, container).teardown(
-                    forced=True)
-            finally:
-                self._reaping.discard(kernel_id)
-
-        self.report(kernel_id, "kernel_terminated", then=remove, exit_code=exit_code,
-                    reason=reason, log_tail=logs)
+        self.report(kernel_id, "kernel_terminated", exit_code=exit_code, reason=reason,
+                    log_tail=logs)
 
     # Kernel operations, called by the agent's Celery tasks.
     def check_and_pull(self, kernel_id, image):
@@ -356,6 +355,8 @@ class Agent:
                 self.report(kernel_id, "kernel_terminated", exit_code=None, reason=reason)
                 return
             runner = KernelRunner.from_container(self.docker, self.id, container)
+            # An ended container has nothing to stop gracefully and no hook to run.
+            forced = forced or container.status in ("exited", "dead", "created")
             exit_code, logs = runner.teardown(
                 forced=forced, on_hook_failure=lambda code, output: self.report(
                     kernel_id, "pre_stop_failed", exit_code=code, output=output))
@@ -365,7 +366,9 @@ class Agent:
             self.report(kernel_id, "kernel_terminated", exit_code=exit_code, reason=reason,
                         log_tail=logs)
         finally:
+            self._stopped[kernel_id] = time.time()
             self._destroying.discard(kernel_id)
+            self._reaping.discard(kernel_id)
 
     def restart_kernel(self, kernel_id, container_id="", grace_period=10):
         """docker restart: the same container, command and scratch volume, started anew."""

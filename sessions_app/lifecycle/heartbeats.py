@@ -17,6 +17,7 @@ from .. import clock, engine
 from ..bulk import update_rows
 from ..models import FINISHED_STATUSES, Kernel, Status
 from ..services import kick_scheduler
+from .agent_reports import handle_kernel_event
 
 log = logging.getLogger(__name__)
 S = Status
@@ -66,24 +67,26 @@ def handle_heartbeat(info):
         )
     if "kernels" in info:  # only a heartbeat that could list its containers
         reconcile_containers(agent, info["kernels"], info.get("taken_at"),
-                             ended=info.get("ended", ()), recovering=was_lost)
+                             stopping=info.get("stopping", ()), recovering=was_lost)
     if became_alive:
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return agent
 
 
-def reconcile_containers(agent, reported, taken_at=None, *, ended=None, recovering=False):
+def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recovering=False):
     """Make the agent's containers and the manager's kernels agree:
     - a container whose kernel is finished is destroyed;
     - a container of no kernel at all is dangling: removed;
     - a CREATING kernel whose container runs is RUNNING (its report was lost);
+    - a live kernel whose container has exited ended with that exit (the agent reports
+      it too, with the log tail, when it sees it; this catches a report that was lost);
+      the agent removes the container once asked, as for any finished kernel;
     - a RUNNING or TERMINATING kernel without a container ended: container-gone (nothing
-      is left that could tell how), unless the agent lists it in `ended` (it reported
-      the exit just now, and that report ends it);
+      is left that could tell how), unless the agent says it is `stopping` it (its report
+      of the end, with exit code and log tail, is on its way);
     - the samples of running containers become their kernels' last_stat;
     - `recovering` (the agent was LOST): each kernel whose container still runs gets a
-      kernel_recovered event. A container that exited meanwhile is reported by the agent
-      itself, with its exit code, when it reaps it.
+      kernel_recovered event.
     """
     snapshot_at = _snapshot_time(taken_at)
     by_kernel = {r["kernel_id"]: r for r in reported if r.get("kernel_id")}
@@ -102,6 +105,12 @@ def reconcile_containers(agent, reported, taken_at=None, *, ended=None, recoveri
                 kernel.status_changed < snapshot_at - SNAPSHOT_MARGIN:
             kernel.container_id = container["container_id"]
             transaction.on_commit(lambda k=kernel: rpc.send_destroy_kernel(k, k.status_info))
+        elif container["state"] in ("exited", "dead") and kernel.status in (
+                S.CREATING, S.RUNNING, S.TERMINATING) and kernel.status_changed and \
+                kernel.status_changed < snapshot_at - SNAPSHOT_MARGIN:
+            handle_kernel_event(kernel.pk, "kernel_terminated", {
+                "agent_id": agent.pk, "exit_code": container.get("exit_code"),
+                "reason": container.get("reason") or "self-terminated"})
         elif kernel.status == S.CREATING and container["state"] == "running":
             engine.mark_kernel_running(kernel, {"container_id": container["container_id"],
                                                 "adopted": True}, actor=actor)
@@ -114,13 +123,10 @@ def reconcile_containers(agent, reported, taken_at=None, *, ended=None, recoveri
                 stats.append(_sample(kernel, container["stat"], snapshot_at))
     if stats:
         update_rows(Kernel, ["last_stat", "stat_history"], stats)
-    # Exits the agent reported just now are not judged here: their reports, with exit
-    # code and log tail, end those kernels (they may still be on their way).
-    listed = [k for k in by_kernel if is_uuid(k)] + [k for k in ended or () if is_uuid(k)]
     gone = Kernel.objects.filter(
         agent=agent, status__in=[S.RUNNING, S.TERMINATING],
         status_changed__lt=snapshot_at - SNAPSHOT_MARGIN,
-    ).exclude(pk__in=listed)
+    ).exclude(pk__in=[k for k in [*by_kernel, *stopping] if is_uuid(k)])
     for kernel in gone:
         reason = kernel.status_info if kernel.status == S.TERMINATING else "container-gone"
         engine.mark_kernel_terminated(kernel, reason=reason, actor=actor)
