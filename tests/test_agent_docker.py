@@ -11,7 +11,7 @@ import time
 import pytest
 from docker.errors import ImageNotFound
 
-from agents_app.models import Image
+from agents_app.models import Agent, Image
 from sessions_app.models import Kernel, Session, SessionEvent, Status
 from tests.conftest import IMAGE, need, wait_for
 
@@ -29,8 +29,15 @@ def create(client, name, **body):
 
 
 def wait_status(session_id, status, timeout=30):
-    return wait_for(lambda: Session.objects.get(pk=session_id).status == status,
-                    timeout=timeout, message=f"{status}")
+    try:
+        return wait_for(lambda: Session.objects.get(pk=session_id).status == status,
+                        timeout=timeout, message=f"{status}")
+    except AssertionError:  # say where it stopped and why
+        session = Session.objects.get(pk=session_id)
+        raise AssertionError(f"timed out after {timeout}s waiting for {status}: it is "
+                             f"{session.status} ({session.status_info or session.pending_reason})"
+                             f"; agents {list(Agent.objects.values_list('pk', 'status'))}"
+                             ) from None
 
 
 def events(session_id):

@@ -230,8 +230,8 @@ class Agent:
         except (DockerException, OSError) as exc:
             log.warning("heartbeat without Docker details: %s", exc)
             info = {"id": self.id, "addr": self.addr, "scaling_group": self.scaling_group,
-                    "docker_error": str(exc)[:500], "slots": {}, "images": [],
-                    "taken_at": time.time()}
+                    "docker_error": str(exc)[:500], "slots": self.fixed_slots or {},
+                    "images": [], "taken_at": time.time()}
         return self._send("manager.heartbeat", {"info": info}) and \
             info.get("docker_error") is None
 

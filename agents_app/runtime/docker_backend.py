@@ -206,7 +206,10 @@ def find_kernel_container(client, agent_id, kernel_id, container_id="", image=""
 
 
 def list_kernel_containers(client, agent_id):
-    return client.containers.list(all=True, filters={"label": f"{AGENT_ID}={agent_id}"})
+    # A container removed between the listing and its inspection is left out, not an
+    # error (that failed whole heartbeats while a teardown was removing containers).
+    return client.containers.list(all=True, filters={"label": f"{AGENT_ID}={agent_id}"},
+                                  ignore_removed=True)
 
 
 def stop_and_remove(container, grace_period, *, forced=False):
