@@ -30,7 +30,10 @@ def handle_heartbeat(info):
     now = clock.now()
     group, _ = ScalingGroup.objects.get_or_create(name=info.get("scaling_group") or "default")
     agent = Agent.objects.select_for_update().filter(pk=info["id"]).first()
-    became_alive = agent is None or agent.status != AgentStatus.ALIVE
+    # Alive again, or its Docker engine answers again: sessions waiting for room (which
+    # the scheduler skipped it for) need not wait for beat's next pass.
+    takes_kernels_again = agent is None or agent.status != AgentStatus.ALIVE or (
+        bool(agent.docker_error) and not info.get("docker_error"))
     was_lost = agent is not None and agent.status == AgentStatus.LOST
     fields = {
         "scaling_group": group,
@@ -68,7 +71,7 @@ def handle_heartbeat(info):
     if "kernels" in info:  # only a heartbeat that could list its containers
         reconcile_containers(agent, info["kernels"], info.get("taken_at"),
                              stopping=info.get("stopping", ()), recovering=was_lost)
-    if became_alive:
+    if takes_kernels_again:
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return agent
 
