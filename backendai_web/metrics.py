@@ -227,8 +227,8 @@ def _seconds(history, start, end):
 
 def database_metrics():
     from agents_app.models import Agent
-    from scheduling_app.slots import ResourceSlots
-    from sessions_app import clock
+    from common import clock
+    from common.slots import ResourceSlots
     from sessions_app.models import Session, Status
 
     family = GaugeMetricFamily(f"{PREFIX}_sessions", "Sessions by status and scaling group.",
@@ -308,7 +308,7 @@ def _refusal(request):
     from rest_framework.exceptions import AuthenticationFailed
     from rest_framework.request import Request
 
-    from sessions_app.authentication import KeypairSignatureAuthentication
+    from sessions_app.api.authentication import KeypairSignatureAuthentication
     from sessions_app.keypairs import is_admin, main_keypair
 
     header = request.META.get("HTTP_AUTHORIZATION", "")
@@ -332,7 +332,7 @@ def _refusal(request):
 
 
 def metrics_view(request):
-    from sessions_app.api_errors import error_body
+    from sessions_app.api.errors import error_body
 
     refusal = _refusal(request)
     if refusal is not None:

@@ -74,14 +74,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "sessions_app.api_errors.DatabaseUnavailableMiddleware",
+    "sessions_app.api.handlers.DatabaseUnavailableMiddleware",
     # Serves static/ under daphne too (daphne, unlike runserver, serves no files).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "sessions_app.ratelimit.RateLimitHeaders",
+    "sessions_app.api.ratelimit.RateLimitHeaders",
     "backendai_web.metrics.RequestCounter",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -102,6 +102,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # The dashboard's template tags live with its views (sessions_app/web/).
+            "libraries": {"dashboard": "sessions_app.web.templatetags"},
         },
     },
 ]
@@ -164,20 +166,20 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "sessions_app.authentication.KeypairSignatureAuthentication",
+        "sessions_app.api.authentication.KeypairSignatureAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "sessions_app.pagination.Pagination",
+    "DEFAULT_PAGINATION_CLASS": "sessions_app.api.pagination.Pagination",
     # JSON in and out: errors are never an HTML page, and the interactive documentation is
     # at /api/docs/.
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "sessions_app.negotiation.JSONUnlessAsked",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "sessions_app.api.negotiation.JSONUnlessAsked",
     "PAGE_SIZE": 50,
-    "DEFAULT_THROTTLE_CLASSES": ["sessions_app.ratelimit.KeypairRateThrottle"],
-    "EXCEPTION_HANDLER": "sessions_app.api_errors.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "sessions_app.schema.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": ["sessions_app.api.ratelimit.KeypairRateThrottle"],
+    "EXCEPTION_HANDLER": "sessions_app.api.handlers.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "sessions_app.api.schema.AutoSchema",
 }
 
 SPECTACULAR_SETTINGS = {

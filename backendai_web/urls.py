@@ -10,10 +10,11 @@ from rest_framework.routers import DefaultRouter
 
 from backendai_web import __version__
 from backendai_web.metrics import metrics_view
-from sessions_app import api_resources, compat
-from sessions_app.api import SessionViewSet
-from sessions_app.api_errors import error_body
-from sessions_app.streams import with_follow_up
+from sessions_app.api import resources as api_resources
+from sessions_app.api.errors import error_body
+from sessions_app.api.views import SessionViewSet
+from sessions_app.compat import views as compat
+from sessions_app.realtime.streams import with_follow_up
 
 API_VERSION = "v7.20230615"
 
@@ -60,7 +61,7 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True),
          name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("sessions/", include("sessions_app.urls")),
+    path("sessions/", include("sessions_app.web.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -16,13 +16,13 @@ from django.conf import settings
 from django.db import transaction
 
 from backendai_web import metrics
-from sessions_app import clock, engine
-from sessions_app.bulk import insert_rows
+from common import clock
+from common.bulk import insert_rows
+from scheduling_app.models import ScalingGroup
+from sessions_app import engine
 from sessions_app.events import publish_many_on_commit
 from sessions_app.lifecycle.destroy import DestroyRefused, destroy_session
 from sessions_app.models import Kernel, Session, SessionEvent, Status
-
-from .models import ScalingGroup
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.template.response import TemplateResponse
 
-from .lifecycle import DestroyRefused, destroy_session
-from .models import LIVE_STATUSES, Session
+from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.models import LIVE_STATUSES, Session
 
 FORCE_PERMISSION = "sessions_app.force_terminate_session"
 

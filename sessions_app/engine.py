@@ -12,12 +12,11 @@ import logging
 from django.db import transaction
 from django.db.models import F
 
-from scheduling_app.slots import ResourceSlots, SlotsCache
-
-from . import clock
-from . import events as events_module
-from .bulk import insert_rows, set_json_key, update_rows
-from .models import FINISHED_STATUSES, Kernel, Session, SessionEvent, Status
+from common import clock
+from common.bulk import insert_rows, set_json_key, update_rows
+from common.slots import ResourceSlots, SlotsCache
+from sessions_app import events as events_module
+from sessions_app.models import FINISHED_STATUSES, Kernel, Session, SessionEvent, Status
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +250,7 @@ def _account_kernel(kernel, held_on, from_status, to_status):
 
 
 def _keypairs(keypair_id_query):
-    from .models import KeyPair
+    from sessions_app.models import KeyPair
 
     return KeyPair.objects.filter(pk__in=keypair_id_query)
 
@@ -362,8 +361,7 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
     same write, both steps recorded, and check_image(kernel) follows the commit.
     """
     from agents_app.models import Agent
-
-    from .models import KeyPair
+    from sessions_app.models import KeyPair
 
     if not placements:
         return []

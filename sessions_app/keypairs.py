@@ -1,8 +1,7 @@
 from django.db import transaction
 
 from scheduling_app.models import ResourcePolicy, default_of
-
-from .models import KeyPair
+from sessions_app.models import KeyPair
 
 
 @transaction.atomic

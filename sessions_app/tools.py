@@ -5,9 +5,8 @@ from django.db import transaction
 from rest_framework.exceptions import APIException
 
 from agents_app import rpc
-
-from . import engine
-from .models import Session, Status
+from sessions_app import engine
+from sessions_app.models import Session, Status
 
 LOGS_TIMEOUT = 10
 

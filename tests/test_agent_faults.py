@@ -12,8 +12,8 @@ import uuid
 import pytest
 
 from agents_app.models import Agent, AgentStatus
+from common import clock
 from scheduling_app.models import ScalingGroup
-from sessions_app import clock
 from sessions_app.lifecycle import progress
 from sessions_app.models import Kernel, Session, Status
 from tests.conftest import IMAGE, Process, wait_for

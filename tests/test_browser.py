@@ -216,7 +216,7 @@ def test_command_box_and_container_log_in_a_real_browser(live, alice, browser_co
 
 def make_running_session_on_the_live_agent(user, name="browser-cmd"):
     from sessions_app.keypairs import main_keypair
-    from sessions_app.services import create_session
+    from sessions_app.lifecycle.create import create_session
 
     session = create_session(keypair=main_keypair(user), user=user, name=name,
                              image="bai-local/busybox:latest",

@@ -3,7 +3,7 @@
 import datetime
 
 from agents_app.models import Agent
-from sessions_app.bulk import insert_rows, set_json_key, update_rows
+from common.bulk import insert_rows, set_json_key, update_rows
 from sessions_app.models import Kernel, Session, SessionEvent, Status
 from tests.factories import make_agent, make_session
 

@@ -11,7 +11,7 @@ from asgiref.sync import async_to_sync
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sessions_app import clock
+from common import clock
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, SessionEvent, Status
 from tests.factories import make_agent, make_session

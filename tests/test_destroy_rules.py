@@ -167,8 +167,8 @@ def test_a_refused_destroy_says_when_the_status_times_out(status, timeout_field,
                                                          alice, client):
     import time_machine
 
+    from common import clock
     from scheduling_app.models import ScalingGroup
-    from sessions_app import clock
 
     ScalingGroup.objects.filter(name="default").update(**{timeout_field: 90})
     with time_machine.travel("2026-01-01 10:00:00Z", tick=False):

@@ -14,8 +14,8 @@ from django.db import connection
 
 from agents_app.models import Agent, AgentStatus
 from backendai_web.service_control import RedisServer, postgres_cluster
+from common import clock
 from scheduling_app.models import ScalingGroup
-from sessions_app import clock
 from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.invariants import check_invariants

@@ -6,9 +6,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
+from common import clock
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, default_of
-from sessions_app import activity, clock
+from sessions_app import activity
 from sessions_app.models import Session, SessionEvent, Status
 from tests.factories import make_agent, make_session
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.django import TestCase
 
 from agents_app.models import Agent
+from common.slots import ResourceSlots
 from scheduling_app.models import ensure_defaults
-from scheduling_app.slots import ResourceSlots
 from sessions_app import engine
 from sessions_app.lifecycle import DestroyRefused, destroy_session
 from sessions_app.lifecycle.agent_reports import handle_kernel_event

@@ -6,8 +6,8 @@ from datetime import timedelta
 import pytest
 import time_machine
 
+from common import clock
 from scheduling_app.models import ScalingGroup
-from sessions_app import clock
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.models import SessionEvent, Status

@@ -15,7 +15,7 @@ import time
 
 from docker.errors import APIError, NotFound
 
-from . import docker_backend as backend
+from agents_app.runtime import docker_backend as backend
 
 log = logging.getLogger(__name__)
 

@@ -3,12 +3,9 @@
 from django.db.models import Q
 
 from agents_app.models import Agent, AgentStatus, Image
-from sessions_app.engine import CONCURRENCY_HOLDING
-from sessions_app.models import Kernel, KeyPair, Session, Status
-
-from ..models import Domain, Project
-from ..slots import SlotsCache
-from .state import (
+from common.slots import SlotsCache
+from scheduling_app.models import Domain, Project
+from scheduling_app.scheduler.state import (
     AgentState,
     DependencyState,
     Limit,
@@ -16,6 +13,8 @@ from .state import (
     PendingSession,
     Snapshot,
 )
+from sessions_app.engine import CONCURRENCY_HOLDING
+from sessions_app.models import Kernel, KeyPair, Session, Status
 
 # Sessions whose slots count against their keypair's, project's and domain's limits.
 OCCUPYING = CONCURRENCY_HOLDING | {Status.TERMINATING}

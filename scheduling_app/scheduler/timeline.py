@@ -16,13 +16,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from common.slots import ResourceSlots, SlotsCache
+from scheduling_app.scheduler.predicates import PERMANENT, Failure, evaluate
+from scheduling_app.scheduler.selectors import select
+from scheduling_app.scheduler.snapshot import OCCUPYING
+from scheduling_app.scheduler.state import PendingSession, Snapshot
 from sessions_app.models import Kernel, Session, Status
-
-from ..slots import ResourceSlots, SlotsCache
-from .predicates import PERMANENT, Failure, evaluate
-from .selectors import select
-from .snapshot import OCCUPYING
-from .state import PendingSession, Snapshot
 
 # Reservations made per scan at most (Slurm bounds its backfill work likewise).
 MAX_RESERVATIONS = 16

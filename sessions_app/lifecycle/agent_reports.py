@@ -11,12 +11,17 @@ import uuid
 from django.db import transaction
 
 from agents_app import rpc
-
-from .. import clock, engine
-from .. import events as events_module
-from ..models import FINISHED_STATUSES, Kernel, Session, SessionResult, Status
-from ..services import kick_scheduler
-from .progress import end_with_kernel, retry_stage, start_session, start_single_kernel
+from common import clock
+from sessions_app import engine
+from sessions_app import events as events_module
+from sessions_app.lifecycle.create import kick_scheduler
+from sessions_app.lifecycle.progress import (
+    end_with_kernel,
+    retry_stage,
+    start_session,
+    start_single_kernel,
+)
+from sessions_app.models import FINISHED_STATUSES, Kernel, Session, SessionResult, Status
 
 log = logging.getLogger(__name__)
 S = Status

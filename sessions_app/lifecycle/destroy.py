@@ -10,11 +10,11 @@ from django.utils.module_loading import import_string
 
 from agents_app import rpc
 from backendai_web import metrics
-
-from .. import clock, engine
-from ..accounting import reconcile_usage
-from ..keypairs import is_admin
-from ..models import Status
+from common import clock
+from sessions_app import engine
+from sessions_app.accounting import reconcile_usage
+from sessions_app.keypairs import is_admin
+from sessions_app.models import Status
 
 log = logging.getLogger(__name__)
 S = Status

@@ -10,14 +10,14 @@ from django.db import transaction
 
 from agents_app import rpc
 from agents_app.models import Agent, AgentStatus, Image
+from common import clock
+from common.bulk import update_rows
 from scheduling_app.idle import add_sample, summarize
 from scheduling_app.models import ScalingGroup
-
-from .. import clock, engine
-from ..bulk import update_rows
-from ..models import FINISHED_STATUSES, Kernel, Status
-from ..services import kick_scheduler
-from .agent_reports import handle_kernel_event
+from sessions_app import engine
+from sessions_app.lifecycle.agent_reports import handle_kernel_event
+from sessions_app.lifecycle.create import kick_scheduler
+from sessions_app.models import FINISHED_STATUSES, Kernel, Status
 
 log = logging.getLogger(__name__)
 S = Status

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from agents_app.models import Agent, AgentStatus
+from common import clock
 from scheduling_app.models import ScalingGroup
-
-from .. import clock
-from ..accounting import usage_drift
-from ..models import FINISHED_STATUSES, Kernel, Status
-from .heartbeats import SNAPSHOT_MARGIN, is_uuid
+from sessions_app.accounting import usage_drift
+from sessions_app.lifecycle.heartbeats import SNAPSHOT_MARGIN, is_uuid
+from sessions_app.models import FINISHED_STATUSES, Kernel, Status
 
 S = Status
 # The handlers that end a state past its timeout run every 10 to 30 s (beat): a state

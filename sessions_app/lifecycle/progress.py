@@ -14,10 +14,10 @@ from agents_app import rpc
 from agents_app.models import Agent, AgentStatus, HeartbeatWatch
 from backendai_web import metrics
 from backendai_web.celery import send_task_safely
+from common import clock
 from scheduling_app.models import ScalingGroup
-
-from .. import clock, engine
-from ..models import FINISHED_STATUSES, Kernel, Status
+from sessions_app import engine
+from sessions_app.models import FINISHED_STATUSES, Kernel, Status
 
 log = logging.getLogger(__name__)
 S = Status

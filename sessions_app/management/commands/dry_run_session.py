@@ -4,7 +4,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from sessions_app.keypairs import main_keypair
-from sessions_app.services import SessionRequestError, dry_run_session
+from sessions_app.lifecycle.create import SessionRequestError, dry_run_session
 
 
 class Command(BaseCommand):

@@ -18,21 +18,21 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
+from common import clock
 from scheduling_app.idle import checks_of as idle_checks_of
-
-from . import activity, clock
-from .api_errors import RequestFailed
-from .lifecycle import DestroyRefused, destroy_session
-from .models import Kernel, Session, SessionEvent, SessionType
-from .permissions import acting_keypair, owner_keypair, request_is_admin
-from .services import (
+from sessions_app import activity
+from sessions_app.api.errors import RequestFailed
+from sessions_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
+from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.lifecycle.create import (
     SessionRequestError,
     create_session,
     dry_run_session,
     find_session,
     rename_session,
 )
-from .tools import execute_in_session, restart_session, session_logs
+from sessions_app.models import Kernel, Session, SessionEvent, SessionType
+from sessions_app.tools import execute_in_session, restart_session, session_logs
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 

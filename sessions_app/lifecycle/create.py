@@ -7,11 +7,18 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from backendai_web.celery import send_task_safely
+from common import clock
+from common.slots import ResourceSlots, SlotError
 from scheduling_app.models import ScalingGroup, default_project
-from scheduling_app.slots import ResourceSlots, SlotError
-
-from . import clock, engine
-from .models import FINISHED_STATUSES, LIVE_STATUSES, Kernel, Session, SessionType, Status
+from sessions_app import engine
+from sessions_app.models import (
+    FINISHED_STATUSES,
+    LIVE_STATUSES,
+    Kernel,
+    Session,
+    SessionType,
+    Status,
+)
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEFAULT_RESOURCES = {"cpu": "1", "mem": "256m"}

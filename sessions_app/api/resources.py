@@ -10,15 +10,14 @@ from rest_framework import mixins, permissions, serializers, viewsets
 from rest_framework.response import Response
 
 from agents_app.models import Agent, Image
+from common.slots import ResourceSlots, SlotError
 from scheduling_app.idle import CHECKERS
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
 from scheduling_app.scheduler.predicates import CONFIGURABLE
-from scheduling_app.slots import ResourceSlots, SlotError
-
-from .api import KernelSerializer, visible_sessions
-from .api_errors import RequestFailed
-from .models import Kernel, KeyPair
-from .permissions import AdminReadsSuperadminWrites, request_is_admin
+from sessions_app.api.errors import RequestFailed
+from sessions_app.api.permissions import AdminReadsSuperadminWrites, request_is_admin
+from sessions_app.api.views import KernelSerializer, visible_sessions
+from sessions_app.models import Kernel, KeyPair
 
 
 class KernelViewSet(viewsets.ReadOnlyModelViewSet):

@@ -17,10 +17,10 @@ from asgiref.sync import sync_to_async
 from django.http import JsonResponse
 from rest_framework.exceptions import APIException
 
-from . import fanout
-from .api_errors import error_body
-from .events import message_of
-from .models import FINISHED_STATUSES, Session, SessionEvent, Status
+from sessions_app.api.errors import error_body
+from sessions_app.events import message_of
+from sessions_app.models import FINISHED_STATUSES, Session, SessionEvent, Status
+from sessions_app.realtime import fanout
 
 log = logging.getLogger(__name__)
 KEEPALIVE_SECONDS = 15
@@ -91,7 +91,7 @@ def _status_of(session_id):
 async def wait_until_started(session_id, max_wait=None):
     """The session's status once it is RUNNING or can no longer get there (finished or
     ERROR); "TIMEOUT" after `max_wait` seconds (None or 0: no limit)."""
-    from .events import session_group
+    from sessions_app.events import session_group
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_wait if max_wait else None

@@ -3,8 +3,8 @@
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from . import clock
-from .models import FINISHED_STATUSES, Status
+from common import clock
+from sessions_app.models import FINISHED_STATUSES, Status
 
 S = Status
 

@@ -7,10 +7,9 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator
 
 from agents_app.models import Image
-from scheduling_app.slots import ResourceSlots, format_bytes
-
-from .quota import quota_of
-from .services import MAX_CLUSTER_SIZE, SessionRequestError, create_session
+from common.slots import ResourceSlots, format_bytes
+from sessions_app.lifecycle.create import MAX_CLUSTER_SIZE, SessionRequestError, create_session
+from sessions_app.quota import quota_of
 
 MIB = 2**20
 

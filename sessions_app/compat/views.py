@@ -17,11 +17,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents_app.models import Image
+from common import clock
 from scheduling_app.idle import checks_of as idle_checks_of
 from scheduling_app.models import Domain, Project, default_project
-
-from . import activity, clock
-from .api import (
+from sessions_app import activity
+from sessions_app.api.errors import RequestFailed
+from sessions_app.api.permissions import owner_keypair, request_is_admin
+from sessions_app.api.views import (
     create_for,
     destroy_for,
     is_true,
@@ -29,12 +31,10 @@ from .api import (
     resolve_dependencies,
     visible_sessions,
 )
-from .api_errors import RequestFailed
-from .events import ADMINS_GROUP, session_group, user_group
-from .models import FINISHED_STATUSES, LIVE_STATUSES, Session
-from .permissions import owner_keypair, request_is_admin
-from .services import find_session
-from .streams import (
+from sessions_app.events import ADMINS_GROUP, session_group, user_group
+from sessions_app.lifecycle.create import find_session
+from sessions_app.models import FINISHED_STATUSES, LIVE_STATUSES, Session
+from sessions_app.realtime.streams import (
     KEEPALIVE_SECONDS,
     history_messages,
     message_key,
@@ -43,7 +43,7 @@ from .streams import (
     subscription,
     wait_until_started,
 )
-from .tools import execute_on_kernel, restart_session, running_main_kernel, session_logs
+from sessions_app.tools import execute_on_kernel, restart_session, running_main_kernel, session_logs
 
 RUNTIME_PATH_LABEL = "ai.backend.runtime-path"
 EXECUTE_TIMEOUT = 300  # seconds a query or batch run may take

@@ -16,13 +16,13 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from agents_app.models import Agent, AgentStatus
-from scheduling_app.slots import ResourceSlots, format_bytes
-
-from . import clock, timeline
-from .forms import SessionForm
-from .keypairs import is_admin, main_keypair
-from .lifecycle import DestroyRefused, destroy_session
-from .models import FINISHED_STATUSES, Session, Status
+from common import clock
+from common.slots import ResourceSlots, format_bytes
+from sessions_app.keypairs import is_admin, main_keypair
+from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.models import FINISHED_STATUSES, Session, Status
+from sessions_app.web import timeline
+from sessions_app.web.forms import SessionForm
 
 LIST_LIMIT = 200
 # Sent by static/js/live.js's refresher when a page re-reads itself.

@@ -23,11 +23,11 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils.dateparse import parse_datetime
 
 from backendai_web import metrics
-
-from . import clock, fanout
-from .events import ADMINS_GROUP, message_of, session_group, user_group
-from .keypairs import is_admin, main_keypair
-from .models import Session, SessionEvent
+from common import clock
+from sessions_app.events import ADMINS_GROUP, message_of, session_group, user_group
+from sessions_app.keypairs import is_admin, main_keypair
+from sessions_app.models import Session, SessionEvent
+from sessions_app.realtime import fanout
 
 # A change is stamped inside its transaction and published after commit, so an event can
 # become visible after a later-stamped one; the replay reaches back this far to cover it.
