@@ -9,9 +9,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from backendai_web import __version__
-from backendai_web.metrics import metrics_view
 from sessions_app.api import resources as api_resources
 from sessions_app.api.errors import error_body
+from sessions_app.api.metrics import metrics_view
 from sessions_app.api.views import SessionViewSet
 from sessions_app.compat import views as compat
 from sessions_app.realtime.streams import with_follow_up

@@ -12,11 +12,12 @@ import logging
 from django.db import transaction
 from django.db.models import F
 
+from agents_app.models import Agent
 from common import clock
 from common.bulk import insert_rows, set_json_key, update_rows
 from common.slots import ResourceSlots, SlotsCache
 from sessions_app import events as events_module
-from sessions_app.models import FINISHED_STATUSES, Kernel, Session, SessionEvent, Status
+from sessions_app.models import FINISHED_STATUSES, Kernel, KeyPair, Session, SessionEvent, Status
 
 log = logging.getLogger(__name__)
 
@@ -250,14 +251,10 @@ def _account_kernel(kernel, held_on, from_status, to_status):
 
 
 def _keypairs(keypair_id_query):
-    from sessions_app.models import KeyPair
-
     return KeyPair.objects.filter(pk__in=keypair_id_query)
 
 
 def release_agent_slots(agent_id, slots):
-    from agents_app.models import Agent
-
     agent = Agent.objects.select_for_update().filter(pk=agent_id).first()
     if agent is None:
         return
@@ -360,9 +357,6 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
     With `check_image` (a function of a kernel), the kernels go on to PREPARING in the
     same write, both steps recorded, and check_image(kernel) follows the commit.
     """
-    from agents_app.models import Agent
-    from sessions_app.models import KeyPair
-
     if not placements:
         return []
     slots_of = SlotsCache()  # a pass sees few distinct sizes and occupancies

@@ -11,8 +11,10 @@ from django.test import Client
 from django.utils import timezone
 
 from agents_app.models import Agent, Image
+from backendai_web import metrics
 from backendai_web.asgi import application
 from scheduling_app.models import ScalingGroup
+from sessions_app.api.metrics import exposition
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, SessionEvent, Status
 from tests.conftest import IMAGE
@@ -236,12 +238,10 @@ async def test_a_list_page_can_leave_out_kernel_events(alice, login):
 
 
 async def test_open_websockets_are_counted_for_metrics(login, alice):
-    from backendai_web import metrics
-
     await database_sync_to_async(metrics.reset)()
 
     def gauge():
-        text = metrics.exposition().decode()
+        text = exposition().decode()
         return next(float(line.split()[-1]) for line in text.splitlines()
                     if line.startswith("backendai_websocket_connections "))
 

@@ -3,6 +3,7 @@ groups and resource policies. Users read their own kernels and keypairs and the 
 admins read everything; superadmins change scaling groups and resource policies."""
 
 import contextlib
+import uuid
 
 from django.contrib.auth import get_user_model
 from drf_spectacular.utils import extend_schema
@@ -37,8 +38,6 @@ class KernelViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 def _uuids(text):
-    import uuid
-
     found = []
     for part in text.split(","):
         with contextlib.suppress(ValueError):

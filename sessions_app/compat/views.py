@@ -10,6 +10,7 @@ import contextlib
 import shlex
 import uuid
 
+from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -306,7 +307,6 @@ class SessionResource(CompatView):
 
         async def follow_up():
             # Waits for the agent in a thread of its own, not Django's shared one.
-            from asgiref.sync import sync_to_async
 
             outcome = await sync_to_async(execute_on_kernel, thread_sensitive=False)(
                 kernel, command=command, timeout=EXECUTE_TIMEOUT)
@@ -411,8 +411,6 @@ def session_facts(session_id):
 
 async def event_stream(groups, spec):
     """SSE lines for the stream `spec` describes (see SessionEvents)."""
-    from asgiref.sync import sync_to_async
-
     facts = {}  # session id → owner and project, read once per session
     target = spec["session_id"] and str(spec["session_id"])
 

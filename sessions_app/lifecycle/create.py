@@ -3,6 +3,8 @@
 import re
 import uuid
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
@@ -10,6 +12,7 @@ from backendai_web.celery import send_task_safely
 from common import clock
 from common.slots import ResourceSlots, SlotError
 from scheduling_app.models import ScalingGroup, default_project
+from scheduling_app.scheduler import dry_run
 from sessions_app import engine
 from sessions_app.models import (
     FINISHED_STATUSES,
@@ -146,8 +149,6 @@ def dry_run_session(**fields) -> dict:
     """Where and when a session of create_session's `fields` would start, without creating
     it: the rows are made, the scheduler's dry run answers, and all is rolled back (the
     scheduler kick and the events go with the transaction)."""
-    from scheduling_app.scheduler import dry_run
-
     try:
         with transaction.atomic():
             session = create_session(**fields)
@@ -158,9 +159,6 @@ def dry_run_session(**fields) -> dict:
 
 def cluster_keypair():
     """An SSH keypair for the kernels of one cluster session to reach one another."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(serialization.Encoding.PEM,
                                 serialization.PrivateFormat.OpenSSH,

@@ -18,7 +18,7 @@ from django.http import JsonResponse
 from rest_framework.exceptions import APIException
 
 from sessions_app.api.errors import error_body
-from sessions_app.events import message_of
+from sessions_app.events import message_of, session_group
 from sessions_app.models import FINISHED_STATUSES, Session, SessionEvent, Status
 from sessions_app.realtime import fanout
 
@@ -91,8 +91,6 @@ def _status_of(session_id):
 async def wait_until_started(session_id, max_wait=None):
     """The session's status once it is RUNNING or can no longer get there (finished or
     ERROR); "TIMEOUT" after `max_wait` seconds (None or 0: no limit)."""
-    from sessions_app.events import session_group
-
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_wait if max_wait else None
     async with subscription([session_group(session_id)]) as queue:

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from common import clock
+from scheduling_app.idle import checks_of
 from sessions_app.models import FINISHED_STATUSES, Status
 
 S = Status
@@ -130,8 +131,6 @@ def idle_checks(session, now=None):
     """The session page's idle-culling section: (state, checks), where state is None for a
     session that is not RUNNING, "exempt", "unchecked" (no pass yet), "off" (no checker
     applies) or "on"."""
-    from scheduling_app.idle import checks_of
-
     if session.status != S.RUNNING:
         return None, []
     if session.idle_exempt:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -24,6 +25,7 @@ from agents_app.models import Agent, AgentStatus
 from agents_app.runtime.docker_backend import KEEPALIVE
 from scheduling_app.models import ScalingGroup
 from sessions_app.keypairs import main_keypair
+from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.create import create_session
 from sessions_app.models import Session, Status
 
@@ -37,7 +39,6 @@ def percentile(values, fraction):
 
 def since(session, later, earlier):
     history = session.status_history
-    from datetime import datetime
 
     return (datetime.fromisoformat(history[later])
             - datetime.fromisoformat(history[earlier])).total_seconds()
@@ -108,7 +109,6 @@ class Command(BaseCommand):
 
     def _ours(self, keypair, user, group, count):
         create, terminate, stages = [], [], {}
-        from sessions_app.lifecycle import destroy_session
 
         for i in range(count):
             session = create_session(keypair=keypair, user=user, name=f"b{i}",
