@@ -194,8 +194,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    "ENUM_NAME_OVERRIDES": {"StatusEnum": "sessions_app.models.Status",
-                            "ClusterModeEnum": "sessions_app.models.ClusterMode"},
+    "ENUM_NAME_OVERRIDES": {"StatusEnum": "sessions_app.enums.Status",
+                            "ClusterModeEnum": "sessions_app.enums.ClusterMode"},
 }
 
 # Redis pub/sub: a group message is published once and each web process hands it to its

@@ -17,7 +17,8 @@ from common import clock
 from common.bulk import insert_rows, set_json_key, update_rows
 from common.slots import ResourceSlots, SlotsCache
 from sessions_app import events as events_module
-from sessions_app.models import FINISHED_STATUSES, Kernel, KeyPair, Session, SessionEvent, Status
+from sessions_app.enums import Status, StatusGroup
+from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +100,12 @@ def derive_session_status(kernel_statuses):
     statuses = set(kernel_statuses)
     if not statuses:
         return S.PENDING
-    if statuses <= FINISHED_STATUSES:
+    if statuses <= StatusGroup.FINISHED:
         return S.CANCELLED if statuses == {S.CANCELLED} else S.TERMINATED
-    if S.TERMINATING in statuses or statuses & FINISHED_STATUSES:
+    if S.TERMINATING in statuses or statuses & StatusGroup.FINISHED:
         # Cancelled and still-PENDING kernels only: a pending session being cancelled, with
         # nothing to tear down. A TERMINATED kernel means the session had got further.
-        if statuses - FINISHED_STATUSES == {S.PENDING} and S.TERMINATED not in statuses:
+        if statuses - StatusGroup.FINISHED == {S.PENDING} and S.TERMINATED not in statuses:
             return S.PENDING
         return S.TERMINATING
     if S.ERROR in statuses:
@@ -182,7 +183,7 @@ def _transition_kernel(kernel, steps, reason, actor, from_statuses, data, status
     }
     if status_data is not None:
         values["status_data"] = status_data
-    if to_status in FINISHED_STATUSES:
+    if to_status in StatusGroup.FINISHED:
         values["terminated_at"] = now
     updated = Kernel.objects.filter(pk=kernel.pk, status=from_status).update(**values)
     if not updated:
@@ -228,7 +229,7 @@ def _write_session_status(session, from_status, to_status, history, reason, now)
               "status_history": history}
     if to_status == S.RUNNING and session.starts_at is None:
         values["starts_at"] = now
-    if to_status in FINISHED_STATUSES:
+    if to_status in StatusGroup.FINISHED:
         values["terminated_at"] = now
     Session.objects.filter(pk=session.pk, status=from_status).update(**values)  # locked
     for name, value in values.items():
@@ -331,7 +332,7 @@ def mark_kernel_terminating(kernel, *, reason, **kw):
 def mark_kernel_terminated(kernel, *, reason, exit_code=None, from_statuses=None, **kw):
     return transition_kernel(
         kernel, S.TERMINATED, reason=reason, exit_code=exit_code,
-        from_statuses=from_statuses or (set(Status) - FINISHED_STATUSES - {S.PENDING}), **kw,
+        from_statuses=from_statuses or (set(Status) - StatusGroup.FINISHED - {S.PENDING}), **kw,
     )
 
 

@@ -16,8 +16,3 @@ def main_keypair(user):
             resource_policy=default_of(ResourcePolicy),
         )
     return keypair
-
-
-def is_admin(user, keypair=None):
-    """Admins are superusers, staff, or users acting through an admin keypair."""
-    return bool(user and (user.is_superuser or user.is_staff or (keypair and keypair.is_admin)))

@@ -6,7 +6,8 @@ from rest_framework.exceptions import APIException
 
 from agents_app import rpc
 from sessions_app import engine
-from sessions_app.models import Session, Status
+from sessions_app.enums import Status
+from sessions_app.models import Session
 
 LOGS_TIMEOUT = 10
 

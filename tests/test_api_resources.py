@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from scheduling_app.models import ResourcePolicy, ScalingGroup
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import KeyPair, Session, SessionEvent, Status
+from sessions_app.models import KeyPair, Session, SessionEvent
 from tests.factories import make_agent, make_session
 from tests.signing import signed_call
 

@@ -19,7 +19,8 @@ from django.db import transaction
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, default_of
 from sessions_app import engine
-from sessions_app.models import Session, Status
+from sessions_app.enums import Status
+from sessions_app.models import Session
 from tests.conftest import ROOT, LiveSystem, Process, need, wait_for
 from tests.factories import make_agent, make_session
 

@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common import clock
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import Session, SessionEvent, Status
+from sessions_app.models import Session, SessionEvent
 from tests.factories import make_agent, make_session
 from tests.signing import signed_call
 

@@ -3,7 +3,8 @@
 import pytest
 
 from agents_app.models import Agent
-from sessions_app.models import KeyPair, Session, SessionEvent, Status
+from sessions_app.enums import Status
+from sessions_app.models import KeyPair, Session, SessionEvent
 from tests.factories import make_agent, make_session
 
 S = Status

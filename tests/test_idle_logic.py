@@ -10,7 +10,8 @@ from common import clock
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, default_of
 from sessions_app import activity
-from sessions_app.models import Session, SessionEvent, Status
+from sessions_app.enums import Status
+from sessions_app.models import Session, SessionEvent
 from tests.factories import make_agent, make_session
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

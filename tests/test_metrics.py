@@ -12,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backendai_web import metrics
 from sessions_app.api.metrics import exposition
-from sessions_app.models import Session, Status
+from sessions_app.enums import Status
+from sessions_app.models import Session
 from tests.conftest import Process, database_url_of_test_db, free_port, need, wait_for
 from tests.factories import make_agent, make_session
 from tests.signing import signed_headers

@@ -10,10 +10,11 @@ from agents_app.models import Agent
 from common import clock
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
 from scheduling_app.scheduler import schedule
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.create import SessionRequestError
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, Status
+from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
 from tests.factories import make_agent, make_session
 
 S = Status

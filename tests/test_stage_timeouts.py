@@ -8,9 +8,10 @@ import time_machine
 
 from common import clock
 from scheduling_app.models import ScalingGroup
+from sessions_app.enums import Status
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
-from sessions_app.models import SessionEvent, Status
+from sessions_app.models import SessionEvent
 from tests.factories import make_agent, make_session
 
 S = Status

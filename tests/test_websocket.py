@@ -15,8 +15,9 @@ from backendai_web import metrics
 from backendai_web.asgi import application
 from scheduling_app.models import ScalingGroup
 from sessions_app.api.metrics import exposition
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import Session, SessionEvent, Status
+from sessions_app.models import Session, SessionEvent
 from tests.conftest import IMAGE
 from tests.factories import make_agent, make_session
 

@@ -28,7 +28,8 @@ from scheduling_app.scheduler.timeline import (
 )
 from scheduling_app.session_types import hook_for
 from sessions_app import engine
-from sessions_app.models import Kernel, Session, Status
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, Session
 
 log = logging.getLogger(__name__)
 

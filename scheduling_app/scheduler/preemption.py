@@ -14,8 +14,9 @@ from datetime import datetime, timedelta
 from common.slots import ResourceSlots, SlotsCache
 from scheduling_app.scheduler.state import PendingSession, Snapshot
 from sessions_app import engine
+from sessions_app.enums import Status
 from sessions_app.lifecycle.destroy import DestroyRefused, destroy_session
-from sessions_app.models import Kernel, Session, Status
+from sessions_app.models import Kernel, Session
 
 log = logging.getLogger(__name__)
 FINISHED = {Status.TERMINATED, Status.CANCELLED}

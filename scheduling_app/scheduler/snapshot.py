@@ -14,7 +14,8 @@ from scheduling_app.scheduler.state import (
     Snapshot,
 )
 from sessions_app.engine import CONCURRENCY_HOLDING
-from sessions_app.models import Kernel, KeyPair, Session, Status
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, KeyPair, Session
 
 # Sessions whose slots count against their keypair's, project's and domain's limits.
 OCCUPYING = CONCURRENCY_HOLDING | {Status.TERMINATING}

@@ -21,7 +21,8 @@ from scheduling_app.scheduler.predicates import PERMANENT, Failure, evaluate
 from scheduling_app.scheduler.selectors import select
 from scheduling_app.scheduler.snapshot import OCCUPYING
 from scheduling_app.scheduler.state import PendingSession, Snapshot
-from sessions_app.models import Kernel, Session, Status
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, Session
 
 # Reservations made per scan at most (Slurm bounds its backfill work likewise).
 MAX_RESERVATIONS = 16

@@ -21,8 +21,10 @@ from common import clock
 from common.slots import ResourceSlots
 from sessions_app.api.authentication import KeypairSignatureAuthentication
 from sessions_app.api.errors import error_body
-from sessions_app.keypairs import is_admin, main_keypair
-from sessions_app.models import Session, Status
+from sessions_app.enums import Status
+from sessions_app.keypairs import main_keypair
+from sessions_app.models import Session
+from sessions_app.querysets import is_admin
 
 
 def _histogram(name, text, label_names, samples, buckets):
@@ -40,8 +42,10 @@ def _histogram(name, text, label_names, samples, buckets):
 
 
 # Phases of a start, from the session's status history: (name, from, to).
-PHASES = (("queued", "PENDING", "SCHEDULED"), ("preparing", "SCHEDULED", "PREPARED"),
-          ("pulling", "PULLING", "PREPARED"), ("creating", "PREPARED", "RUNNING"))
+PHASES = (("queued", Status.PENDING, Status.SCHEDULED),
+          ("preparing", Status.SCHEDULED, Status.PREPARED),
+          ("pulling", Status.PULLING, Status.PREPARED),
+          ("creating", Status.PREPARED, Status.RUNNING))
 
 
 def _seconds(history, start, end):

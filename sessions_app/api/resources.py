@@ -16,8 +16,12 @@ from scheduling_app.idle import CHECKERS
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
 from scheduling_app.scheduler.predicates import CONFIGURABLE
 from sessions_app.api.errors import RequestFailed
-from sessions_app.api.permissions import AdminReadsSuperadminWrites, request_is_admin
-from sessions_app.api.views import KernelSerializer, visible_sessions
+from sessions_app.api.permissions import (
+    AdminReadsSuperadminWrites,
+    acting_keypair,
+    request_is_admin,
+)
+from sessions_app.api.views import KernelSerializer
 from sessions_app.models import Kernel, KeyPair
 
 
@@ -29,8 +33,8 @@ class KernelViewSet(viewsets.ReadOnlyModelViewSet):
     lookup_value_regex = "[0-9a-fA-F-]{32,36}"
 
     def get_queryset(self):
-        kernels = Kernel.objects.filter(session__in=visible_sessions(self.request)).order_by(
-            "-created_at", "cluster_role", "cluster_idx")
+        kernels = Kernel.objects.visible_to(self.request.user, acting_keypair(self.request))
+        kernels = kernels.order_by("-created_at", "cluster_role", "cluster_idx")
         session = self.request.query_params.get("session")
         if session:
             kernels = kernels.filter(session__pk__in=_uuids(session))

@@ -23,15 +23,15 @@ from scheduling_app.idle import checks_of as idle_checks_of
 from sessions_app import activity
 from sessions_app.api.errors import RequestFailed
 from sessions_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
+from sessions_app.enums import SessionType
 from sessions_app.lifecycle import DestroyRefused, destroy_session
 from sessions_app.lifecycle.create import (
     SessionRequestError,
     create_session,
     dry_run_session,
-    find_session,
     rename_session,
 )
-from sessions_app.models import Kernel, Session, SessionEvent, SessionType
+from sessions_app.models import Kernel, Session, SessionEvent
 from sessions_app.tools import execute_in_session, restart_session, session_logs
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
@@ -47,11 +47,9 @@ def is_true(value):
 
 
 def visible_sessions(request):
-    """Every session for admins; a user's own otherwise."""
-    sessions = Session.objects.select_related("scaling_group", "user", "keypair")
-    if not request_is_admin(request):
-        sessions = sessions.filter(user=request.user)
-    return sessions
+    """The sessions a request may see (Session.objects.visible_to), with what the answers read."""
+    return Session.objects.select_related("scaling_group", "user", "keypair").visible_to(
+        request.user, acting_keypair(request))
 
 
 def create_for(request, owner, **fields):
@@ -95,7 +93,7 @@ def resolve_dependencies(request, owner, refs):
     """Sessions named by id or name among those the request may see of `owner`'s."""
     found = []
     for ref in refs or ():
-        session = find_session(visible_sessions(request).filter(keypair=owner), ref)
+        session = visible_sessions(request).filter(keypair=owner).find(ref)
         if session is None:
             raise RequestFailed(f"There is no session {ref!r} to depend on.", 404)
         found.append(session)

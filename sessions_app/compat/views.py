@@ -6,7 +6,6 @@ the DRF API (create_session, destroy_session, the agent tools, the engine's even
 answers in the SDK's response shape. Errors are Backend.AI's `{"type", "title", "msg"}`.
 """
 
-import contextlib
 import shlex
 import uuid
 
@@ -32,9 +31,10 @@ from sessions_app.api.views import (
     resolve_dependencies,
     visible_sessions,
 )
+from sessions_app.enums import SessionType, StatusGroup
 from sessions_app.events import ADMINS_GROUP, session_group, user_group
-from sessions_app.lifecycle.create import find_session
-from sessions_app.models import FINISHED_STATUSES, LIVE_STATUSES, Session
+from sessions_app.models import Session
+from sessions_app.querysets import as_uuid
 from sessions_app.realtime.streams import (
     KEEPALIVE_SECONDS,
     history_messages,
@@ -92,11 +92,10 @@ class CompatView(APIView):
 
     def session(self, request, ref, *, touch=False):
         sessions = visible_sessions(request)
-        found = None
-        with contextlib.suppress(ValueError):
-            found = sessions.filter(pk=uuid.UUID(ref)).first()
+        session_id = as_uuid(ref)  # an id names any session the request sees
+        found = sessions.filter(pk=session_id).first() if session_id else None
         if found is None:
-            found = find_session(sessions.filter(keypair=self.owner(request)), ref)
+            found = sessions.filter(keypair=self.owner(request)).find(ref)
         if found is None:
             raise RequestFailed(f"There is no session named {ref!r}.", 404,
                                 problem="session-not-found")
@@ -143,7 +142,7 @@ def creation_fields(data):
     return {
         "name": text(first_of(data, "name", "session_name", "clientSessionToken"), "name"),
         "image": text(first_of(data, "image", "lang"), "image"),
-        "session_type": text(first_of(data, "type", "sessionType", default="interactive"),
+        "session_type": text(first_of(data, "type", "sessionType", default=SessionType.INTERACTIVE),
                              "type"),
         "resources": resources,
         "cluster_size": whole_number(first_of(data, "clusterSize", "cluster_size", default=1),
@@ -179,8 +178,7 @@ class CreateSession(CompatView):
         fields = creation_fields(data)
         enqueue_only = is_true(data.get("enqueueOnly", False))
         max_wait = whole_number(data.get("maxWaitSeconds", 0), "maxWaitSeconds", 0)
-        existing = Session.objects.filter(keypair=owner, name=fields["name"],
-                                          status__in=LIVE_STATUSES).first()
+        existing = Session.objects.filter(keypair=owner, name=fields["name"]).live().first()
         if existing is not None:
             if not is_true(data.get("reuseIfExists", True)):
                 raise RequestFailed(f"The session {existing.name!r} already exists.", 409,
@@ -229,7 +227,7 @@ def dependents_of(session):
     """Live sessions that depend on `session`, directly or not, the farthest first."""
     found, frontier = [], [session]
     while frontier:
-        nxt = list(Session.objects.filter(dependencies__in=frontier, status__in=LIVE_STATUSES)
+        nxt = list(Session.objects.filter(dependencies__in=frontier).live()
                    .exclude(pk__in=[s.pk for s in found] + [session.pk]).distinct())
         found += nxt
         frontier = nxt
@@ -379,7 +377,7 @@ class SessionEvents(CompatView):
                                     problem="session-not-found")
             spec["session_id"] = session.pk
         elif name != "*":
-            session = find_session(visible_sessions(request).filter(keypair=owner), name)
+            session = visible_sessions(request).filter(keypair=owner).find(name)
             if session is not None:
                 spec["session_id"] = session.pk
             else:
@@ -458,7 +456,7 @@ async def event_stream(groups, spec):
                 yield line
             if target and msg.get("session_id") == target and \
                     msg.get("event", "").startswith("session_") and \
-                    msg.get("status") in FINISHED_STATUSES:
+                    msg.get("status") in StatusGroup.FINISHED:
                 yield sse("server_close", {})
                 return
 

@@ -14,6 +14,7 @@ from agents_app import rpc
 from common import clock
 from sessions_app import engine
 from sessions_app import events as events_module
+from sessions_app.enums import SessionResult, SessionType, Status, StatusGroup
 from sessions_app.lifecycle.create import kick_scheduler
 from sessions_app.lifecycle.progress import (
     end_with_kernel,
@@ -21,7 +22,7 @@ from sessions_app.lifecycle.progress import (
     start_session,
     start_single_kernel,
 )
-from sessions_app.models import FINISHED_STATUSES, Kernel, Session, SessionResult, Status
+from sessions_app.models import Kernel, Session
 
 log = logging.getLogger(__name__)
 S = Status
@@ -70,7 +71,7 @@ def _started(kernel, data, actor):
     moved = engine.mark_kernel_running(kernel, data, actor=actor)
     if moved is None:
         kernel.refresh_from_db()
-        if kernel.status in FINISHED_STATUSES | {S.TERMINATING}:
+        if kernel.status in StatusGroup.FINISHED | {S.TERMINATING}:
             # Destroyed while its container was being created: the container must go too.
             kernel.container_id = data.get("container_id", "")
             transaction.on_commit(lambda: _destroy_on_agent(
@@ -101,7 +102,8 @@ def _terminated(kernel, data, actor):
         engine.set_kernel_data(kernel, log_tail=data["log_tail"][-65536:])
     # A quick command can end before its kernel_started report is handled: CREATING too.
     # A main kernel stopped because another kernel ended still gives the batch result.
-    if kernel.is_main and kernel.session.session_type == "batch" and exit_code is not None \
+    batch = kernel.session.session_type == SessionType.BATCH
+    if kernel.is_main and batch and exit_code is not None \
             and (kernel.status in (S.CREATING, S.RUNNING)
                  or (kernel.status == S.TERMINATING and kernel.status_data.get("ended_with"))):
         _record_batch_result(kernel, exit_code, actor)

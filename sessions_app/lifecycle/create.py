@@ -1,7 +1,6 @@
 """Creating sessions: validation of the request, then the PENDING rows, then a scheduler kick."""
 
 import re
-import uuid
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -14,14 +13,8 @@ from common.slots import ResourceSlots, SlotError
 from scheduling_app.models import ScalingGroup, default_project
 from scheduling_app.scheduler import dry_run
 from sessions_app import engine
-from sessions_app.models import (
-    FINISHED_STATUSES,
-    LIVE_STATUSES,
-    Kernel,
-    Session,
-    SessionType,
-    Status,
-)
+from sessions_app.enums import SessionType, Status, StatusGroup
+from sessions_app.models import Kernel, Session
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEFAULT_RESOURCES = {"cpu": "1", "mem": "256m"}
@@ -94,7 +87,7 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
                     f"{policy.name!r} allows; wait for one to start or cancel one.",
                     status_code=429,
                 )
-        if Session.objects.filter(keypair=keypair, name=name, status__in=LIVE_STATUSES).exists():
+        if Session.objects.filter(keypair=keypair, name=name).live().exists():
             raise SessionRequestError(f"You already have a live session named {name!r}.", "name",
                                       status_code=409)
         queued = {Status.PENDING: clock.now().isoformat()}
@@ -173,35 +166,18 @@ def kick_scheduler(scaling_group_name):
                      kwargs={"scaling_group_name": scaling_group_name})
 
 
-def find_session(sessions, ref):
-    """The session that `ref` names among `sessions`: by id; else by name, a live session
-    first, else the most recent finished one. None when there is none."""
-    try:
-        session_id = uuid.UUID(str(ref))
-    except ValueError:
-        pass
-    else:
-        found = sessions.filter(pk=session_id).first()
-        if found is not None:
-            return found
-    named = sessions.filter(name=ref)
-    return (named.filter(status__in=LIVE_STATUSES).first()
-            or named.order_by("-created_at").first())
-
-
 @transaction.atomic
 def rename_session(session, new_name, *, actor):
     """Give a live session a name that is unique among its owner's live sessions."""
     validate_name(new_name)
     current = Session.objects.select_for_update().get(pk=session.pk)
-    if current.status in FINISHED_STATUSES:
+    if current.status in StatusGroup.FINISHED:
         raise SessionRequestError(f"The session is {current.status}; only a live session can "
                                   "be renamed.", "name", status_code=409)
     old_name = current.name
     if new_name == old_name:
         return current
-    taken = Session.objects.filter(keypair_id=current.keypair_id, name=new_name,
-                                   status__in=LIVE_STATUSES).exists()
+    taken = Session.objects.filter(keypair_id=current.keypair_id, name=new_name).live().exists()
     try:
         with transaction.atomic():
             if taken:

@@ -13,8 +13,8 @@ from backendai_web import metrics
 from common import clock
 from sessions_app import engine
 from sessions_app.accounting import reconcile_usage
-from sessions_app.keypairs import is_admin
-from sessions_app.models import Status
+from sessions_app.enums import Status
+from sessions_app.querysets import is_admin
 
 log = logging.getLogger(__name__)
 S = Status

@@ -13,8 +13,9 @@ from agents_app.models import Agent, AgentStatus
 from common import clock
 from scheduling_app.models import ScalingGroup
 from sessions_app.accounting import usage_drift
+from sessions_app.enums import Status, StatusGroup
 from sessions_app.lifecycle.heartbeats import SNAPSHOT_MARGIN, is_uuid
-from sessions_app.models import FINISHED_STATUSES, Kernel, Status
+from sessions_app.models import Kernel
 
 S = Status
 # The handlers that end a state past its timeout run every 10 to 30 s (beat): a state
@@ -50,7 +51,7 @@ def check_invariants(now=None):
     stray = Check("containers without a live kernel")
     for kernel_id, (agent, container) in reported.items():
         kernel = kernels.get(kernel_id)
-        if kernel is None or (kernel.status in FINISHED_STATUSES and
+        if kernel is None or (kernel.status in StatusGroup.FINISHED and
                               kernel.status_changed < agent.containers_at - SNAPSHOT_MARGIN):
             stray.violations.append(
                 f"agent {agent.pk}: container {container['container_id'][:12]} of "
@@ -94,7 +95,7 @@ def _stuck(now):
         for kernel in Kernel.objects.filter(
                 agent__scaling_group=group, agent__status=AgentStatus.LOST,
                 agent__lost_at__lt=lost_cutoff).exclude(
-                status__in=FINISHED_STATUSES | {S.PENDING}):
+                status__in=StatusGroup.FINISHED | {S.PENDING}):
             stuck.violations.append(f"kernel {kernel.pk} of session {kernel.session_id}: "
                                     f"{kernel.status} on agent {kernel.agent_id}, LOST past "
                                     f"lost_timeout {group.lost_timeout}s")

@@ -17,7 +17,8 @@ from backendai_web.celery import send_task_safely
 from common import clock
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine
-from sessions_app.models import FINISHED_STATUSES, Kernel, Status
+from sessions_app.enums import Status, StatusGroup
+from sessions_app.models import Kernel
 
 log = logging.getLogger(__name__)
 S = Status
@@ -131,7 +132,7 @@ def fail_session(kernel, reason, actor):
     if moved is None:  # a stale or repeated report: the kernel is elsewhere already
         return None
     for sibling in kernel.session.kernels.exclude(pk=kernel.pk).exclude(
-        status__in=FINISHED_STATUSES | {S.TERMINATING}
+        status__in=StatusGroup.FINISHED | {S.TERMINATING}
     ):
         if sibling.status == S.PENDING:
             engine.mark_kernel_cancelled(sibling, reason=reason, actor=actor)
@@ -263,7 +264,7 @@ def end_with_kernel(kernel, exit_code=None):
               + (f", exit code {code})" if code is not None else ")"))[:255]
     stopped = 0
     for sibling in (kernel.session.kernels.select_for_update().exclude(pk=kernel.pk)
-                    .exclude(status__in=FINISHED_STATUSES | {S.TERMINATING, S.ERROR})):
+                    .exclude(status__in=StatusGroup.FINISHED | {S.TERMINATING, S.ERROR})):
         if sibling.status == S.RUNNING:
             if engine.mark_kernel_terminating(
                     sibling, reason=reason, actor="system",

@@ -18,8 +18,9 @@ from django.http import JsonResponse
 from rest_framework.exceptions import APIException
 
 from sessions_app.api.errors import error_body
+from sessions_app.enums import Status, StatusGroup
 from sessions_app.events import message_of, session_group
-from sessions_app.models import FINISHED_STATUSES, Session, SessionEvent, Status
+from sessions_app.models import Session, SessionEvent
 from sessions_app.realtime import fanout
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ async def wait_until_started(session_id, max_wait=None):
     async with subscription([session_group(session_id)]) as queue:
         while True:
             status = await sync_to_async(_status_of)(session_id)
-            if status in FINISHED_STATUSES | {Status.RUNNING, Status.ERROR, None}:
+            if status in StatusGroup.FINISHED | {Status.RUNNING, Status.ERROR, None}:
                 return status
             timeout = RECHECK_SECONDS
             if deadline is not None:
@@ -113,7 +114,7 @@ def history_messages(session_id):
         return [], True
     events = SessionEvent.objects.filter(session=session).select_related("session").order_by(
         "created_at", "id")
-    return [message_of(event) for event in events], session.status in FINISHED_STATUSES
+    return [message_of(event) for event in events], session.status in StatusGroup.FINISHED
 
 
 def message_key(msg):

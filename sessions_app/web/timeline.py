@@ -5,7 +5,7 @@ from datetime import datetime, timedelta
 
 from common import clock
 from scheduling_app.idle import checks_of
-from sessions_app.models import FINISHED_STATUSES, Status
+from sessions_app.enums import Status, StatusGroup
 
 S = Status
 
@@ -55,7 +55,7 @@ def phases(events, now=None):
                if e.kernel_id is None and e.to_status and e.to_status != e.from_status]
     result = {}
     for index, (status, start) in enumerate(changes):
-        if status in FINISHED_STATUSES:
+        if status in StatusGroup.FINISHED:
             continue
         name = PHASE_OF_STATUS[status]
         last = index == len(changes) - 1

@@ -31,7 +31,8 @@ from common.slots import ResourceSlots
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_project
 from scheduling_app.scheduler import core, schedule
 from sessions_app import events
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, Status
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
 
 SIZES = [{"cpu": "1", "mem": "1g"}, {"cpu": "2", "mem": "2g"}, {"cpu": "2", "mem": "4g"},
          {"cpu": "4", "mem": "8g"}, {"cpu": "0.5", "mem": "512m"}]
