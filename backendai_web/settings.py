@@ -239,6 +239,9 @@ AGENT_HEARTBEAT_INTERVAL = float(env("AGENT_HEARTBEAT_INTERVAL", "5"))
 # scaling group's lost_timeout (this is the default for new groups).
 AGENT_LOST_TIMEOUT = int(env("AGENT_LOST_TIMEOUT", "600"))
 DEFAULT_GRACE_PERIOD = env_int("DEFAULT_GRACE_PERIOD", 10)
+# The limits of every create request (sessions_app/spec.py), whatever interface it comes by.
+MAX_GRACE_PERIOD = env_int("MAX_GRACE_PERIOD", 3600)
+MAX_CLUSTER_SIZE = env_int("MAX_CLUSTER_SIZE", 32)
 DEFAULT_KERNEL_IMAGE = env("DEFAULT_KERNEL_IMAGE", "bai-local/busybox:latest")
 # Each session's own bridge network takes a /26 of this pool (agents_app.runtime).
 KERNEL_NETWORK_POOL = env("KERNEL_NETWORK_POOL", "10.211.0.0/16")

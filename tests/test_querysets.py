@@ -11,7 +11,7 @@ S = Status
 
 
 def test_status_groups_split_every_status_once():
-    assert StatusGroup.LIVE | StatusGroup.FINISHED == set(Status)
+    assert set(Status) == StatusGroup.LIVE | StatusGroup.FINISHED
     assert not StatusGroup.LIVE & StatusGroup.FINISHED
     assert S.ERROR in StatusGroup.LIVE and S.CANCELLED in StatusGroup.FINISHED
 

@@ -13,8 +13,8 @@ from scheduling_app.scheduler import schedule
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import progress
-from sessions_app.lifecycle.create import SessionRequestError
 from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
+from sessions_app.spec import SessionRequestError
 from tests.factories import make_agent, make_session
 
 S = Status

@@ -43,3 +43,10 @@ class RequestFailed(APIException):
         self.status_code = status_code
         self.problem, self.data = problem, data
         super().__init__(message)
+
+    @classmethod
+    def refusing(cls, error):
+        """The answer to a domain error (sessions_app.spec.DomainError): its status, its
+        message, and the field it names as Backend.AI's invalid-parameter data."""
+        data = {field: [message] for field, message in error.errors.items()}
+        return cls(error.message, error.status_code, data=data or None)

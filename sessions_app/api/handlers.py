@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from sessions_app.api.errors import RequestFailed, error_body
+from sessions_app.spec import DomainError
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class DatabaseUnavailableMiddleware:
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, DomainError):  # refusals of the domain, in the API's form
+        exc = RequestFailed.refusing(exc)
     if isinstance(exc, OperationalError | InterfaceError):
         return database_unavailable(exc)
     if isinstance(exc, DataError):  # such as a NUL character, which PostgreSQL cannot store

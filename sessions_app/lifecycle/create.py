@@ -1,83 +1,32 @@
-"""Creating sessions: validation of the request, then the PENDING rows, then a scheduler kick."""
+"""Creating sessions: a validated SessionSpec (sessions_app/spec.py), then the PENDING rows,
+then a scheduler kick."""
 
-import re
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from backendai_web.celery import send_task_safely
 from common import clock
-from common.slots import ResourceSlots, SlotError
-from scheduling_app.models import ScalingGroup, default_project
 from scheduling_app.scheduler import dry_run
 from sessions_app import engine
-from sessions_app.enums import SessionType, Status, StatusGroup
+from sessions_app.enums import Status, StatusGroup
 from sessions_app.models import Kernel, Session
-
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-DEFAULT_RESOURCES = {"cpu": "1", "mem": "256m"}
-MAX_CLUSTER_SIZE = 32
+from sessions_app.spec import SessionRequestError, SessionSpec, validate_name
 
 
-class SessionRequestError(Exception):
-    """A request that cannot become a session; the message says why, `field` says where."""
-
-    def __init__(self, message, field=None, status_code=400):
-        super().__init__(message)
-        self.message, self.field, self.status_code = message, field, status_code
-
-
-def validate_name(name):
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
-        raise SessionRequestError(
-            "A session name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter "
-            "or digit.", "name",
-        )
-    return name
+def create_session(*, keypair, user, actor=None, may_raise_priority=False, **fields) -> Session:
+    """A session of `fields` (SessionSpec.build's) for `keypair`, asked by `actor` (default
+    its user); SessionRequestError when the fields or the policy refuse it."""
+    spec = SessionSpec.build(keypair=keypair, may_raise_priority=may_raise_priority, **fields)
+    return create_from_spec(spec, keypair=keypair, user=user, actor=actor)
 
 
-def create_session(*, keypair, user, name, image, session_type=SessionType.INTERACTIVE,
-                   resources=None, cluster_size=1, cluster_mode="single-node",
-                   startup_command="", scaling_group="default", grace_period=None,
-                   batch_timeout=None, tag="", project=None, actor=None,
-                   pre_stop_command="", dependencies=(), priority=None,
-                   may_raise_priority=False, preemptible=False) -> Session:
-    """`dependencies` are sessions that must be RUNNING (or batch sessions finished with
-    success) before this one is scheduled. `priority` defaults to the resource policy's;
-    only with `may_raise_priority` (admins) may it be above that, up to the policy's
-    maximum. A session is `preemptible` when its owner says so or its policy makes every
-    session so."""
-    validate_name(name)
-    if not isinstance(image, str) or not image.strip():
-        raise SessionRequestError("An image name is required, such as "
-                                  f"{settings.DEFAULT_KERNEL_IMAGE}.", "image")
-    if session_type not in SessionType.values:
-        raise SessionRequestError(
-            f"session_type must be one of {', '.join(SessionType.values)}.", "session_type")
-    try:
-        slots = ResourceSlots.parse(resources or DEFAULT_RESOURCES, allow_zero=False)
-    except SlotError as exc:
-        raise SessionRequestError(str(exc), "resources") from None
-    if not isinstance(cluster_size, int) or not 1 <= cluster_size <= MAX_CLUSTER_SIZE:
-        raise SessionRequestError(
-            f"cluster_size must be a whole number from 1 to {MAX_CLUSTER_SIZE}.", "cluster_size")
-    if cluster_mode not in ("single-node", "multi-node"):
-        raise SessionRequestError("cluster_mode must be single-node or multi-node.",
-                                  "cluster_mode")
-    if grace_period is not None and (not isinstance(grace_period, int) or grace_period < 0):
-        raise SessionRequestError("grace_period must be a whole number of seconds.",
-                                  "grace_period")
-    group = ScalingGroup.objects.filter(name=scaling_group, is_active=True).first()
-    if group is None:
-        raise SessionRequestError(f"There is no active scaling group named {scaling_group!r}.",
-                                  "scaling_group")
-    if session_type == SessionType.BATCH and not startup_command:
-        raise SessionRequestError("A batch session needs a startup command.", "startup_command")
-    project = project or default_project()
+def create_from_spec(spec, *, keypair, user, actor=None) -> Session:
+    """The PENDING rows of a validated spec, then (after commit) a scheduler kick. The
+    policy's pending-session limit and the live-name rule are checked here, in the same
+    transaction as the rows."""
     policy = keypair.resource_policy
-    priority = check_priority(priority, policy, may_raise_priority)
     with transaction.atomic():
         if policy.max_pending_session_count is not None:
             pending = Session.objects.filter(keypair=keypair, status=Status.PENDING).count()
@@ -87,50 +36,39 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
                     f"{policy.name!r} allows; wait for one to start or cancel one.",
                     status_code=429,
                 )
-        if Session.objects.filter(keypair=keypair, name=name).live().exists():
-            raise SessionRequestError(f"You already have a live session named {name!r}.", "name",
-                                      status_code=409)
+        if Session.objects.filter(keypair=keypair, name=spec.name).live().exists():
+            raise SessionRequestError(f"You already have a live session named {spec.name!r}.",
+                                      "name", status_code=409)
         queued = {Status.PENDING: clock.now().isoformat()}
+        slots = spec.slots.to_json()
         try:
             with transaction.atomic():
                 session = Session.objects.create(
-                    name=name, keypair=keypair, user=user, domain=project.domain,
-                    project=project, session_type=session_type, cluster_mode=cluster_mode,
-                    cluster_size=cluster_size, image=image.strip(),
-                    requested_slots=slots.to_json(), scaling_group=group,
-                    startup_command=startup_command or "", grace_period=grace_period,
-                    batch_timeout=batch_timeout, tag=tag or "", status_history=queued,
-                    pre_stop_command=pre_stop_command or "", priority=priority,
-                    preemptible=bool(preemptible) or policy.preemptible,
-                    cluster_ssh=cluster_keypair() if cluster_size > 1 else {},
+                    name=spec.name, keypair=keypair, user=user, domain=spec.project.domain,
+                    project=spec.project, session_type=spec.session_type,
+                    cluster_mode=spec.cluster_mode, cluster_size=spec.cluster_size,
+                    image=spec.image, requested_slots=slots, scaling_group=spec.scaling_group,
+                    startup_command=spec.startup_command, grace_period=spec.grace_period,
+                    batch_timeout=spec.batch_timeout, tag=spec.tag, status_history=queued,
+                    pre_stop_command=spec.pre_stop_command, priority=spec.priority,
+                    preemptible=spec.preemptible,
+                    cluster_ssh=cluster_keypair() if spec.cluster_size > 1 else {},
                 )
         except IntegrityError:  # a concurrent create with the same name won
-            raise SessionRequestError(f"You already have a live session named {name!r}.",
+            raise SessionRequestError(f"You already have a live session named {spec.name!r}.",
                                       "name", status_code=409) from None
         Kernel.objects.bulk_create(
-            Kernel(session=session, image=session.image, requested_slots=slots.to_json(),
+            Kernel(session=session, image=session.image, requested_slots=slots,
                    cluster_role=Kernel.ClusterRole.MAIN if i == 0 else Kernel.ClusterRole.SUB,
                    cluster_idx=1 if i == 0 else i, status_history=queued)
-            for i in range(cluster_size)
+            for i in range(spec.cluster_size)
         )
-        if dependencies:
-            session.dependencies.set(dependencies)
+        if spec.dependencies:
+            session.dependencies.set(spec.dependencies)
         engine.record_enqueued(session, actor=actor or user.get_username())
-        transaction.on_commit(lambda: kick_scheduler(group.name))
+        group_name = spec.scaling_group.name
+        transaction.on_commit(lambda: kick_scheduler(group_name))
     return session
-
-
-def check_priority(priority, policy, may_raise):
-    if priority is None:
-        return policy.default_priority
-    highest = policy.max_priority if may_raise else policy.default_priority
-    if isinstance(priority, bool) or not isinstance(priority, int) or not (
-            0 <= priority <= highest):
-        who = "" if may_raise else " (only an admin may set it higher)"
-        raise SessionRequestError(
-            f"priority must be a whole number from 0 to {highest}, the highest your resource "
-            f"policy {policy.name!r} allows{who}.", "priority")
-    return priority
 
 
 class _DryRun(Exception):

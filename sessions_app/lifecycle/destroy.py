@@ -15,6 +15,7 @@ from sessions_app import engine
 from sessions_app.accounting import reconcile_usage
 from sessions_app.enums import Status
 from sessions_app.querysets import is_admin
+from sessions_app.spec import DomainError
 
 log = logging.getLogger(__name__)
 S = Status
@@ -22,13 +23,14 @@ S = Status
 FORCE_ONLY = {S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.TERMINATING, S.ERROR}
 
 
-class DestroyRefused(Exception):
+class DestroyRefused(DomainError):
     """`message` is what the caller is told; `rule` the refusal's words alone (without
     when the status times out), to group refusals by."""
 
-    def __init__(self, message, status_code=409, *, rule=None):
-        super().__init__(message)
-        self.message, self.status_code = message, status_code
+    status_code = 409
+
+    def __init__(self, message, status_code=None, *, rule=None):
+        super().__init__(message, status_code=status_code)
         self.rule = rule or message
 
 

@@ -5,7 +5,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from sessions_app.enums import SessionType
 from sessions_app.keypairs import main_keypair
-from sessions_app.lifecycle.create import SessionRequestError, dry_run_session
+from sessions_app.lifecycle.create import dry_run_session
+from sessions_app.spec import SessionRequestError
 
 
 class Command(BaseCommand):
