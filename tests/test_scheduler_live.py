@@ -35,10 +35,10 @@ def test_a_pull_from_an_unreachable_registry_is_retried_then_rescheduled(live, a
 
     def rescheduled():
         session = Session.objects.get(pk=session_id)
-        return session.status_data.get("scheduler", {}).get("excluded_agents") and session
+        return session.status_data.get("excluded_agents") and session
 
     session = wait_for(rescheduled, timeout=60, message="the session to be rescheduled")
-    assert session.status_data["scheduler"]["excluded_agents"] == [live.agent_id]
+    assert session.status_data["excluded_agents"] == [live.agent_id]
     tries = SessionEvent.objects.filter(session_id=session_id, name="kernel_pulling")
     retries = SessionEvent.objects.filter(session_id=session_id,
                                           name="kernel_retry_preparing")

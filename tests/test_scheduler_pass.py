@@ -164,7 +164,7 @@ def test_failed_pulls_are_retried_then_rescheduled_on_another_agent(alice, sent)
     session.refresh_from_db()
     kernel.refresh_from_db()
     assert session.status == S.PENDING and kernel.agent is None
-    assert session.status_data["scheduler"]["excluded_agents"] == ["bad"]
+    assert session.status_data["excluded_agents"] == ["bad"]
     assert Agent.objects.get(pk="bad").free_slots == {"cpu": 4, "mem": 8 * 2**30}
     make_agent("good")
     schedule("default")

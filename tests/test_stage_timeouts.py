@@ -53,7 +53,7 @@ def test_a_kernel_stuck_scheduled_or_prepared_is_rescheduled_on_another_agent(
     kernel = session.kernels.get()
     assert (kernel.status, kernel.agent_id) == (S.PENDING, None)
     assert kernel.status_info == f"{status.lower()}-timeout: {status} for over 60s"
-    assert session.status_data["scheduler"]["excluded_agents"] == ["stuck"]
+    assert session.status_data["excluded_agents"] == ["stuck"]
     assert sends(sent, "scheduling.schedule") == [{"scaling_group_name": "default"}]
 
 

@@ -23,6 +23,7 @@ from sessions_app.lifecycle.progress import (
     start_single_kernel,
 )
 from sessions_app.models import Kernel, Session
+from sessions_app.status_data import Key, StatusData
 
 log = logging.getLogger(__name__)
 S = Status
@@ -93,7 +94,7 @@ def _terminated(kernel, data, actor):
     if kernel.status == S.TERMINATING:
         reason = kernel.status_info or data.get("reason") or "user-requested"
     elif kernel.status == S.ERROR:  # its container is gone at last
-        reason = kernel.status_data.get("destroy_reason") or "force-terminated"
+        reason = StatusData(kernel.status_data).destroy_reason or "force-terminated"
     else:  # it ended without being asked to
         reason = data.get("reason") if data.get("reason") in SELF_ENDED_REASONS \
             else "self-terminated"
@@ -105,7 +106,7 @@ def _terminated(kernel, data, actor):
     batch = kernel.session.session_type == SessionType.BATCH
     if kernel.is_main and batch and exit_code is not None \
             and (kernel.status in (S.CREATING, S.RUNNING)
-                 or (kernel.status == S.TERMINATING and kernel.status_data.get("ended_with"))):
+                 or (kernel.status == S.TERMINATING and StatusData(kernel.status_data).ended_with)):
         _record_batch_result(kernel, exit_code, actor)
     moved = engine.mark_kernel_terminated(kernel, reason=reason, exit_code=exit_code,
                                           actor=actor, data={"exit_code": exit_code})
@@ -131,9 +132,9 @@ def _teardown_failed(kernel, data, actor):
     return engine.mark_kernel_error(
         kernel, reason=short[:255], actor=actor,
         from_statuses={S.RUNNING, S.TERMINATING, S.CREATING},
-        status_data={**kernel.status_data, "teardown_error": error[:500],
-                     "destroy_reason": kernel.status_info or "user-requested",
-                     "last_destroy_request": clock.now().isoformat()})
+        status_data={Key.TEARDOWN_ERROR: error[:500],
+                     Key.DESTROY_REASON: kernel.status_info or "user-requested",
+                     Key.LAST_DESTROY_REQUEST: clock.now().isoformat()})
 
 
 def _pre_stop_failed(kernel, data, actor):

@@ -16,6 +16,7 @@ from sessions_app.accounting import reconcile_usage
 from sessions_app.enums import Status
 from sessions_app.querysets import is_admin
 from sessions_app.spec import DomainError
+from sessions_app.status_data import Key
 
 log = logging.getLogger(__name__)
 S = Status
@@ -145,8 +146,8 @@ def _destroy_kernel(kernel, *, forced, reason, actor):
     if status == S.RUNNING:
         engine.mark_kernel_terminating(
             kernel, reason=reason, actor=actor,
-            status_data={**kernel.status_data, "kernel": {"exit_code": None},
-                         "session": {"status": "terminating"}, "forced": forced},
+            status_data={Key.KERNEL: {"exit_code": None},
+                         Key.SESSION: {"status": "terminating"}, Key.FORCED: forced},
         )
         return kernel
     log.warning("force-terminating kernel %s of session %s in %s", kernel.pk,

@@ -16,6 +16,7 @@ from sessions_app.accounting import usage_drift
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.lifecycle.heartbeats import SNAPSHOT_MARGIN, is_uuid
 from sessions_app.models import Kernel
+from sessions_app.status_data import StatusData
 
 S = Status
 # The handlers that end a state past its timeout run every 10 to 30 s (beat): a state
@@ -85,8 +86,8 @@ def _stuck(now):
             since = "session__created_at" if status == S.PENDING else "status_changed"
             for kernel in Kernel.objects.filter(status=status, session__scaling_group=group,
                                                 **{f"{since}__lt": cutoff}):
-                last_retry = kernel.status_data.get("last_retry")
-                if last_retry and clock.parse(last_retry) > cutoff:
+                last_retry = StatusData(kernel.status_data).last_retry
+                if last_retry and last_retry > cutoff:
                     continue  # a retry gets the whole timeout again
                 stuck.violations.append(f"kernel {kernel.pk} of session {kernel.session_id}: "
                                         f"{status} since {kernel.status_changed:%H:%M:%S}, "
