@@ -230,9 +230,19 @@ def _write_session_status(session, from_status, to_status, history, reason, now)
         values["starts_at"] = now
     if to_status in FINISHED_STATUSES:
         values["terminated_at"] = now
+        if session.cluster_size > 1 and session.cluster_mode == "multi-node":
+            # Its last kernel has ended: an overlay network across hosts goes now (the
+            # heartbeats of manager agents ask again for any that stays).
+            transaction.on_commit(lambda: _remove_session_network(session))
     Session.objects.filter(pk=session.pk, status=from_status).update(**values)  # locked
     for name, value in values.items():
         setattr(session, name, value)
+
+
+def _remove_session_network(session):
+    from agents_app import rpc
+
+    rpc.send_remove_network(session.pk, session=session)
 
 
 def _account_kernel(kernel, held_on, from_status, to_status):

@@ -15,7 +15,7 @@ from scheduling_app.models import ScalingGroup
 
 from .. import clock, engine
 from ..bulk import update_rows
-from ..models import FINISHED_STATUSES, Kernel, Status
+from ..models import FINISHED_STATUSES, Kernel, Session, Status
 from ..services import kick_scheduler
 from .agent_reports import handle_kernel_event
 
@@ -44,6 +44,11 @@ def handle_heartbeat(info):
         "last_heartbeat": now,
         "docker_error": (info.get("docker_error") or "")[:500],
     }
+    previous_swarm = agent.swarm if agent is not None else {}
+    if "swarm" in info:
+        fields["swarm"] = swarm_record(previous_swarm, info["swarm"])
+    if "networks" in info:
+        fields["networks"] = info["networks"]
     if info.get("slots"):  # without Docker the agent reports none: keep the last known
         fields["available_slots"] = info["slots"]
     if "kernels" in info:
@@ -71,9 +76,77 @@ def handle_heartbeat(info):
     if "kernels" in info:  # only a heartbeat that could list its containers
         reconcile_containers(agent, info["kernels"], info.get("taken_at"),
                              stopping=info.get("stopping", ()), recovering=was_lost)
+    if "swarm" in info and left_swarm(previous_swarm, info["swarm"]):
+        end_kernels_off_swarm(agent, previous_swarm, info["swarm"])
+    if "networks" in info:
+        reconcile_networks(agent, info["networks"], info.get("taken_at"))
     if takes_kernels_again:
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return agent
+
+
+DEPARTED_KEPT = 20  # node ids an agent's engine no longer is, kept for network removal
+
+
+def swarm_record(previous, reported):
+    """The swarm state an agent reports, with the node ids its engine used to be (a node
+    that left keeps a task holding its overlay networks until it is removed)."""
+    departed = list((previous or {}).get("departed", []))
+    if left_swarm(previous, reported):
+        departed.append(previous["node_id"])
+    return {**reported, "departed": departed[-DEPARTED_KEPT:]}
+
+
+def left_swarm(previous, reported):
+    """The engine was a swarm node and is not that node any more (left, or rejoined as
+    another node)."""
+    return bool(previous and previous.get("state") == "active" and previous.get("node_id")
+                and (reported.get("state") != "active"
+                     or reported.get("node_id") != previous["node_id"]))
+
+
+def end_kernels_off_swarm(agent, previous, reported):
+    """An engine that left (or lost) the swarm took its kernels of multi-host sessions off
+    their sessions' overlay networks: each such kernel has failed, and its session ends
+    with a reason naming it (as for any kernel that ends by itself)."""
+    from .progress import end_with_kernel
+
+    why = (f"agent {agent.pk}'s Docker engine left the swarm" if reported.get("state") !=
+           "active" else f"agent {agent.pk}'s Docker engine rejoined the swarm as another node")
+    log.warning("%s (was node %s)", why, previous.get("node_id"))
+    for kernel in Kernel.objects.filter(agent=agent, status__in=[S.CREATING, S.RUNNING])\
+            .select_related("session"):
+        if not rpc.spans_hosts(kernel.session):
+            continue
+        reason = f"kernel {kernel.cluster_hostname} lost its session network: {why}"[:255]
+        moved = engine.mark_kernel_terminated(kernel, reason=reason, actor=f"agent:{agent.pk}")
+        if moved is None:
+            continue
+        end_with_kernel(moved)
+        if kernel.container_id:
+            transaction.on_commit(lambda k=moved, r=reason: rpc.send_destroy_kernel(
+                k, r, forced=True))
+
+
+def reconcile_networks(agent, networks, taken_at=None):
+    """Session networks an agent lists whose session has ended: removed (a bridge on that
+    agent's engine; an overlay through that agent when it is a swarm manager). Networks
+    of sessions this manager does not know are left alone: the engine may serve another."""
+    snapshot_at = _snapshot_time(taken_at)
+    ids = {n["session_id"] for n in networks if is_uuid(n.get("session_id"))}
+    if not ids:
+        return
+    ended = set(Session.objects.filter(
+        pk__in=ids, status__in=FINISHED_STATUSES,
+        terminated_at__lt=snapshot_at - SNAPSHOT_MARGIN).values_list("id", flat=True))
+    for network in networks:
+        if not is_uuid(network.get("session_id")) or \
+                uuid.UUID(network["session_id"]) not in ended:
+            continue
+        if network.get("driver") == "overlay" and not agent.swarm.get("manager"):
+            continue  # a worker lists it while a container is attached; a manager removes it
+        transaction.on_commit(lambda n=network: rpc.send_remove_network(
+            n["session_id"], agent_id=agent.pk))
 
 
 def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recovering=False):
