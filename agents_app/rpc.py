@@ -48,7 +48,14 @@ def kernel_spec(kernel):
         "open_files_limit": open_files,
         "allow_outbound": outbound,
         "network_driver": "overlay" if spans_hosts(session) else "bridge",
+        "cluster_hosts": cluster_hosts(session),
     }
+
+
+def cluster_hosts(session):
+    """The cluster hostnames of the session's kernels, main first (Backend.AI's order)."""
+    return [f"{role}{idx}" for role, idx in session.kernels.order_by(
+        "cluster_role", "cluster_idx").values_list("cluster_role", "cluster_idx")]
 
 
 def spans_hosts(session):

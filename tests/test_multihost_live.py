@@ -94,6 +94,17 @@ def test_a_multi_node_session_spans_two_engines_on_an_overlay_network_of_its_own
         assert driver == "overlay"
         assert attrs["Config"]["Hostname"] == name
 
+    # The cluster variables are those of kernels on one host.
+    for name, kernel in kernels.items():
+        env = dict(e.split("=", 1) for e in engines[name].containers.get(
+            kernel.container_id).attrs["Config"]["Env"])
+        assert (env["BACKENDAI_CLUSTER_HOST"], env["BACKENDAI_CLUSTER_HOSTS"],
+                env["BACKENDAI_CLUSTER_SIZE"], env["BACKENDAI_CLUSTER_REPLICAS"]) == (
+            name, "main1,sub1", "2", "main:1,sub:1")
+        # The session's cluster SSH key, as on one host.
+        assert run(engines[name], kernel.container_id,
+                   "cat /home/work/.ssh/id_cluster.pub") == (
+            0, Session.objects.get(pk=first).cluster_ssh["public"].strip())
     # Each kernel answers the other by its cluster hostname, on TCP, across the hosts.
     for name, kernel in kernels.items():
         serve(engines[name], kernel.container_id, 7000, f"hello-from-{name}")

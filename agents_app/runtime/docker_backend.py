@@ -117,6 +117,13 @@ def kernel_command(spec):
 
 
 def kernel_environment(spec):
+    """Backend.AI's session and cluster variables (its docs, "Cluster Networking"):
+    the same whether the kernels share a host or not."""
+    hosts = spec.get("cluster_hosts") or [spec["cluster_hostname"]]
+    replicas = {}
+    for host in hosts:
+        role = host.rstrip("0123456789")
+        replicas[role] = replicas.get(role, 0) + 1
     return {
         "BACKENDAI_SESSION_ID": spec["session_id"],
         "BACKENDAI_SESSION_NAME": spec["session_name"],
@@ -125,6 +132,10 @@ def kernel_environment(spec):
         "BACKENDAI_CLUSTER_IDX": str(spec["cluster_idx"]),
         "BACKENDAI_CLUSTER_HOST": spec["cluster_hostname"],
         "BACKENDAI_CLUSTER_SIZE": str(spec["cluster_size"]),
+        "BACKENDAI_CLUSTER_HOSTS": ",".join(hosts),
+        "BACKENDAI_CLUSTER_REPLICAS": ",".join(f"{r}:{n}" for r, n in replicas.items()),
+        "BACKENDAI_CLUSTER_LOCAL_RANK": str(hosts.index(spec["cluster_hostname"])
+                                            if spec["cluster_hostname"] in hosts else 0),
         **INIT_ENVIRONMENT,
     }
 
