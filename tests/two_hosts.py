@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -103,19 +104,30 @@ class SecondHost:
         self.client = docker.DockerClient(base_url=self.url, timeout=60)
 
     def _swarm(self):
+        """As an operator sets up agent hosts (README): `manage.py swarm_join --init` on
+        the first, `swarm_join --manager … --token …` on the second."""
         state = self.main.info()["Swarm"]
         if state["LocalNodeState"] != "active":
-            self.main.swarm.init(advertise_addr=HOST1_ADDR, listen_addr=f"{HOST1_ADDR}:2377")
             self.made_swarm = True
+            self._manage("--init", "--advertise-addr", HOST1_ADDR)
         elif not state.get("ControlAvailable"):
             raise RuntimeError("the main engine is in a swarm but not a manager")
         self.main.swarm.reload()
         token = self.main.swarm.attrs["JoinTokens"]["Worker"]
-        manager = f"{HOST1_ADDR}:2377"
-        self.client.swarm.join(remote_addrs=[manager], join_token=token,
-                               advertise_addr=HOST2_ADDR, listen_addr=f"{HOST2_ADDR}:2377")
+        self._manage("--manager", f"{HOST1_ADDR}:2377", "--token", token,
+                     "--advertise-addr", HOST2_ADDR, docker_host=self.url)
         _wait(lambda: self.client.info()["Swarm"]["LocalNodeState"] == "active", 60,
               "the second engine to join the swarm")
+
+    def _manage(self, *args, docker_host=None):
+        env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
+        if docker_host:
+            env["DOCKER_HOST"] = docker_host
+        done = subprocess.run([sys.executable, "manage.py", "swarm_join", *args], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"swarm_join {' '.join(args[:1])}: {done.stderr[-2000:]}")
+        return done.stdout
 
     def _load_image(self):
         if any(self.image in i.tags for i in self.client.images.list()):

@@ -203,6 +203,37 @@ def swarm_state(client):
     }
 
 
+def init_swarm(client, advertise_addr=None):
+    """This engine the first manager of a new swarm (kept when it is one already); the
+    lines to show: what the other agent hosts run to join."""
+    state = swarm_state(client)
+    if state["state"] != "active":
+        client.swarm.init(advertise_addr=advertise_addr)
+        state = swarm_state(client)
+    elif not state["manager"]:
+        raise APIError("this engine is a swarm worker already: run --init on a manager")
+    client.swarm.reload()
+    token = client.swarm.attrs["JoinTokens"]["Worker"]
+    manager = (state["addr"] or advertise_addr or "MANAGER_ADDR") + ":2377"
+    return [f"this engine is a swarm manager (node {state['node_id']})",
+            "on each other agent host run:",
+            f"  python manage.py swarm_join --manager {manager} --token {token} "
+            "--advertise-addr THAT_HOSTS_ADDR"]
+
+
+def join_swarm(client, manager, token, advertise_addr=None):
+    """Join the swarm of `manager` with `token`; an engine already in it stays."""
+    state = swarm_state(client)
+    if state["state"] == "active":
+        return [f"already in a swarm (node {state['node_id']}, managers "
+                f"{', '.join(state['managers'])}): `docker swarm leave` first to change"]
+    client.swarm.join(remote_addrs=[manager], join_token=token,
+                      advertise_addr=advertise_addr)
+    state = swarm_state(client)
+    return [f"joined the swarm of {manager} as node {state['node_id']} "
+            f"({'manager' if state['manager'] else 'worker'})"]
+
+
 def session_networks(client):
     """This engine's session networks (bridges; on a swarm manager also the overlays):
     name, session id, driver, and how many containers use them here."""
