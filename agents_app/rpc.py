@@ -97,6 +97,19 @@ def network_agent(session):
     return None
 
 
+def send_create_network(session_ids):
+    """Placed across hosts: the overlay network is made while the images are checked, so
+    that the start finds it there (the start asks again and waits: this may be lost)."""
+    from sessions_app.models import Session
+
+    for session in Session.objects.filter(pk__in=session_ids).select_related(
+            "scaling_group"):
+        agent = network_agent(session)
+        if agent is not None:
+            _send(agent.pk, "agent.create_network", session_id=str(session.pk),
+                  internal=not session.scaling_group.allow_outbound)
+
+
 def ensure_session_network(session, *, internal=False):
     """Ask the network agent to make the session's overlay network (it keeps one that
     exists) and wait for its answer: the error text, or None when the network is there.

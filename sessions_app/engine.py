@@ -471,7 +471,18 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
                 check_image(kernel)
 
         transaction.on_commit(check_images)
+    placed_ids = set(placed)
+    spread = [sid for sid, placement in placements
+              if sid in placed_ids and len(set(placement.values())) > 1]
+    if spread:
+        transaction.on_commit(lambda: _create_session_networks(spread))
     return placed
+
+
+def _create_session_networks(session_ids):
+    from agents_app import rpc
+
+    rpc.send_create_network(session_ids)
 
 
 class _KernelRef:

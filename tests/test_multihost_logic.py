@@ -192,3 +192,18 @@ def test_a_pass_shows_why_a_session_too_big_for_one_agent_waits(db, defaults, al
     assert failures[0].name == "multi-host-network"
     assert "not in a swarm: h2" in failures[0].msg
     assert session.kernels.filter(status=S.PENDING).count() == 2
+
+
+def test_a_session_placed_across_hosts_has_its_overlay_made_while_images_are_checked(
+        two_hosts, alice, sent, django_capture_on_commit_callbacks):
+    ScalingGroup.objects.filter(name="default").update(agent_selection_strategy="dispersed")
+    session = create_session(keypair=main_keypair(alice), user=alice, name="spread",
+                             image="bai-local/busybox:latest", cluster_size=2,
+                             cluster_mode="multi-node", resources={"cpu": "0.5", "mem": "64m"})
+    with django_capture_on_commit_callbacks(execute=True):
+        result = run_pass(ScalingGroup.objects.get(name="default"),
+                          check_image=rpc.send_check_and_pull)
+    assert result.scheduled == [session.pk]
+    assert set(session.kernels.values_list("agent_id", flat=True)) == {"h1", "h2"}
+    made = [(kw["session_id"]) for name, kw in sent if name == "agent.create_network"]
+    assert made == [str(session.pk)]

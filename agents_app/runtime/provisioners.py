@@ -105,7 +105,7 @@ class KernelContainer:
             volumes={volume: {"bind": "/home/work", "mode": "rw"}},
             network=network, **backend.resource_limits(spec["slots"]),
             **backend.hardening(spec),
-            **overlay_endpoint(spec, network, self.client.api._version),
+            **overlay_endpoint(spec, network, self.client.api.api_version),
         )
         try:
             if network and not overlay:  # reachable by its cluster hostname from its siblings
@@ -141,9 +141,9 @@ class KernelContainer:
 
 
 def overlay_endpoint(spec, network, api_version):
-    """The alias of a kernel on its session's overlay network, given at creation: a
-    container on a worker engine cannot be disconnected and connected again the way the
-    bridge path does it."""
+    """The alias of a kernel on its session's overlay network, given at creation in one
+    call (the swarm attaches it as it starts), instead of the bridge path's disconnect and
+    connect."""
     if spec.get("network_driver") != "overlay" or not network:
         return {}
     return {"networking_config": {network: EndpointConfig(

@@ -34,6 +34,7 @@ from .bench_agent import since
 ROOT = Path(settings.BASE_DIR)
 S = Status
 TRANSFER_MIB = 256
+STAGES = [S.PENDING, S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.RUNNING]
 
 
 class Command(BaseCommand):
@@ -88,6 +89,7 @@ class Command(BaseCommand):
             result = {"repeat": repeat}
             for size in (2, 4):
                 times = {"one engine": [], "two engines": []}
+                stages = {"one engine": {}, "two engines": {}}
                 for i in range(repeat):  # alternated: the same load for both
                     for label, group in (("one engine", one), ("two engines", two)):
                         session, agents = self._session(keypair, user, group,
@@ -96,6 +98,11 @@ class Command(BaseCommand):
                         if len(agents) != want:
                             raise CommandError(f"{session.name}: kernels on {agents}")
                         times[label].append(since(session, S.RUNNING, S.PENDING))
+                        for earlier, later in zip(STAGES, STAGES[1:], strict=False):
+                            if earlier in session.status_history and \
+                                    later in session.status_history:
+                                stages[label].setdefault(f"{earlier}->{later}", []).append(
+                                    since(session, later, earlier))
                         self._destroy(session)
                 for label, values in times.items():
                     result[f"create_{size}k_{label.replace(' ', '_')}_p50_ms"] = round(
@@ -104,6 +111,9 @@ class Command(BaseCommand):
                                       f"{statistics.median(values) * 1000:6.0f} ms "
                                       f"(min {min(values) * 1000:.0f}, "
                                       f"max {max(values) * 1000:.0f})")
+                    self.stdout.write("    " + ", ".join(
+                        f"{stage} {statistics.median(v) * 1000:.0f}"
+                        for stage, v in stages[label].items()) + " (p50 ms)")
                 ratio = statistics.median(times["two engines"]) / statistics.median(
                     times["one engine"])
                 result[f"create_{size}k_ratio"] = round(ratio, 2)
