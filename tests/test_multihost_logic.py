@@ -86,6 +86,11 @@ def test_an_engine_that_leaves_or_becomes_another_node_has_left_and_its_node_is_
     assert left_swarm(SWARM, NO_SWARM)
     assert left_swarm(WORKER, {**WORKER, "node_id": "n3"})
     assert not left_swarm(WORKER, WORKER)
+    # Out of touch with the managers for a while: still that node, nothing ends.
+    assert not left_swarm(WORKER, {**WORKER, "state": "pending"})
+    assert not left_swarm(WORKER, {**WORKER, "state": "error", "node_id": ""})
+    out_of_touch = swarm_record(WORKER, {**WORKER, "state": "pending", "node_id": ""})
+    assert out_of_touch["node_id"] == "n2" and left_swarm(out_of_touch, NO_SWARM)
     assert not left_swarm({}, SWARM) and not left_swarm(NO_SWARM, SWARM)
     assert swarm_record(WORKER, NO_SWARM)["departed"] == ["n2"]
 

@@ -94,15 +94,22 @@ def swarm_record(previous, reported):
     departed = list((previous or {}).get("departed", []))
     if left_swarm(previous, reported):
         departed.append(previous["node_id"])
-    return {**reported, "departed": departed[-DEPARTED_KEPT:]}
+    record = {**reported, "departed": departed[-DEPARTED_KEPT:]}
+    if reported.get("state") != "inactive" and not reported.get("node_id") and previous:
+        record["node_id"] = previous.get("node_id", "")  # the node it still is
+    return record
 
 
 def left_swarm(previous, reported):
-    """The engine was a swarm node and is not that node any more (left, or rejoined as
-    another node)."""
-    return bool(previous and previous.get("state") == "active" and previous.get("node_id")
-                and (reported.get("state") != "active"
-                     or reported.get("node_id") != previous["node_id"]))
+    """The engine was a swarm node and is not that node any more: it left (or a manager
+    removed it: `inactive`), or it is another node now. An engine that cannot reach the
+    managers for a while (`pending`, `error`) is still that node and has not left."""
+    if not (previous and previous.get("state") not in (None, "inactive")
+            and previous.get("node_id")):
+        return False
+    node_id = reported.get("node_id")
+    return reported.get("state") == "inactive" or bool(node_id and
+                                                       node_id != previous["node_id"])
 
 
 def end_kernels_off_swarm(agent, previous, reported):
@@ -111,8 +118,8 @@ def end_kernels_off_swarm(agent, previous, reported):
     with a reason naming it (as for any kernel that ends by itself)."""
     from .progress import end_with_kernel
 
-    why = (f"agent {agent.pk}'s Docker engine left the swarm" if reported.get("state") !=
-           "active" else f"agent {agent.pk}'s Docker engine rejoined the swarm as another node")
+    why = (f"agent {agent.pk}'s Docker engine left the swarm" if reported.get("state") ==
+           "inactive" else f"agent {agent.pk}'s Docker engine is another swarm node now")
     log.warning("%s (was node %s)", why, previous.get("node_id"))
     for kernel in Kernel.objects.filter(agent=agent, status__in=[S.CREATING, S.RUNNING])\
             .select_related("session"):
