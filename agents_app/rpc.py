@@ -87,8 +87,8 @@ def network_agent(session):
 
     own = set(session.kernels.exclude(agent=None).values_list("agent_id", flat=True))
     managers = [a for a in Agent.objects.filter(
-        scaling_group_id=session.scaling_group_id, status=AgentStatus.ALIVE).order_by("id")
-        if a.swarm.get("manager") and swarm_key(a.swarm)]
+        scaling_group_id=session.scaling_group_id, status=AgentStatus.ALIVE,
+        swarm__manager=True).order_by("id") if swarm_key(a.swarm)]
     keys = [swarm_key(a.swarm) for a in Agent.objects.filter(pk__in=own)]
     keys = [k for k in keys if k]
     for agent in sorted(managers, key=lambda a: a.pk not in own):

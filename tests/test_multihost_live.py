@@ -2,6 +2,7 @@
 its own network namespace as a second host (tests/two_hosts.py), with an agent process
 of its own beside the live system's agent on the main engine."""
 
+import subprocess
 import time
 
 import docker
@@ -13,7 +14,8 @@ from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import Kernel, Session
 from tests.conftest import IMAGE, Process, need, wait_for
 from tests.test_agent_docker import S, create, wait_status
-from tests.two_hosts import SecondHost, tools_problem
+from tests.test_network_isolation import host_listener  # noqa: F401 (a fixture)
+from tests.two_hosts import HOST2_ADDR, NETNS, SecondHost, tools_problem
 
 pytestmark = pytest.mark.docker
 RUNNING_TIMEOUT = 120  # two engines, a swarm and two other helpers' tests on 2 cores
@@ -78,7 +80,7 @@ def containers_of(engine, session_id):
 
 
 def test_a_multi_node_session_spans_two_engines_on_an_overlay_network_of_its_own(
-        two_agents, second_host, as_alice):
+        two_agents, second_host, as_alice, host_listener):  # noqa: F811
     main_agent, h2_agent = two_agents
     first, other = cluster(as_alice, "spread"), cluster(as_alice, "other")
     wait_status(first, S.RUNNING, timeout=RUNNING_TIMEOUT)
@@ -124,6 +126,25 @@ def test_a_multi_node_session_spans_two_engines_on_an_overlay_network_of_its_own
                            f"echo | nc -w 3 {target} 7000")
         # busybox nc exits 0 after a connect that timed out: the answer is the proof.
         assert "hello-from" not in output, (target, code, output)
+
+    # Nor does a kernel on the overlay reach its host's own services through the swarm's
+    # docker_gwbridge (the agent's firewall), though a container on it otherwise would.
+    main_engine = docker.from_env()
+    gateway = main_engine.networks.get("docker_gwbridge").attrs["IPAM"]["Config"][0][
+        "Gateway"]
+    on_main = next(n for n, k in kernels.items() if k.agent_id == main_agent)
+    assert "host-service" not in run(engines[on_main], kernels[on_main].container_id,
+                                     f"nc -w 2 {gateway} {host_listener} </dev/null")[1]
+    # Its way out through docker_gwbridge works: the other host's address answers.
+    other_host = subprocess.Popen(["nsenter", f"--net=/var/run/netns/{NETNS}", "busybox",
+                                   "nc", "-l", "-p", "7100", "-e", "echo", "other-host"])
+    try:
+        time.sleep(0.5)
+        assert run(engines[on_main], kernels[on_main].container_id,
+                   f"nc -w 5 {HOST2_ADDR} 7100 </dev/null")[1] == "other-host"
+    finally:
+        other_host.kill()
+        other_host.wait()
 
     for session_id in (first, other):
         response = as_alice.delete(f"/api/v1/sessions/{session_id}/")
