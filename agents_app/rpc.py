@@ -54,6 +54,8 @@ def kernel_spec(kernel):
 
 def cluster_hosts(session):
     """The cluster hostnames of the session's kernels, main first (Backend.AI's order)."""
+    if session.cluster_size == 1:
+        return ["main1"]
     return [f"{role}{idx}" for role, idx in session.kernels.order_by(
         "cluster_role", "cluster_idx").values_list("cluster_role", "cluster_idx")]
 
