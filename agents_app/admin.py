@@ -12,7 +12,8 @@ class AgentAdmin(admin_actions.DestroyActionsMixin, admin.ModelAdmin):
     list_filter = ["status", "scaling_group", "schedulable"]
     list_select_related = ["scaling_group"]
     search_fields = ["id", "addr"]
-    readonly_fields = ["occupied_slots", "first_contact", "last_heartbeat", "lost_at"]
+    readonly_fields = ["occupied_slots", "first_contact", "last_heartbeat", "lost_at",
+                       "swarm", "networks"]
 
 
 @admin.register(Image)

@@ -33,6 +33,13 @@ class Agent(models.Model):
     containers = models.JSONField(
         default=list, blank=True, editable=False,
         help_text="The containers its last heartbeat listed: kernel id, container id, state.")
+    swarm = models.JSONField(
+        default=dict, blank=True, editable=False,
+        help_text="Its Docker engine's swarm membership: state, node id, manager, the "
+                  "managers it knows; `departed` lists node ids it no longer is.")
+    networks = models.JSONField(
+        default=list, blank=True, editable=False,
+        help_text="The session networks its last heartbeat listed: name, session id, driver.")
     containers_at = models.DateTimeField(
         null=True, blank=True, editable=False,
         help_text="When the agent took that list.")
@@ -42,6 +49,10 @@ class Agent(models.Model):
 
     def __str__(self):
         return self.id
+
+    def swarm_key_meets(self, key):
+        own = swarm_key(self.swarm)
+        return bool(own and own & key)
 
     @property
     def free_slots(self) -> ResourceSlots:
@@ -74,3 +85,11 @@ class HeartbeatWatch(models.Model):
 
     def __str__(self):
         return f"listening since {self.listening_since}"
+
+
+def swarm_key(swarm):
+    """Which swarm an agent's engine is in (the manager node ids it knows), or None when
+    it is in none: two agents can hold one multi-host session when their keys meet."""
+    if not swarm or swarm.get("state") != "active" or not swarm.get("managers"):
+        return None
+    return frozenset(swarm["managers"])

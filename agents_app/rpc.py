@@ -6,6 +6,7 @@ status that could still roll back.
 
 from django.conf import settings
 
+from agents_app.models import Agent, AgentStatus, swarm_key
 from backendai_web.celery import agent_queue, app, send_task_safely
 from sessions_app.models import Session
 
@@ -46,18 +47,108 @@ def kernel_spec(kernel):
         "pids_limit": pids,
         "open_files_limit": open_files,
         "allow_outbound": outbound,
+        "network_driver": "overlay" if spans_hosts(session) else "bridge",
+        "cluster_hosts": cluster_hosts(session),
     }
 
 
+def cluster_hosts(session):
+    """The cluster hostnames of the session's kernels, main first (Backend.AI's order)."""
+    if session.cluster_size == 1:
+        return ["main1"]
+    return [f"{role}{idx}" for role, idx in session.kernels.order_by(
+        "cluster_role", "cluster_idx").values_list("cluster_role", "cluster_idx")]
+
+
+def spans_hosts(session):
+    """Its kernels are placed on more than one agent: they meet on an overlay network."""
+    return session.cluster_size > 1 and session.kernels.exclude(agent=None).values(
+        "agent").distinct().count() > 1
+
+
 def send_create_kernel(kernel):
-    return _send(kernel.agent_id, "agent.create_kernel", spec=kernel_spec(kernel))
+    """Ask the kernel's agent to make its container; a multi-host session's overlay network
+    first. The error when that network cannot be made (nothing is sent then), else None."""
+    spec = kernel_spec(kernel)
+    if spec["network_driver"] == "overlay":
+        error = ensure_session_network(kernel.session, internal=not spec["allow_outbound"])
+        if error:
+            return f"session network: {error}"
+    _send(kernel.agent_id, "agent.create_kernel", spec=spec)
+    return None
 
 
-def call(agent_id, task, wait, **kwargs):
-    """A manager → agent call that waits up to `wait` seconds for the answer."""
+NETWORK_CALL_WAIT = 30  # seconds for a manager agent to make an overlay network
+
+
+def network_agent(session):
+    """The agent that makes and removes a multi-host session's overlay network: a swarm
+    manager, one of the session's own agents if one is, else any ALIVE manager agent of
+    the scaling group in the same swarm. None when there is none."""
+    own = set(session.kernels.exclude(agent=None).values_list("agent_id", flat=True))
+    managers = [a for a in Agent.objects.filter(
+        scaling_group_id=session.scaling_group_id, status=AgentStatus.ALIVE,
+        swarm__manager=True).order_by("id") if swarm_key(a.swarm)]
+    keys = [swarm_key(a.swarm) for a in Agent.objects.filter(pk__in=own)]
+    keys = [k for k in keys if k]
+    for agent in sorted(managers, key=lambda a: a.pk not in own):
+        if all(agent.swarm_key_meets(k) for k in keys):
+            return agent
+    return None
+
+
+def send_create_network(session_ids):
+    """Placed across hosts: the overlay network is made while the images are checked, so
+    that the start finds it there (the start asks again and waits: this may be lost)."""
+    for session in Session.objects.filter(pk__in=session_ids).select_related(
+            "scaling_group"):
+        agent = network_agent(session)
+        if agent is not None:
+            _send(agent.pk, "agent.create_network", session_id=str(session.pk),
+                  internal=not session.scaling_group.allow_outbound)
+
+
+def ensure_session_network(session, *, internal=False):
+    """Ask the network agent to make the session's overlay network (it keeps one that
+    exists) and wait for its answer: the error text, or None when the network is there.
+    Every kernel's start asks, so a retried or re-sent start finds it too."""
+    agent = network_agent(session)
+    if agent is None:
+        return "no ALIVE swarm manager agent to make the overlay network"
+    try:
+        answer = call(agent.pk, "agent.create_network", NETWORK_CALL_WAIT, from_task=True,
+                      session_id=str(session.pk), internal=internal)
+    except Exception as exc:  # the broker, or no answer in time
+        return f"agent {agent.pk} did not make the network: {exc or type(exc).__name__}"
+    return (answer or {}).get("error")
+
+
+def departed_swarm_nodes():
+    """Swarm node ids that agents' engines used to be and no longer are."""
+    return sorted({n for swarm in Agent.objects.values_list("swarm", flat=True)
+                   for n in (swarm or {}).get("departed", [])})
+
+
+def send_remove_network(session_id, agent_id=None, session=None):
+    """Ask for the removal of a session's network: of `agent_id`'s engine (a bridge it
+    still lists), or of the swarm (the overlay, through a manager agent)."""
+    if agent_id is None:
+        agent = network_agent(session)
+        if agent is None:
+            return None  # heartbeats ask again once a manager agent reports it
+        agent_id = agent.pk
+    return _send(agent_id, "agent.remove_network", session_id=str(session_id),
+                 departed_nodes=departed_swarm_nodes())
+
+
+def call(agent_id, task, wait, *, from_task=False, **kwargs):
+    """A manager → agent call that waits up to `wait` seconds for the answer. From
+    inside a manager task (`from_task`) Celery must be told that the wait is meant: the
+    agent's task never waits for a manager task in turn, so it cannot deadlock."""
+
     result = app.send_task(task, kwargs=kwargs, queue=agent_queue(agent_id))
     try:
-        return result.get(timeout=wait)
+        return result.get(timeout=wait, disable_sync_subtasks=not from_task)
     finally:
         result.forget()
 

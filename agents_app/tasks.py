@@ -42,3 +42,13 @@ def logs(kernel_id, container_id="", tail=2000):
 @shared_task(name="agent.execute", acks_late=False)
 def execute(kernel_id, container_id, command, timeout=30):
     return current().execute(kernel_id, container_id, command, timeout)
+
+
+@shared_task(name="agent.create_network")
+def create_network(session_id, internal=False):
+    return current().create_network(session_id, internal)
+
+
+@shared_task(name="agent.remove_network")
+def remove_network(session_id, departed_nodes=()):
+    return current().remove_network(session_id, departed_nodes)

@@ -19,7 +19,8 @@ ci=false
 [ "${1:-}" = "--ci" ] && ci=true
 
 packages=(docker.io busybox-static)
-$ci && packages+=(postgresql redis-server docker-registry chromium prometheus)
+# iproute2 and util-linux (nsenter): the second Docker host of tests/two_hosts.py.
+$ci && packages+=(postgresql redis-server docker-registry chromium prometheus iproute2 util-linux)
 
 say() { echo "ensure_services: $*"; }
 

@@ -12,12 +12,13 @@ import logging
 from django.db import transaction
 from django.db.models import F
 
+from agents_app import rpc
 from agents_app.models import Agent
 from common import clock
 from common.bulk import MergedJSON, insert_rows, set_json_key, update_rows
 from common.slots import ResourceSlots, SlotsCache
 from sessions_app import events as events_module
-from sessions_app.enums import Status, StatusGroup
+from sessions_app.enums import ClusterMode, Status, StatusGroup
 from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
 from sessions_app.status_data import Key
 
@@ -235,9 +236,17 @@ def _write_session_status(session, from_status, to_status, history, reason, now)
         values["starts_at"] = now
     if to_status in StatusGroup.FINISHED:
         values["terminated_at"] = now
+        if session.cluster_size > 1 and session.cluster_mode == ClusterMode.MULTI_NODE:
+            # Its last kernel has ended: an overlay network across hosts goes now (the
+            # heartbeats of manager agents ask again for any that stays).
+            transaction.on_commit(lambda: _remove_session_network(session))
     Session.objects.filter(pk=session.pk, status=from_status).update(**values)  # locked
     for name, value in values.items():
         setattr(session, name, value)
+
+
+def _remove_session_network(session):
+    rpc.send_remove_network(session.pk, session=session)
 
 
 def _account_kernel(kernel, held_on, from_status, to_status):
@@ -476,7 +485,16 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
                 check_image(kernel)
 
         transaction.on_commit(check_images)
+    placed_ids = set(placed)
+    spread = [sid for sid, placement in placements
+              if sid in placed_ids and len(set(placement.values())) > 1]
+    if spread:
+        transaction.on_commit(lambda: _create_session_networks(spread))
     return placed
+
+
+def _create_session_networks(session_ids):
+    rpc.send_create_network(session_ids)
 
 
 class _KernelRef:

@@ -179,16 +179,20 @@ def test_check_invariants_counts_stray_containers_missing_ones_drift_and_stuck_k
     terminating = make_session(alice, S.TERMINATING, agent=agent, name="t").kernels.get()
     stray = {"kernel_id": "5b1f8f36-0000-4000-8000-000000000000", "container_id": "f" * 64,
              "state": "running"}
+    ended = make_session(alice, S.TERMINATED, agent=agent, name="ended")
     later = clock.now() + timedelta(seconds=2 * 300 + 61)  # past the kill, ERROR and margin
     Agent.objects.filter(pk=agent.pk).update(
         containers=[stray, running(terminating)], containers_at=later,
-        occupied_slots={"cpu": "9", "mem": "1g"})
+        occupied_slots={"cpu": "9", "mem": "1g"},
+        networks=[{"name": f"bai-session-{ended.pk}", "session_id": str(ended.pk),
+                   "driver": "bridge"}])
     KeyPair.objects.filter(user=alice).update(concurrency_used=7)
     checks = {c.name: c.violations for c in check_invariants(later)}
     assert {name: len(lines) for name, lines in checks.items()} == {
         "containers without a live kernel": 1, "live kernels without a container": 1,
         "agent slot drift": 1, "keypair concurrency drift": 1,
-        "kernels past their state's timeout": 1}
+        "kernels past their state's timeout": 1,
+        "session networks without a live session": 1}
     assert str(kernel.pk) in checks["live kernels without a container"][0]
     assert str(terminating.pk) in checks["kernels past their state's timeout"][0]
 

@@ -211,7 +211,10 @@ def test_only_agents_with_room_for_every_slot_and_not_excluded():
 
 
 def test_single_node_keeps_kernels_together_multi_node_spreads_them():
+    # Spread over hosts: their engines in one swarm, a the manager (issue 22).
     snap = snapshot(agent("a", cpu=2), agent("b", cpu=2))
+    for state in snap.agents.values():
+        state.swarm_key, state.swarm_manager = frozenset({"node-a"}), state.id == "a"
     assert place(snap, "concentrated", session("s", cpu=1, kernels=3)) == [None]
     assert place(snap, "concentrated",
                  session("m", cpu=1, kernels=3, mode="multi-node")) == [["a", "b"]]

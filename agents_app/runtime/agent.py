@@ -141,6 +141,8 @@ class Agent:
             "images": backend.kernelspec_images(self.docker),
             "kernels": [self.container_report(c) for c in containers],
             "stopping": self.stopping_kernels(),
+            "swarm": backend.swarm_state(self.docker),
+            "networks": backend.session_networks(self.docker),
         }
 
     def stopping_kernels(self):
@@ -386,6 +388,31 @@ class Agent:
         finally:
             self._destroying.discard(kernel_id)
         self.report(kernel_id, "kernel_restarted", container_id=container.id)
+
+    # A multi-host session's overlay network: made and removed by a swarm manager agent,
+    # as the manager side asks (rpc.ensure_session_network, rpc.send_remove_network).
+    _overlay_lock = threading.Lock()
+
+    def create_network(self, session_id, internal=False):
+        """{"name"} of the session's overlay network, made if missing; {"error"} when
+        Docker refuses (this engine not a swarm manager, for one)."""
+        try:
+            with self._overlay_lock:  # the kernels of one session ask at the same time
+                network = backend.create_overlay_network(self.docker, session_id,
+                                                         internal=internal)
+        except (DockerException, OSError) as exc:
+            log.warning("overlay network of session %s not made: %s", session_id, exc)
+            return {"error": str(getattr(exc, "explanation", None) or exc)[:500]}
+        return {"name": network.name}
+
+    def remove_network(self, session_id, departed_nodes=()):
+        try:
+            with self._overlay_lock:
+                return backend.remove_session_network(self.docker, session_id,
+                                                      departed_nodes)
+        except (DockerException, OSError) as exc:
+            log.warning("overlay network of session %s not removed: %s", session_id, exc)
+            return False
 
     def remove_dangling(self, container_id):
         """A container with this agent's labels whose kernel the manager does not know."""

@@ -119,6 +119,13 @@ def kernel_command(spec):
 
 
 def kernel_environment(spec):
+    """Backend.AI's session and cluster variables (its docs, "Cluster Networking"):
+    the same whether the kernels share a host or not."""
+    hosts = spec.get("cluster_hosts") or [spec["cluster_hostname"]]
+    replicas = {}
+    for host in hosts:
+        role = host.rstrip("0123456789")
+        replicas[role] = replicas.get(role, 0) + 1
     return {
         "BACKENDAI_SESSION_ID": spec["session_id"],
         "BACKENDAI_SESSION_NAME": spec["session_name"],
@@ -127,6 +134,10 @@ def kernel_environment(spec):
         "BACKENDAI_CLUSTER_IDX": str(spec["cluster_idx"]),
         "BACKENDAI_CLUSTER_HOST": spec["cluster_hostname"],
         "BACKENDAI_CLUSTER_SIZE": str(spec["cluster_size"]),
+        "BACKENDAI_CLUSTER_HOSTS": ",".join(hosts),
+        "BACKENDAI_CLUSTER_REPLICAS": ",".join(f"{r}:{n}" for r, n in replicas.items()),
+        "BACKENDAI_CLUSTER_LOCAL_RANK": str(hosts.index(spec["cluster_hostname"])
+                                            if spec["cluster_hostname"] in hosts else 0),
         **INIT_ENVIRONMENT,
     }
 
@@ -168,6 +179,133 @@ def create_session_network(client, name, session_id, *, internal=False):
             if "overlap" not in str(exc).lower():
                 raise
     raise APIError(f"no free subnet for {name} in {settings.KERNEL_NETWORK_POOL}")
+
+
+NETWORK_PREFIX = "bai-session-"
+NETWORK_DRIVER = "ai.backend.network-driver"
+
+
+def session_network_name(session_id):
+    return f"{NETWORK_PREFIX}{session_id}"
+
+
+def swarm_state(client):
+    """This engine's place in a Docker swarm, for the heartbeat: the scheduler spreads a
+    multi-node session only over agents of one swarm, and only a manager node can make or
+    remove its overlay network. Two engines are in one swarm when they know a manager in
+    common (a worker does not see the cluster's id)."""
+    swarm = client.info().get("Swarm") or {}
+    return {
+        "state": swarm.get("LocalNodeState") or "inactive",
+        "node_id": swarm.get("NodeID") or "",
+        "addr": swarm.get("NodeAddr") or "",
+        "manager": bool(swarm.get("ControlAvailable")),
+        "managers": sorted(m["NodeID"] for m in swarm.get("RemoteManagers") or []),
+        "error": (swarm.get("Error") or "")[:200],
+    }
+
+
+def init_swarm(client, advertise_addr=None):
+    """This engine the first manager of a new swarm (kept when it is one already); the
+    lines to show: what the other agent hosts run to join."""
+    state = swarm_state(client)
+    if state["state"] != "active":
+        client.swarm.init(advertise_addr=advertise_addr)
+        state = swarm_state(client)
+    elif not state["manager"]:
+        raise APIError("this engine is a swarm worker already: run --init on a manager")
+    client.swarm.reload()
+    token = client.swarm.attrs["JoinTokens"]["Worker"]
+    manager = (state["addr"] or advertise_addr or "MANAGER_ADDR") + ":2377"
+    return [f"this engine is a swarm manager (node {state['node_id']})",
+            "on each other agent host run:",
+            f"  python manage.py swarm_join --manager {manager} --token {token} "
+            "--advertise-addr THAT_HOSTS_ADDR"]
+
+
+def join_swarm(client, manager, token, advertise_addr=None):
+    """Join the swarm of `manager` with `token`; an engine already in it stays."""
+    state = swarm_state(client)
+    if state["state"] == "active":
+        return [f"already in a swarm (node {state['node_id']}, managers "
+                f"{', '.join(state['managers'])}): `docker swarm leave` first to change"]
+    client.swarm.join(remote_addrs=[manager], join_token=token,
+                      advertise_addr=advertise_addr)
+    state = swarm_state(client)
+    return [f"joined the swarm of {manager} as node {state['node_id']} "
+            f"({'manager' if state['manager'] else 'worker'})"]
+
+
+def session_networks(client):
+    """This engine's session networks (bridges; on a swarm manager also the overlays):
+    name, session id, driver, and how many containers use them here."""
+    found = []
+    for network in client.networks.list(filters={"label": SESSION_ID}):
+        found.append({"name": network.name, "session_id": network.attrs["Labels"][SESSION_ID],
+                      "driver": network.attrs.get("Driver", ""),
+                      "scope": network.attrs.get("Scope", "")})
+    return found
+
+
+def create_overlay_network(client, session_id, *, internal=False):
+    """The attachable overlay network of a session whose kernels are on several hosts;
+    called on a swarm manager. Swarm allocates its subnet from the swarm's address pool.
+    Idempotent: an existing one is kept (swarm allows two of one name: look first)."""
+    name = session_network_name(session_id)
+    existing = [n for n in client.networks.list(names=[name], filters={"driver": "overlay"})
+                if n.name == name]
+    if existing:
+        return existing[0]
+    return client.networks.create(
+        name, driver="overlay", attachable=True, internal=internal, check_duplicate=True,
+        labels={SESSION_ID: str(session_id), NETWORK_DRIVER: "overlay"})
+
+
+def remove_session_network(client, session_id, departed_nodes=()):
+    """Remove a session's network, once the session has ended: True when it is gone. A
+    bridge still used by a container here is kept (its kernel's teardown removes it).
+    An overlay is removed on a swarm manager.
+    A host that left the swarm while one of its containers was attached leaves a network
+    attachment task on its node that holds the network until the node is removed; the
+    manager side names such nodes (`departed_nodes`: engines that report another node id
+    or no swarm any more), and only those, once Down, are removed here."""
+    name = session_network_name(session_id)
+    for network in client.networks.list(names=[name]):
+        if network.name != name:
+            continue  # names=[…] matches a prefix too
+        if network.attrs.get("Driver") == "bridge":
+            network.reload()
+            if network.attrs.get("Containers"):
+                log.info("bridge network %s kept: a container still uses it", name)
+                return False
+        try:
+            network.remove()
+        except NotFound:
+            pass
+        except APIError as exc:
+            if "in use by task" not in str(exc) or not _remove_departed(client, departed_nodes):
+                log.info("overlay network %s kept: %s", name, exc)
+                return False
+            try:
+                network.remove()
+            except APIError as again:
+                log.info("overlay network %s kept: %s", name, again)
+                return False
+    return True
+
+
+def _remove_departed(client, node_ids):
+    removed = False
+    for node_id in node_ids:
+        try:
+            node = client.nodes.get(node_id)
+        except (NotFound, APIError):
+            continue
+        if node.attrs.get("Status", {}).get("State") == "down":
+            log.warning("removing swarm node %s: its engine left the swarm", node_id)
+            node.remove(force=True)
+            removed = True
+    return removed
 
 
 # What a shell workload needs of root's powers inside its container (README "Kernel

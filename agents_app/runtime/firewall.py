@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 
 CHAIN = "BAI-KERNELS"
 INTERFACES = "bai+"
+# A kernel on an overlay network (a session across hosts) reaches outside through the
+# swarm's docker_gwbridge on its host (no kernel reaches another there: Docker disables
+# traffic between its containers); its traffic to the host itself is closed the same way.
+SWARM_GATEWAY = "docker_gwbridge"
 RULES = [
     ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"],
     ["-j", "DROP"],
@@ -44,12 +48,14 @@ def install():
     _iptables("-F", CHAIN)
     for rule in RULES:
         _iptables("-A", CHAIN, *rule)
-    jump = ["INPUT", "-i", INTERFACES, "-j", CHAIN]
-    if _iptables("-C", *jump).returncode != 0:
-        inserted = _iptables("-I", *jump[:1], "1", *jump[1:])
-        if inserted.returncode != 0:
-            log.warning("kernels can reach this host's own services: %s",
-                        inserted.stderr.strip())
-            return False
-    log.info("kernel firewall in place: INPUT from %s goes to %s", INTERFACES, CHAIN)
+    for interfaces in (INTERFACES, SWARM_GATEWAY):
+        jump = ["INPUT", "-i", interfaces, "-j", CHAIN]
+        if _iptables("-C", *jump).returncode != 0:
+            inserted = _iptables("-I", *jump[:1], "1", *jump[1:])
+            if inserted.returncode != 0:
+                log.warning("kernels can reach this host's own services: %s",
+                            inserted.stderr.strip())
+                return False
+    log.info("kernel firewall in place: INPUT from %s and %s goes to %s", INTERFACES,
+             SWARM_GATEWAY, CHAIN)
     return True

@@ -14,6 +14,7 @@ import threading
 import time
 
 from docker.errors import APIError, NotFound
+from docker.types import EndpointConfig
 
 from agents_app.runtime import docker_backend as backend
 
@@ -53,8 +54,13 @@ class ClusterNetwork:
     # Sibling kernels start at the same time; Docker may accept two networks of one name.
     _creating = threading.Lock()
 
-    def setup(self, session_id, cluster_size, allow_outbound=True):
-        name = f"bai-session-{session_id}"
+    def setup(self, session_id, cluster_size, allow_outbound=True, driver="bridge"):
+        name = backend.session_network_name(session_id)
+        if driver == "overlay":
+            # Swarm-scoped: a manager agent made it before any kernel was sent (the
+            # manager side asks it, rpc.ensure_session_network) and removes it when the
+            # session has ended; a worker engine sees it once a container attaches.
+            return name
         with self._creating:
             if self.client.networks.list(names=[name]):
                 return name
@@ -72,6 +78,8 @@ class ClusterNetwork:
         try:
             network = self.client.networks.get(name)
             network.reload()
+            if network.attrs.get("Driver") == "overlay":
+                return  # the session's, across hosts: removed once the session has ended
             if not network.attrs.get("Containers"):
                 network.remove()
         except NotFound:
@@ -85,8 +93,10 @@ class KernelContainer:
         self.client, self.agent_id = client, agent_id
 
     def setup(self, spec, volume, network):
+        overlay = spec.get("network_driver") == "overlay"
         labels = {**backend.kernel_labels(self.agent_id, spec), SCRATCH_VOLUME: volume,
-                  NETWORK: network or "", PRE_STOP: spec.get("pre_stop_command") or ""}
+                  NETWORK: network or "", PRE_STOP: spec.get("pre_stop_command") or "",
+                  backend.NETWORK_DRIVER: "overlay" if overlay else "bridge"}
         container = self.client.containers.create(
             spec["image"], command=backend.kernel_command(spec),
             name=backend.container_name(spec["image"], spec["kernel_id"]),
@@ -95,9 +105,10 @@ class KernelContainer:
             volumes={volume: {"bind": "/home/work", "mode": "rw"}},
             network=network, **backend.resource_limits(spec["slots"]),
             **backend.hardening(spec),
+            **overlay_endpoint(spec, network, self.client.api.api_version),
         )
         try:
-            if network:  # reachable by its cluster hostname from its siblings
+            if network and not overlay:  # reachable by its cluster hostname from its siblings
                 self.client.networks.get(network).disconnect(container)
                 self.client.networks.get(network).connect(
                     container, aliases=[spec["cluster_hostname"]])
@@ -127,6 +138,16 @@ class KernelContainer:
             grace_period = max(grace_period - (time.monotonic() - started),
                                MIN_GRACE_AFTER_HOOK)
         return backend.stop_and_remove(container, grace_period)
+
+
+def overlay_endpoint(spec, network, api_version):
+    """The alias of a kernel on its session's overlay network, given at creation in one
+    call (the swarm attaches it as it starts), instead of the bridge path's disconnect and
+    connect."""
+    if spec.get("network_driver") != "overlay" or not network:
+        return {}
+    return {"networking_config": {network: EndpointConfig(
+        version=api_version, aliases=[spec["cluster_hostname"]])}}
 
 
 HOOK_OUTPUT_TAIL = 2000  # characters of a failed hook's output kept in its event
@@ -207,7 +228,8 @@ class KernelRunner:
         try:
             volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
             network = runner.setup(ClusterNetwork(client), spec["session_id"],
-                                   spec["cluster_size"], spec.get("allow_outbound", True))
+                                   spec["cluster_size"], spec.get("allow_outbound", True),
+                                   spec.get("network_driver") or "bridge")
             container = runner.setup(KernelContainer(client, agent_id), spec, volume, network)
         except Exception:
             runner.teardown()

@@ -187,6 +187,9 @@ class _NoRoomReason:
             return Failure("no-available-agent",
                            f"every agent of scaling group {self.snap.group} failed to start this"
                            f" session (excluded: {', '.join(sorted(excluded))})")
+        refusal = self.snap.refusals.get(session.shape)
+        if refusal:
+            return Failure("multi-host-network", refusal)
         if self.stale:
             self.max_free = ResourceSlots()
             for agent in agents:

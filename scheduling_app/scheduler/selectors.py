@@ -110,6 +110,48 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
     if session.cluster_mode == "single-node":
         agent = index.first_fit(session.total, excluded)
         return None if agent is None else {k.id: agent.id for k in session.kernels}
+    placement = _spread(session, index, excluded)
+    if placement is None or len(set(placement.values())) == 1:
+        return placement
+    refusal = cross_host_problem(index.snap, set(placement.values()))
+    if refusal is None:
+        return placement
+    # Not across these hosts: all kernels on one agent (a bridge), or spread over the
+    # agents of one swarm only.
+    agent = index.first_fit(session.total, excluded)
+    if agent is not None:
+        return {k.id: agent.id for k in session.kernels}
+    for key in {a.swarm_key for a in index.agents if a.swarm_key and a.swarm_manager}:
+        outside = frozenset(a.id for a in index.snap.agents.values()
+                            if a.swarm_key is None or not a.swarm_key & key)
+        placement = _spread(session, index, excluded | outside)
+        if placement is not None and cross_host_problem(
+                index.snap, set(placement.values())) is None:
+            return placement
+    index.snap.refusals[session.shape] = refusal
+    return None
+
+
+def cross_host_problem(snap: Snapshot, agent_ids):
+    """Why the kernels of one session cannot be spread over these agents (None: they
+    can): their Docker engines must be in one swarm, with a manager agent alive to make
+    the session's overlay network."""
+    agents = [snap.agents[i] for i in sorted(agent_ids)]
+    outside = [a.id for a in agents if a.swarm_key is None]
+    if outside:
+        return (f"a multi-node session across agents needs their Docker engines in one "
+                f"swarm; not in a swarm: {', '.join(outside)}")
+    common = frozenset.intersection(*(a.swarm_key for a in agents))
+    if not common:
+        return f"agents {', '.join(a.id for a in agents)} are in different swarms"
+    if not any(a.schedulable and a.swarm_manager and a.swarm_key and a.swarm_key & common
+               for a in snap.agents.values()):
+        return "no ALIVE agent of the swarm is a swarm manager (to make the overlay network)"
+    return None
+
+
+def _spread(session: PendingSession, index: AgentIndex, excluded):
+    """Each kernel of a multi-node session on the first agent with room for it."""
     placement, taken = {}, []
     for kernel in session.kernels:
         agent = index.first_fit(kernel.slots, excluded)

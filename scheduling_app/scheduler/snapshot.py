@@ -2,7 +2,7 @@
 
 from django.db.models import Q
 
-from agents_app.models import Agent, AgentStatus, Image
+from agents_app.models import Agent, AgentStatus, Image, swarm_key
 from common.slots import SlotsCache
 from scheduling_app.models import Domain, Project
 from scheduling_app.scheduler.state import (
@@ -57,15 +57,16 @@ def load_pending(group, limit=None):
 def load_snapshot(group, pending):
     parse = SlotsCache()
     agents = {}
-    for pk, status, schedulable, available, occupied, addr, arch, docker_error in (
+    for pk, status, schedulable, available, occupied, addr, arch, docker_error, swarm in (
         Agent.objects.filter(scaling_group=group).exclude(status=AgentStatus.TERMINATED)
         .values_list("id", "status", "schedulable", "available_slots", "occupied_slots",
-                     "addr", "architecture", "docker_error")
+                     "addr", "architecture", "docker_error", "swarm")
     ):
         agents[pk] = AgentState(
             id=pk, capacity=parse(available), occupied=parse(occupied),
             addr=addr, architecture=arch,
             schedulable=schedulable and status == AgentStatus.ALIVE and not docker_error,
+            swarm_key=swarm_key(swarm), swarm_manager=bool((swarm or {}).get("manager")),
         )
     keypairs = {s.keypair_id for s in pending}
     projects = {s.project_id for s in pending}

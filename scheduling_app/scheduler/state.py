@@ -63,10 +63,12 @@ class AgentState:
     """An agent in the snapshot; `free` is kept with `occupied`, as selectors read it often."""
 
     def __init__(self, id, capacity, occupied, addr="", architecture="x86_64",
-                 schedulable=True):
+                 schedulable=True, swarm_key=None, swarm_manager=False):
         self.id, self.capacity, self.addr = id, capacity, addr
         self.architecture = architecture
         self.schedulable = schedulable  # ALIVE and schedulable
+        self.swarm_key = swarm_key  # agents_app.models.swarm_key: None when in no swarm
+        self.swarm_manager = swarm_manager
         self.occupied = occupied
 
     @property
@@ -126,6 +128,8 @@ class Snapshot:
     dependencies: dict[object, DependencyState] = field(default_factory=dict)
     image_architectures: dict[str, set] = field(default_factory=dict)
     roundrobin_cursor: str = ""
+    # Request shape → why a placement across hosts was refused (no common swarm).
+    refusals: dict = field(default_factory=dict)
 
     @property
     def capacity(self) -> ResourceSlots:

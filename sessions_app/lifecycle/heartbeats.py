@@ -18,7 +18,8 @@ from sessions_app import engine
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.create import kick_scheduler
-from sessions_app.models import Kernel
+from sessions_app.lifecycle.progress import end_with_kernel
+from sessions_app.models import Kernel, Session
 
 log = logging.getLogger(__name__)
 S = Status
@@ -45,6 +46,11 @@ def handle_heartbeat(info):
         "last_heartbeat": now,
         "docker_error": (info.get("docker_error") or "")[:500],
     }
+    previous_swarm = agent.swarm if agent is not None else {}
+    if "swarm" in info:
+        fields["swarm"] = swarm_record(previous_swarm, info["swarm"])
+    if "networks" in info:
+        fields["networks"] = info["networks"]
     if info.get("slots"):  # without Docker the agent reports none: keep the last known
         fields["available_slots"] = info["slots"]
     if "kernels" in info:
@@ -72,9 +78,82 @@ def handle_heartbeat(info):
     if "kernels" in info:  # only a heartbeat that could list its containers
         reconcile_containers(agent, info["kernels"], info.get("taken_at"),
                              stopping=info.get("stopping", ()), recovering=was_lost)
+    if "swarm" in info and left_swarm(previous_swarm, info["swarm"]):
+        end_kernels_off_swarm(agent, previous_swarm, info["swarm"])
+    if "networks" in info:
+        reconcile_networks(agent, info["networks"], info.get("taken_at"))
     if takes_kernels_again:
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return agent
+
+
+DEPARTED_KEPT = 20  # node ids an agent's engine no longer is, kept for network removal
+
+
+def swarm_record(previous, reported):
+    """The swarm state an agent reports, with the node ids its engine used to be (a node
+    that left keeps a task holding its overlay networks until it is removed)."""
+    departed = list((previous or {}).get("departed", []))
+    if left_swarm(previous, reported):
+        departed.append(previous["node_id"])
+    record = {**reported, "departed": departed[-DEPARTED_KEPT:]}
+    if reported.get("state") != "inactive" and not reported.get("node_id") and previous:
+        record["node_id"] = previous.get("node_id", "")  # the node it still is
+    return record
+
+
+def left_swarm(previous, reported):
+    """The engine was a swarm node and is not that node any more: it left (or a manager
+    removed it: `inactive`), or it is another node now. An engine that cannot reach the
+    managers for a while (`pending`, `error`) is still that node and has not left."""
+    if not (previous and previous.get("state") not in (None, "inactive")
+            and previous.get("node_id")):
+        return False
+    node_id = reported.get("node_id")
+    return reported.get("state") == "inactive" or bool(node_id and
+                                                       node_id != previous["node_id"])
+
+
+def end_kernels_off_swarm(agent, previous, reported):
+    """An engine that left (or lost) the swarm took its kernels of multi-host sessions off
+    their sessions' overlay networks: each such kernel has failed, and its session ends
+    with a reason naming it (as for any kernel that ends by itself)."""
+    why = (f"agent {agent.pk}'s Docker engine left the swarm" if reported.get("state") ==
+           "inactive" else f"agent {agent.pk}'s Docker engine is another swarm node now")
+    log.warning("%s (was node %s)", why, previous.get("node_id"))
+    for kernel in Kernel.objects.filter(agent=agent, status__in=[S.CREATING, S.RUNNING])\
+            .select_related("session"):
+        if not rpc.spans_hosts(kernel.session):
+            continue
+        reason = f"kernel {kernel.cluster_hostname} lost its session network: {why}"[:255]
+        moved = engine.mark_kernel_terminated(kernel, reason=reason, actor=f"agent:{agent.pk}")
+        if moved is None:
+            continue
+        end_with_kernel(moved)
+        if kernel.container_id:
+            transaction.on_commit(lambda k=moved, r=reason: rpc.send_destroy_kernel(
+                k, r, forced=True))
+
+
+def reconcile_networks(agent, networks, taken_at=None):
+    """Session networks an agent lists whose session has ended: removed (a bridge on that
+    agent's engine; an overlay through that agent when it is a swarm manager). Networks
+    of sessions this manager does not know are left alone: the engine may serve another."""
+    snapshot_at = _snapshot_time(taken_at)
+    ids = {n["session_id"] for n in networks if is_uuid(n.get("session_id"))}
+    if not ids:
+        return
+    ended = set(Session.objects.filter(
+        pk__in=ids, status__in=StatusGroup.FINISHED,
+        terminated_at__lt=snapshot_at - SNAPSHOT_MARGIN).values_list("id", flat=True))
+    for network in networks:
+        if not is_uuid(network.get("session_id")) or \
+                uuid.UUID(network["session_id"]) not in ended:
+            continue
+        if network.get("driver") == "overlay" and not agent.swarm.get("manager"):
+            continue  # a worker lists it while a container is attached; a manager removes it
+        transaction.on_commit(lambda n=network: rpc.send_remove_network(
+            n["session_id"], agent_id=agent.pk))
 
 
 def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recovering=False):

@@ -15,7 +15,7 @@ from scheduling_app.models import ScalingGroup
 from sessions_app.accounting import usage_drift
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.lifecycle.heartbeats import SNAPSHOT_MARGIN, is_uuid
-from sessions_app.models import Kernel
+from sessions_app.models import Kernel, Session
 from sessions_app.status_data import StatusData
 
 S = Status
@@ -72,7 +72,27 @@ def check_invariants(now=None):
     concurrency = Check("keypair concurrency drift", [
         f"keypair {keypair.pk}: concurrency_used {keypair.concurrency_used}, live sessions "
         f"{expected}" for keypair, expected in keypair_drift])
-    return [stray, missing, slots, concurrency, _stuck(now)]
+    return [stray, missing, slots, concurrency, _stuck(now), _networks(agents)]
+
+
+def _networks(agents):
+    """Session networks (bridges and overlays) that agents listed in their last
+    heartbeat whose session has ended. Networks of sessions this manager does not know
+    are another deployment's on a shared engine, not counted."""
+    leaked = Check("session networks without a live session")
+    listed = {}
+    for agent in agents:
+        for network in agent.networks or []:
+            if is_uuid(network.get("session_id")):
+                listed.setdefault(network["session_id"], []).append((agent, network))
+    ended = Session.objects.filter(pk__in=list(listed), status__in=StatusGroup.FINISHED)
+    for session in ended:
+        for agent, network in listed[str(session.pk)]:
+            if session.terminated_at and session.terminated_at < agent.containers_at - \
+                    SNAPSHOT_MARGIN:
+                leaked.violations.append(f"agent {agent.pk}: {network.get('driver')} network "
+                                         f"{network['name']} of {session.status} session")
+    return leaked
 
 
 def _stuck(now):

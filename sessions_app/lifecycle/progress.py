@@ -51,7 +51,7 @@ def check_preconditions():
 
 def start_sessions():
     """PREPARED → CREATING once every kernel of the session is prepared."""
-    return _advance(S.PREPARED, engine.mark_kernel_creating, rpc.send_create_kernel)
+    return _advance(S.PREPARED, engine.mark_kernel_creating, create_kernel)
 
 
 @transaction.atomic(savepoint=False)
@@ -60,7 +60,7 @@ def start_session(session):
     path of start_sessions, inside the caller's transaction)."""
     for kernel in session.kernels.filter(status=S.PREPARED).order_by("cluster_role",
                                                                       "cluster_idx"):
-        _move(kernel, engine.mark_kernel_creating, rpc.send_create_kernel)
+        _move(kernel, engine.mark_kernel_creating, create_kernel)
 
 
 def start_single_kernel(kernel, *, actor):
@@ -68,7 +68,15 @@ def start_single_kernel(kernel, *, actor):
     session whose image is ready (the event-driven path, inside the caller's
     transaction); the kernel if it moved."""
     return _move(kernel, lambda k: engine.mark_kernel_prepared_and_creating(k, actor=actor),
-                 rpc.send_create_kernel)
+                 create_kernel)
+
+
+def create_kernel(kernel):
+    """The agent makes the container. A multi-host session's overlay network that cannot be
+    made counts as a failed creation: retried, then rescheduled."""
+    error = rpc.send_create_kernel(kernel)
+    if error:
+        retry_stage(kernel, "creating", f"failed-to-start: {error}")
 
 
 def _advance(status, mark, send):
@@ -303,7 +311,7 @@ def retry_stage(kernel, stage, error):
         engine.record_event(kernel.session, f"kernel_retry_{stage}", kernel=kernel,
                             reason=error[:255], actor="scheduler",
                             data={"try": retries[stage] + 1, "error": error[:500]})
-        send = rpc.send_check_and_pull if stage == "preparing" else rpc.send_create_kernel
+        send = rpc.send_check_and_pull if stage == "preparing" else create_kernel
         transaction.on_commit(lambda: send(kernel))
         transaction.on_commit(lambda: metrics.count("retries", stage=stage, outcome="retried"))
         return "retried"

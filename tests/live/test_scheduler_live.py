@@ -45,7 +45,7 @@ def test_a_pull_from_an_unreachable_registry_is_retried_then_rescheduled(live, a
     assert tries.count() >= 1 and retries.count() == 2  # three tries in all
     assert "connection refused" in retries.last().reason
     # No other agent: it waits, saying why, instead of failing on the same agent again.
-    reason = wait_for(lambda: Session.objects.get(pk=session_id).status_data["scheduler"]
+    reason = wait_for(lambda: Session.objects.get(pk=session_id).status_data.get("scheduler", {})
                       .get("failed_predicates"), message="a pending reason")
     assert reason[0]["msg"] == (f"every agent of scaling group default failed to start this "
                                 f"session (excluded: {live.agent_id})")

@@ -6,7 +6,8 @@ from sessions_app.lifecycle.invariants import check_invariants
 class Command(BaseCommand):
     help = ("Count the violations of each invariant of ARCHITECTURE.md: containers without "
             "a live kernel, live kernels without a container, slot and concurrency drift, "
-            "kernels past their state's timeout. Exits 1 when there is any.")
+            "kernels past their state's timeout, session networks whose session has ended. "
+            "Exits 1 when there is any.")
 
     def handle(self, *args, **options):
         checks = check_invariants()

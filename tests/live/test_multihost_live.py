@@ -1,0 +1,198 @@
+"""Multi-node sessions across two real Docker engines, one swarm: the second engine runs in
+its own network namespace as a second host (tests/two_hosts.py), with an agent process
+of its own beside the live system's agent on the main engine."""
+
+import subprocess
+import time
+
+import docker
+import pytest
+
+from agents_app.models import Agent
+from scheduling_app.models import ScalingGroup
+from sessions_app.lifecycle.invariants import check_invariants
+from sessions_app.models import Kernel, Session
+from tests.live.test_agent_docker import S, create, wait_status
+from tests.live.two_hosts import HOST2_ADDR, NETNS, SecondHost, tools_problem
+from tests.support import IMAGE, Process, need, wait_for
+
+pytestmark = pytest.mark.docker
+RUNNING_TIMEOUT = 120  # two engines, a swarm and two other helpers' tests on 2 cores
+
+
+@pytest.fixture(scope="module")
+def second_host(live_system, tmp_path_factory):
+    need("a second Docker engine", tools_problem())
+    host = SecondHost(IMAGE).up()
+    agent = Process("agent-h2", [
+        live_system.agent.args[0], "manage.py", "run_agent", "--id",
+        f"{live_system.agent_id}-h2", "--scaling-group", "default",
+        "--heartbeat-interval", "0.5", "--slots", "cpu=2,mem=2g",
+    ], {**live_system.agent_env, "DOCKER_HOST": host.url},
+        tmp_path_factory.mktemp("h2")).start()
+    host.agent_id = f"{live_system.agent_id}-h2"
+    yield host
+    agent.stop()
+    host.down()
+
+
+@pytest.fixture
+def two_agents(live, second_host):
+    """Both agents ALIVE in one swarm; the group spreads kernels (dispersed)."""
+    ScalingGroup.objects.filter(name="default").update(agent_selection_strategy="dispersed")
+
+    def in_swarm():
+        agents = list(Agent.objects.filter(pk__in=[live.agent_id, second_host.agent_id],
+                                           swarm__state="active"))
+        return len(agents) == 2 and agents
+    wait_for(in_swarm, timeout=60, message="both agents to report their swarm")
+    return live.agent_id, second_host.agent_id
+
+
+def cluster(client, name, size=2):
+    return create(client, name, cluster_size=size, cluster_mode="multi-node",
+                  resources={"cpu": "0.25", "mem": "64m"})
+
+
+def engine_of(second_host, agent_id, main_agent):
+    return docker.from_env() if agent_id == main_agent else second_host.client
+
+
+def run(engine, container_id, command, detach=False):
+    result = engine.containers.get(container_id).exec_run(["sh", "-c", command],
+                                                          detach=detach)
+    return None if detach else (result.exit_code, result.output.decode().strip())
+
+
+def serve(engine, container_id, port, answer):
+    run(engine, container_id, f"while true; do nc -l -p {port} -e echo {answer}; done",
+        detach=True)
+
+
+def networks_of(engine, session_id):
+    return [n.name for n in engine.networks.list(names=[f"bai-session-{session_id}"])]
+
+
+def containers_of(engine, session_id):
+    return engine.containers.list(all=True,
+                                  filters={"label": f"ai.backend.session-id={session_id}"})
+
+
+def test_a_multi_node_session_spans_two_engines_on_an_overlay_network_of_its_own(
+        two_agents, second_host, as_alice, host_listener):  # noqa: F811
+    main_agent, h2_agent = two_agents
+    first, other = cluster(as_alice, "spread"), cluster(as_alice, "other")
+    wait_status(first, S.RUNNING, timeout=RUNNING_TIMEOUT)
+    wait_status(other, S.RUNNING, timeout=RUNNING_TIMEOUT)
+    kernels = {k.cluster_hostname: k for k in Kernel.objects.filter(session_id=first)}
+    assert {k.agent_id for k in kernels.values()} == {main_agent, h2_agent}
+    engines = {name: engine_of(second_host, k.agent_id, main_agent)
+               for name, k in kernels.items()}
+    for name, kernel in kernels.items():
+        attrs = engines[name].containers.get(kernel.container_id).attrs
+        assert list(attrs["NetworkSettings"]["Networks"]) == [f"bai-session-{first}"]
+        driver = engines[name].networks.get(f"bai-session-{first}").attrs["Driver"]
+        assert driver == "overlay"
+        assert attrs["Config"]["Hostname"] == name
+
+    # The cluster variables are those of kernels on one host.
+    for name, kernel in kernels.items():
+        env = dict(e.split("=", 1) for e in engines[name].containers.get(
+            kernel.container_id).attrs["Config"]["Env"])
+        assert (env["BACKENDAI_CLUSTER_HOST"], env["BACKENDAI_CLUSTER_HOSTS"],
+                env["BACKENDAI_CLUSTER_SIZE"], env["BACKENDAI_CLUSTER_REPLICAS"]) == (
+            name, "main1,sub1", "2", "main:1,sub:1")
+        # The session's cluster SSH key, as on one host.
+        assert run(engines[name], kernel.container_id,
+                   "cat /home/work/.ssh/id_cluster.pub") == (
+            0, Session.objects.get(pk=first).cluster_ssh["public"].strip())
+    # Each kernel answers the other by its cluster hostname, on TCP, across the hosts.
+    for name, kernel in kernels.items():
+        serve(engines[name], kernel.container_id, 7000, f"hello-from-{name}")
+    time.sleep(0.5)
+    for src, dst in (("main1", "sub1"), ("sub1", "main1")):
+        assert run(engines[src], kernels[src].container_id,
+                   f"echo | nc -w 5 {dst} 7000") == (0, f"hello-from-{dst}")
+
+    # A kernel of another session (another overlay, across the same hosts) reaches
+    # neither by name nor by address.
+    addresses = [engines[n].containers.get(k.container_id).attrs["NetworkSettings"][
+        "Networks"][f"bai-session-{first}"]["IPAddress"] for n, k in kernels.items()]
+    intruder = Kernel.objects.get(session_id=other, cluster_role="main")
+    intruder_engine = engine_of(second_host, intruder.agent_id, main_agent)
+    for target in ["main1", "sub1", *addresses]:
+        code, output = run(intruder_engine, intruder.container_id,
+                           f"echo | nc -w 3 {target} 7000")
+        # busybox nc exits 0 after a connect that timed out: the answer is the proof.
+        assert "hello-from" not in output, (target, code, output)
+
+    # Nor does a kernel on the overlay reach its host's own services through the swarm's
+    # docker_gwbridge (the agent's firewall), though a container on it otherwise would.
+    main_engine = docker.from_env()
+    gateway = main_engine.networks.get("docker_gwbridge").attrs["IPAM"]["Config"][0][
+        "Gateway"]
+    on_main = next(n for n, k in kernels.items() if k.agent_id == main_agent)
+    assert "host-service" not in run(engines[on_main], kernels[on_main].container_id,
+                                     f"nc -w 2 {gateway} {host_listener} </dev/null")[1]
+    # Its way out through docker_gwbridge works: the other host's address answers.
+    other_host = subprocess.Popen(["nsenter", f"--net=/var/run/netns/{NETNS}", "busybox",
+                                   "nc", "-l", "-p", "7100", "-e", "echo", "other-host"])
+    try:
+        time.sleep(0.5)
+        assert run(engines[on_main], kernels[on_main].container_id,
+                   f"nc -w 5 {HOST2_ADDR} 7100 </dev/null")[1] == "other-host"
+    finally:
+        other_host.kill()
+        other_host.wait()
+
+    for session_id in (first, other):
+        response = as_alice.delete(f"/api/v1/sessions/{session_id}/")
+        assert response.status_code in (200, 202, 204), response.content
+    for session_id in (first, other):
+        wait_status(session_id, S.TERMINATED, timeout=60)
+    main_engine = docker.from_env()
+    for session_id in (first, other):
+        for engine in (main_engine, second_host.client):
+            wait_for(lambda e=engine, s=session_id: not containers_of(e, s)
+                     and not networks_of(e, s), timeout=60,
+                     message="no container and no network left")
+    # The heartbeats after the removal list no network of either session.
+    since = time.time()
+    wait_for(lambda: all(a.containers_at and a.containers_at.timestamp() > since
+                         for a in Agent.objects.filter(pk__in=two_agents)), timeout=30,
+             message="fresh heartbeats")
+    leaked = next(c for c in check_invariants()
+                  if c.name == "session networks without a live session")
+    assert leaked.violations == []
+
+
+def test_an_engine_that_leaves_the_swarm_ends_its_session_naming_the_kernel(
+        two_agents, second_host, as_alice):
+    main_agent, h2_agent = two_agents
+    session_id = cluster(as_alice, "leaving")
+    wait_status(session_id, S.RUNNING, timeout=RUNNING_TIMEOUT)
+    on_h2 = Kernel.objects.get(session_id=session_id, agent_id=h2_agent)
+    second_host.leave_swarm()
+    wait_status(session_id, S.TERMINATED, timeout=60)
+    session = Session.objects.get(pk=session_id)
+    on_h2.refresh_from_db()
+    assert f"kernel {on_h2.cluster_hostname} lost its session network" in on_h2.status_info
+    assert f"agent {h2_agent}'s Docker engine left the swarm" in on_h2.status_info
+    assert on_h2.cluster_hostname in session.status_info
+    main_engine = docker.from_env()
+    for engine in (main_engine, second_host.client):
+        # The overlay waits for the departed node to be Down (swarm's heartbeat period).
+        wait_for(lambda e=engine: not containers_of(e, session_id)
+                 and not networks_of(e, session_id), timeout=90,
+                 message="no container and no network left after the host left")
+    # Out of the swarm, the agent takes no part in a session across hosts: a session
+    # too big for one agent waits, with the reason.
+    wait_for(lambda: Agent.objects.get(pk=h2_agent).swarm.get("state") == "inactive",
+             timeout=30, message="the agent to report it left")
+    big = create(as_alice, "too-big", cluster_size=2, cluster_mode="multi-node",
+                 resources={"cpu": "1.5", "mem": "64m"})
+    wait_for(lambda: "not in a swarm" in str(Session.objects.get(pk=big).status_data),
+             timeout=30, message="the reason in the session's pending record")
+    assert Session.objects.get(pk=big).status == S.PENDING
+    assert not Kernel.objects.filter(session_id=big).exclude(status=S.PENDING).exists()
+    as_alice.delete(f"/api/v1/sessions/{big}/")

@@ -1,0 +1,187 @@
+"""A second agent host on this machine: a dockerd in its own network namespace, joined to
+a swarm with the main engine (../shared/RECIPES.md, "A second agent host on the same
+machine"). Used by tests/test_multihost_live.py and `make bench BENCH=multihost`.
+
+It tears down only what it made: the main engine leaves the swarm only when this setup
+initialized it, and nothing else on the main engine (containers, networks, docker0) is
+touched.
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+
+ROOT = Path(__file__).resolve().parent.parent
+NETNS = "h2"
+HOST1_ADDR, HOST2_ADDR = "10.200.0.1", "10.200.0.2"
+VETH1, VETH2 = "veth-h1", "veth-h2"
+
+
+def tools_problem():
+    """Why a second host cannot be made here (None when it can)."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    for tool in ("ip", "nsenter", "dockerd"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed (iproute2, util-linux, docker.io)"
+    return None
+
+
+def _run(*args, check=True):
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, check=check)
+
+
+def _wait(predicate, timeout, message):
+    ends = time.monotonic() + timeout
+    while time.monotonic() < ends:
+        with contextlib.suppress(Exception):
+            if predicate():
+                return
+        time.sleep(0.3)
+    raise TimeoutError(f"timed out waiting for {message}")
+
+
+class SecondHost:
+    def __init__(self, image, base=None):
+        self.image = image
+        self.dir = Path(base or ROOT / "var" / "h2")
+        self.socket = self.dir / "docker.sock"
+        self.url = f"unix://{self.socket}"
+        self.main = docker.from_env(timeout=60)
+        self.client = None
+        self.made_netns = self.made_swarm = False
+        self.dockerd = None
+
+    # Setting up
+
+    def up(self):
+        try:
+            self._network_namespace()
+            self._dockerd()
+            self._swarm()
+            self._load_image()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _network_namespace(self):
+        if NETNS in _run("ip", "netns", "list").stdout.split():
+            self.down_network()  # left by a run that was killed: start clean
+        _run("ip", "netns", "add", NETNS)
+        self.made_netns = True
+        _run("ip", "link", "add", VETH1, "type", "veth", "peer", "name", VETH2)
+        _run("ip", "link", "set", VETH2, "netns", NETNS)
+        _run("ip", "addr", "add", f"{HOST1_ADDR}/24", "dev", VETH1)
+        _run("ip", "link", "set", VETH1, "up")
+        _run("ip", "netns", "exec", NETNS, "sh", "-c",
+             f"ip addr add {HOST2_ADDR}/24 dev {VETH2}; ip link set {VETH2} up; "
+             "ip link set lo up")
+
+    def _dockerd(self):
+        pidfile = self.dir / "docker.pid"
+        if pidfile.exists():  # a daemon left by a killed run
+            with contextlib.suppress(ValueError, ProcessLookupError):
+                os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
+            time.sleep(1)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.dir / "dockerd.log", "ab")  # noqa: SIM115 - the daemon's log
+        # nsenter --net (not `ip netns exec`, which remounts /sys: no cgroups for dockerd).
+        self.dockerd = subprocess.Popen(
+            ["nsenter", f"--net=/var/run/netns/{NETNS}", "dockerd",
+             "--data-root", str(self.dir / "root"), "--exec-root", str(self.dir / "exec"),
+             "-H", self.url, "--pidfile", str(pidfile), "--bip", "172.31.0.1/16"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait(lambda: docker.DockerClient(base_url=self.url, timeout=5).ping(), 60,
+              f"the second dockerd ({self.dir / 'dockerd.log'})")
+        self.client = docker.DockerClient(base_url=self.url, timeout=60)
+
+    def _swarm(self):
+        """As an operator sets up agent hosts (README): `manage.py swarm_join --init` on
+        the first, `swarm_join --manager … --token …` on the second."""
+        state = self.main.info()["Swarm"]
+        if state["LocalNodeState"] != "active":
+            self.made_swarm = True
+            self._manage("--init", "--advertise-addr", HOST1_ADDR)
+        elif not state.get("ControlAvailable"):
+            raise RuntimeError("the main engine is in a swarm but not a manager")
+        self.main.swarm.reload()
+        token = self.main.swarm.attrs["JoinTokens"]["Worker"]
+        self._manage("--manager", f"{HOST1_ADDR}:2377", "--token", token,
+                     "--advertise-addr", HOST2_ADDR, docker_host=self.url)
+        _wait(lambda: self.client.info()["Swarm"]["LocalNodeState"] == "active", 60,
+              "the second engine to join the swarm")
+
+    def _manage(self, *args, docker_host=None):
+        env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
+        if docker_host:
+            env["DOCKER_HOST"] = docker_host
+        done = subprocess.run([sys.executable, "manage.py", "swarm_join", *args], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"swarm_join {' '.join(args[:1])}: {done.stderr[-2000:]}")
+        return done.stdout
+
+    def _load_image(self):
+        if any(self.image in i.tags for i in self.client.images.list()):
+            return
+        data = b"".join(self.main.images.get(self.image).save(named=True))
+        self.client.images.load(data)
+
+    # Tearing down
+
+    def leave_swarm(self):
+        """The second host leaves the swarm (a host lost to the swarm, as a fault)."""
+        self.client.swarm.leave(force=True)
+
+    def down(self):
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                for container in self.client.containers.list(all=True):
+                    container.remove(force=True)
+            with contextlib.suppress(Exception):
+                self.client.swarm.leave(force=True)
+        if self.made_swarm:
+            with contextlib.suppress(Exception):
+                self.main.swarm.leave(force=True)
+            with contextlib.suppress(Exception):  # made by the swarm init, unused since
+                self.main.networks.get("docker_gwbridge").remove()
+        else:
+            with contextlib.suppress(Exception):
+                self._remove_down_nodes()
+        if self.dockerd is not None:
+            self.dockerd.terminate()
+            try:
+                self.dockerd.wait(30)
+            except subprocess.TimeoutExpired:
+                self.dockerd.kill()
+            self.dockerd = None
+        self.down_network()
+
+    def _remove_down_nodes(self):
+        """The second engine's node, once it left, from the main engine's node list."""
+        _wait(lambda: all(n.attrs["Status"]["State"] == "down"
+                          for n in self.main.nodes.list()
+                          if n.attrs["Description"]["Hostname"] == self.hostname
+                          and n.attrs["Status"]["Addr"] == HOST2_ADDR), 30,
+              "the second node to be down")
+        for node in self.main.nodes.list():
+            if node.attrs["Status"]["Addr"] == HOST2_ADDR and \
+                    node.attrs["Status"]["State"] == "down":
+                node.remove(force=True)
+
+    @property
+    def hostname(self):
+        return os.uname().nodename
+
+    @staticmethod
+    def down_network():
+        _run("ip", "netns", "del", NETNS, check=False)
+        _run("ip", "link", "del", VETH1, check=False)

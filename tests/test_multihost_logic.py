@@ -1,0 +1,215 @@
+"""Multi-node sessions across hosts, the logic without Docker: where the scheduler may
+spread a session, what a heartbeat's swarm state does, which networks are removed and
+counted (tests/test_multihost_live.py has the two real engines)."""
+
+from datetime import timedelta
+
+import pytest
+
+from agents_app import rpc
+from agents_app.models import Agent, swarm_key
+from agents_app.runtime.docker_backend import kernel_environment
+from common import clock
+from common.slots import ResourceSlots
+from scheduling_app.models import ScalingGroup
+from scheduling_app.scheduler.core import run_pass
+from scheduling_app.scheduler.selectors import AgentIndex, cross_host_problem, select
+from scheduling_app.scheduler.state import AgentState, PendingKernel, PendingSession, Snapshot
+from sessions_app.enums import Status
+from sessions_app.keypairs import main_keypair
+from sessions_app.lifecycle.create import create_session
+from sessions_app.lifecycle.heartbeats import handle_heartbeat, left_swarm, swarm_record
+from sessions_app.lifecycle.invariants import check_invariants
+from sessions_app.models import Session
+from tests.factories import make_agent, walk
+
+S = Status
+SWARM = {"state": "active", "node_id": "n1", "manager": True, "managers": ["n1"]}
+WORKER = {"state": "active", "node_id": "n2", "manager": False, "managers": ["n1"]}
+NO_SWARM = {"state": "inactive", "node_id": "", "manager": False, "managers": []}
+
+
+def agent_state(agent_id, swarm, cpu="2"):
+    return AgentState(agent_id, ResourceSlots.parse({"cpu": cpu, "mem": "2g"}),
+                      ResourceSlots(), swarm_key=swarm_key(swarm),
+                      swarm_manager=bool(swarm.get("manager")))
+
+
+def cluster_session(size=2, cpu="0.5"):
+    return PendingSession(id=1, name="c", keypair_id="k", project_id=1, domain_id=1,
+                          created_at=clock.now(), image="i", cluster_mode="multi-node",
+                          kernels=[PendingKernel(i, ResourceSlots.parse(
+                              {"cpu": cpu, "mem": "64m"})) for i in range(size)])
+
+
+def place(agents, session, strategy="dispersed"):
+    snap = Snapshot(group="g", agents={a.id: a for a in agents})
+    return select(session, AgentIndex(snap, strategy)), snap
+
+
+def test_a_multi_node_session_spreads_over_agents_of_one_swarm():
+    placement, _ = place([agent_state("a", SWARM), agent_state("b", WORKER)],
+                         cluster_session())
+    assert sorted(placement.values()) == ["a", "b"]
+
+
+def test_an_agent_outside_the_swarm_keeps_the_session_on_one_agent_when_it_fits():
+    placement, _ = place([agent_state("a", SWARM), agent_state("b", NO_SWARM)],
+                         cluster_session())
+    assert len(set(placement.values())) == 1
+
+
+def test_a_session_that_needs_two_hosts_one_outside_the_swarm_waits_with_the_reason():
+    session = cluster_session(cpu="1.5")  # 3 cpu: more than either agent has
+    placement, snap = place([agent_state("a", SWARM), agent_state("b", NO_SWARM)], session)
+    assert placement is None
+    assert "not in a swarm: b" in snap.refusals[session.shape]
+
+
+def test_a_session_spreads_only_over_the_agents_that_share_a_swarm():
+    # First in turn would be a and b; b is in no swarm, and no agent holds both kernels.
+    agents = [agent_state("a", SWARM), agent_state("b", NO_SWARM), agent_state("c", WORKER)]
+    placement, _ = place(agents, cluster_session(cpu="1.5"), "roundrobin")
+    assert sorted(placement.values()) == ["a", "c"]
+
+
+def test_agents_of_different_swarms_or_without_a_manager_cannot_share_a_session():
+    other = {"state": "active", "node_id": "m9", "manager": True, "managers": ["m9"]}
+    snap = Snapshot(group="g", agents={"a": agent_state("a", SWARM),
+                                       "b": agent_state("b", other)})
+    assert "different swarms" in cross_host_problem(snap, {"a", "b"})
+    snap = Snapshot(group="g", agents={"a": agent_state("a", {**SWARM, "manager": False}),
+                                       "b": agent_state("b", WORKER)})
+    assert "swarm manager" in cross_host_problem(snap, {"a", "b"})
+
+
+def test_an_engine_that_leaves_or_becomes_another_node_has_left_and_its_node_is_kept():
+    assert left_swarm(SWARM, NO_SWARM)
+    assert left_swarm(WORKER, {**WORKER, "node_id": "n3"})
+    assert not left_swarm(WORKER, WORKER)
+    # Out of touch with the managers for a while: still that node, nothing ends.
+    assert not left_swarm(WORKER, {**WORKER, "state": "pending"})
+    assert not left_swarm(WORKER, {**WORKER, "state": "error", "node_id": ""})
+    out_of_touch = swarm_record(WORKER, {**WORKER, "state": "pending", "node_id": ""})
+    assert out_of_touch["node_id"] == "n2" and left_swarm(out_of_touch, NO_SWARM)
+    assert not left_swarm({}, SWARM) and not left_swarm(NO_SWARM, SWARM)
+    assert swarm_record(WORKER, NO_SWARM)["departed"] == ["n2"]
+
+
+def test_the_cluster_variables_are_backend_ais():
+    env = kernel_environment({
+        "session_id": "s", "session_name": "n", "kernel_id": "k", "cluster_role": "sub",
+        "cluster_idx": 2, "cluster_hostname": "sub2", "cluster_size": 3,
+        "cluster_hosts": ["main1", "sub1", "sub2"]})
+    assert env["BACKENDAI_CLUSTER_HOSTS"] == "main1,sub1,sub2"
+    assert env["BACKENDAI_CLUSTER_REPLICAS"] == "main:1,sub:2"
+    assert env["BACKENDAI_CLUSTER_LOCAL_RANK"] == "2"
+
+
+@pytest.fixture
+def two_hosts(db, defaults):
+    return (make_agent("h1", slots={"cpu": "2", "mem": "2g"}, swarm=SWARM),
+            make_agent("h2", slots={"cpu": "2", "mem": "2g"}, swarm=WORKER))
+
+
+def spread_session(user, status, agents, name="c"):
+    session = create_session(keypair=main_keypair(user), user=user, name=name,
+                             image="bai-local/busybox:latest", cluster_size=2,
+                             cluster_mode="multi-node",
+                             resources={"cpu": "0.5", "mem": "64m"})
+    for kernel, agent in zip(session.kernels.order_by("cluster_role"), agents, strict=True):
+        walk(kernel, status, agent)
+    session.refresh_from_db()
+    return session
+
+
+def heartbeat(agent_id, swarm, networks=(), kernels=()):
+    return handle_heartbeat({"id": agent_id, "scaling_group": "default",
+                             "slots": {"cpu": "2", "mem": "2g"}, "swarm": swarm,
+                             "networks": list(networks), "kernels": list(kernels),
+                             "taken_at": (clock.now() + timedelta(seconds=5)).timestamp()})
+
+
+def test_kernels_spread_over_hosts_get_an_overlay_made_by_the_manager_agent(
+        two_hosts, alice):
+    session = spread_session(alice, S.PREPARED, two_hosts)
+    assert rpc.spans_hosts(session)
+    assert rpc.network_agent(session).pk == "h1"
+    spec = rpc.kernel_spec(session.kernels.get(cluster_role="sub"))
+    assert spec["network_driver"] == "overlay"
+    assert spec["cluster_hosts"] == ["main1", "sub1"]
+
+
+def test_an_agent_leaving_the_swarm_ends_its_multi_host_session_naming_the_kernel(
+        two_hosts, alice, sent, django_capture_on_commit_callbacks):
+    session = spread_session(alice, S.RUNNING, two_hosts)
+    sub = session.kernels.get(agent_id="h2")
+    kernels = [{"kernel_id": str(k.pk), "container_id": k.container_id, "state": "running"}
+               for k in session.kernels.filter(agent_id="h2")]
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h2", NO_SWARM, kernels=kernels)
+    sub.refresh_from_db()
+    assert sub.status == S.TERMINATED
+    assert sub.status_info.startswith(
+        "kernel sub1 lost its session network: agent h2's Docker engine left the swarm")
+    main = session.kernels.get(agent_id="h1")
+    assert main.status == S.TERMINATING and "kernel sub1 ended" in main.status_info
+    assert Agent.objects.get(pk="h2").swarm["departed"] == ["n2"]
+    assert ("agent.destroy_kernel", {"kernel_id": str(sub.pk), "container_id": sub.container_id,
+                                     "reason": sub.status_info, "forced": True}) in \
+        [(name, kw) for name, kw in sent]
+
+
+def test_the_overlay_of_an_ended_session_is_removed_through_a_manager_and_counted(
+        two_hosts, alice, sent, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        session = spread_session(alice, S.TERMINATED, two_hosts)
+    assert any(name == "agent.remove_network" for name, _ in sent)  # when it ended
+    Session.objects.filter(pk=session.pk).update(
+        terminated_at=clock.now() - timedelta(seconds=60))
+    sent.clear()
+    overlay = {"name": f"bai-session-{session.pk}", "session_id": str(session.pk),
+               "driver": "overlay", "scope": "swarm"}
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h2", WORKER, networks=[overlay])  # a worker's listing is not acted on
+    assert not sent
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h1", SWARM, networks=[overlay])
+    assert [kw["session_id"] for name, kw in sent if name == "agent.remove_network"] == [
+        str(session.pk)]
+    leaked = next(c for c in check_invariants()
+                  if c.name == "session networks without a live session")
+    assert len(leaked.violations) == 2 and "overlay network" in leaked.violations[0]
+    # Networks of sessions this manager does not know: another deployment's, not counted.
+    heartbeat("h1", SWARM, networks=[{**overlay, "session_id": "0" * 32}])
+    heartbeat("h2", WORKER, networks=[])
+    assert not next(c for c in check_invariants()
+                    if c.name == "session networks without a live session").violations
+
+
+def test_a_pass_shows_why_a_session_too_big_for_one_agent_waits(db, defaults, alice):
+    make_agent("h1", slots={"cpu": "2", "mem": "2g"}, swarm=SWARM)
+    make_agent("h2", slots={"cpu": "2", "mem": "2g"}, swarm=NO_SWARM)
+    session = create_session(keypair=main_keypair(alice), user=alice, name="big",
+                             image="bai-local/busybox:latest", cluster_size=2,
+                             cluster_mode="multi-node", resources={"cpu": "1.5", "mem": "64m"})
+    result = run_pass(ScalingGroup.objects.get(name="default"))
+    _, failures, _ = result.waiting[session.pk]
+    assert failures[0].name == "multi-host-network"
+    assert "not in a swarm: h2" in failures[0].msg
+    assert session.kernels.filter(status=S.PENDING).count() == 2
+
+
+def test_a_session_placed_across_hosts_has_its_overlay_made_while_images_are_checked(
+        two_hosts, alice, sent, django_capture_on_commit_callbacks):
+    ScalingGroup.objects.filter(name="default").update(agent_selection_strategy="dispersed")
+    session = create_session(keypair=main_keypair(alice), user=alice, name="spread",
+                             image="bai-local/busybox:latest", cluster_size=2,
+                             cluster_mode="multi-node", resources={"cpu": "0.5", "mem": "64m"})
+    with django_capture_on_commit_callbacks(execute=True):
+        result = run_pass(ScalingGroup.objects.get(name="default"),
+                          check_image=rpc.send_check_and_pull)
+    assert result.scheduled == [session.pk]
+    assert set(session.kernels.values_list("agent_id", flat=True)) == {"h1", "h2"}
+    made = [(kw["session_id"]) for name, kw in sent if name == "agent.create_network"]
+    assert made == [str(session.pk)]
