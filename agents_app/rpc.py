@@ -7,6 +7,7 @@ status that could still roll back.
 from django.conf import settings
 
 from backendai_web.celery import agent_queue, send_task_safely
+from storage_app.folders import mount_specs
 
 
 def _send(agent_id, task, **kwargs):
@@ -47,6 +48,7 @@ def kernel_spec(kernel):
         "pids_limit": pids,
         "open_files_limit": open_files,
         "allow_outbound": outbound,
+        "mounts": mount_specs(session.pk),
     }
 
 

@@ -14,6 +14,7 @@ from sessions_app import api_resources, compat
 from sessions_app.api import SessionViewSet
 from sessions_app.api_errors import error_body
 from sessions_app.streams import with_follow_up
+from storage_app.api.views import FolderViewSet
 
 API_VERSION = "v7.20230615"
 
@@ -24,6 +25,7 @@ router.register("agents", api_resources.AgentViewSet, basename="agent")
 router.register("images", api_resources.ImageViewSet, basename="image")
 router.register("keypairs", api_resources.KeyPairViewSet, basename="keypair")
 router.register("scaling-groups", api_resources.ScalingGroupViewSet, basename="scaling-group")
+router.register("folders", FolderViewSet, basename="folder")
 router.register("resource-policies", api_resources.ResourcePolicyViewSet,
                 basename="resource-policy")
 

@@ -146,6 +146,7 @@ class SessionSerializer(serializers.ModelSerializer):
         child=serializers.CharField(), read_only=True,
         help_text="Agents of its live kernels that stopped reporting; empty normally.")
     kernels = KernelSerializer(many=True)
+    mounts = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -155,9 +156,13 @@ class SessionSerializer(serializers.ModelSerializer):
                   "owner_access_key", "startup_command", "grace_period", "batch_timeout", "tag",
                   "created_at", "starts_at", "terminated_at", "result", "last_activity",
                   "idle_exempt", "idle_checks", "priority", "preemptible", "queue",
-                  "unreachable_agents", "kernels"]
+                  "unreachable_agents", "kernels", "mounts"]
 
     @extend_schema_field(QUEUE_SCHEMA)
+    def get_mounts(self, session) -> list[dict]:
+        return [{"folder": m.folder.name, "path": m.path, "mode": m.mode}
+                for m in session.mounts.select_related("folder").order_by("path")]
+
     def get_queue(self, session):
         """PENDING: position in the scaling group's queue (1 = next), predicted start (null:
         unknown, with the reason), the rank it is ordered by, its reservation if any."""
@@ -203,6 +208,10 @@ class SessionCreateSerializer(serializers.Serializer):
         required=False, allow_null=True, min_value=0, max_value=2**31 - 1,
         help_text="Higher goes first; default: the resource policy's. Users may ask for less "
                   "than the default, admins up to the policy's maximum.")
+    mounts = serializers.ListField(
+        child=serializers.JSONField(), required=False, default=list,
+        help_text="Storage folders to mount in every kernel: names (at /home/work/NAME, "
+                  "read-write) or {\"name\", \"path\", \"mode\": \"rw\"|\"ro\"}.")
     preemptible = serializers.BooleanField(
         required=False, default=False,
         help_text="May be ended gracefully (reason preempted) for a waiting session of higher "

@@ -8,6 +8,7 @@ from django.core.validators import MaxValueValidator
 
 from agents_app.models import Image
 from scheduling_app.slots import ResourceSlots, format_bytes
+from storage_app.folders import visible_folders
 
 from .quota import quota_of
 from .services import MAX_CLUSTER_SIZE, SessionRequestError, create_session
@@ -45,6 +46,10 @@ class SessionForm(forms.Form):
         required=False, min_value=0,
         help_text="Higher goes first in the queue; empty for your policy's default.")
 
+    mounts = forms.MultipleChoiceField(
+        required=False, widget=forms.CheckboxSelectMultiple, label="Folders",
+        help_text="Storage folders to mount read-write at /home/work/NAME; they keep their "
+                  "files after the session ends.")
     preemptible = forms.BooleanField(
         required=False, help_text="May be ended for a waiting session of higher priority "
                                   "(where the scaling group allows it).")
@@ -62,6 +67,8 @@ class SessionForm(forms.Form):
         self.fields["priority"].widget.attrs["max"] = str(self.fields["priority"].max_value)
         self.fields["priority"].initial = policy.default_priority
         self.fields["image"].initial = settings.DEFAULT_KERNEL_IMAGE
+        self.fields["mounts"].choices = [
+            (f.name, f.name) for f in visible_folders(keypair.user)]
         remaining = self.quota.remaining
         if remaining is not None:
             self._bound("cpu", remaining.get("cpu"))
@@ -119,6 +126,7 @@ class SessionForm(forms.Form):
                 grace_period=data["grace_period"], priority=data.get("priority"),
                 may_raise_priority=self.may_raise_priority,
                 preemptible=data.get("preemptible", False),
+                mounts=data.get("mounts") or None,
             )
         except SessionRequestError as exc:
             self.add_error(exc.field if exc.field in self.fields else None, exc.message)

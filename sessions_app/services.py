@@ -9,6 +9,7 @@ from django.db import IntegrityError, transaction
 from backendai_web.celery import send_task_safely
 from scheduling_app.models import ScalingGroup, default_project
 from scheduling_app.slots import ResourceSlots, SlotError
+from storage_app.folders import FolderError, add_mounts, resolve_mounts
 
 from . import clock, engine
 from .models import FINISHED_STATUSES, LIVE_STATUSES, Kernel, Session, SessionType, Status
@@ -40,7 +41,7 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
                    startup_command="", scaling_group="default", grace_period=None,
                    batch_timeout=None, tag="", project=None, actor=None,
                    pre_stop_command="", dependencies=(), priority=None,
-                   may_raise_priority=False, preemptible=False) -> Session:
+                   may_raise_priority=False, preemptible=False, mounts=None) -> Session:
     """`dependencies` are sessions that must be RUNNING (or batch sessions finished with
     success) before this one is scheduled. `priority` defaults to the resource policy's;
     only with `may_raise_priority` (admins) may it be above that, up to the policy's
@@ -72,6 +73,10 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
                                   "scaling_group")
     if session_type == SessionType.BATCH and not startup_command:
         raise SessionRequestError("A batch session needs a startup command.", "startup_command")
+    try:
+        folders = resolve_mounts(mounts, user=user, scaling_group=group)
+    except FolderError as exc:
+        raise SessionRequestError(exc.message, "mounts", exc.status_code) from None
     project = project or default_project()
     policy = keypair.resource_policy
     priority = check_priority(priority, policy, may_raise_priority)
@@ -112,6 +117,7 @@ def create_session(*, keypair, user, name, image, session_type=SessionType.INTER
         )
         if dependencies:
             session.dependencies.set(dependencies)
+        add_mounts(session, folders)
         engine.record_enqueued(session, actor=actor or user.get_username())
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return session
