@@ -210,13 +210,13 @@ def resolve_mounts(mounts, *, user, scaling_group, admin=False):
             raise FolderError(f"The folder {folder.name!r} lives in the storage of scaling "
                               f"group {folder.scaling_group.name!r}, which the session's "
                               "agents do not mount.", field="mounts")
+        if any(folder.pk == f.pk for f, _, _ in resolved):
+            raise FolderError(f"The folder {folder.name!r} is mounted twice.", field="mounts")
         path = check_mount_path(item.get("path"), folder.name)
         for other in paths:
             if path == other or path.startswith(other + "/") or other.startswith(path + "/"):
                 raise FolderError(f"The mount paths {other} and {path} overlap.",
                                   field="mounts")
-        if any(folder.pk == f.pk for f, _, _ in resolved):
-            raise FolderError(f"The folder {folder.name!r} is mounted twice.", field="mounts")
         paths.append(path)
         resolved.append((folder, path, mode))
     return resolved
