@@ -1,0 +1,87 @@
+"""A 200 MB file up and down through a real web server (daphne): the bytes match and the
+web process's memory stays flat (its peak RSS, VmHWM, read from /proc)."""
+
+import hashlib
+import os
+from urllib.parse import urlsplit
+
+import pytest
+
+from scheduling_app.models import ScalingGroup
+from sessions_app.keypairs import main_keypair
+from storage_app import client as transfer
+from tests.signing import signed_headers
+
+SIZE = 200 * 1024 * 1024
+MAX_GROWTH = 50 * 1024 * 1024  # the benchmark's goal too
+
+
+def memory(pid):
+    """(VmRSS, VmHWM) of a process, in bytes."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) * 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def digest(path):
+    sha = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_200_mb_file_goes_up_and_down_with_the_web_process_memory_flat(
+        web_server, alice, tmp_path):
+    root = tmp_path / "storage"
+    ScalingGroup.objects.filter(name="default").update(storage_root=str(root))
+    keypair = main_keypair(alice)
+    host = urlsplit(web_server.url).netloc
+
+    def headers(method, path, content_type):
+        signed = signed_headers(keypair.access_key, keypair.secret_key, method, path, host,
+                                content_type=content_type)
+        return signed
+
+    import requests
+
+    http = requests.Session()
+    made = http.post(web_server.url + "/api/v1/folders/", json={"name": "big"},
+                     headers=headers("POST", "/api/v1/folders/", "application/json"))
+    assert made.status_code == 201, made.text
+    source = tmp_path / "source.bin"
+    with open(source, "wb") as out:
+        for _ in range(SIZE // (1 << 20)):
+            out.write(os.urandom(1 << 20))
+    # A small round trip first, so that what the first requests load is not counted.
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"warm" * 1000)
+    transfer.upload(web_server.url, "big", "small.bin", small, headers=headers, http=http)
+    transfer.download(web_server.url, "big", "small.bin", tmp_path / "small.out",
+                      headers=headers, http=http)
+    pid = web_server.popen.pid
+    before, _ = memory(pid)
+
+    assert transfer.upload(web_server.url, "big", "dir-less.bin", source, headers=headers,
+                           http=http) == SIZE
+    _, after_upload = memory(pid)
+    target = tmp_path / "back.bin"
+    response = transfer.download(web_server.url, "big", "dir-less.bin", target,
+                                 headers=headers, http=http)
+    _, after_download = memory(pid)
+
+    assert response.headers["Content-Length"] == str(SIZE)
+    assert digest(target) == digest(source)
+    assert after_upload - before <= MAX_GROWTH, (before, after_upload)
+    assert after_download - before <= MAX_GROWTH, (before, after_download)
+    part = transfer.download(web_server.url, "big", "dir-less.bin", tmp_path / "part.bin",
+                             headers=headers, http=http, byte_range=(SIZE - 10, SIZE + 5))
+    assert part.status_code == 206
+    with open(source, "rb") as file:
+        file.seek(SIZE - 10)
+        assert (tmp_path / "part.bin").read_bytes() == file.read()
