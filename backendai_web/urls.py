@@ -63,6 +63,7 @@ urlpatterns = [
          name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", include("sessions_app.urls")),
+    path("folders/", include("storage_app.web.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
