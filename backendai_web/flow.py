@@ -1,4 +1,6 @@
-"""Flow control for streamed responses under daphne.
+"""Large bodies through the web process without holding them: flow control for streamed
+responses under daphne (StreamFlowControl), and request bodies handed to the view that
+writes them instead of first being copied to a temporary file by Django (DirectBody).
 
 daphne's `send()` hands each body chunk to Twisted and returns at once, whatever the
 client has read: a file streamed to a slower reader piles up in the web process's memory
@@ -75,3 +77,60 @@ class StreamFlowControl:
                 await producer.flowing.wait()
 
         return await self.app(scope, receive, paced_send)
+
+
+DIRECT_BODY = "backendai.receive"
+
+
+class DirectBody:
+    """For requests whose path matches `paths`, Django sees an empty body and the view
+    finds the server's `receive` in request.scope[DIRECT_BODY] (read it with
+    `direct_chunks`): Django's ASGI handler would otherwise copy the whole body to a
+    temporary file before the view runs, one more write and read of every byte."""
+
+    def __init__(self, app, paths):
+        self.app, self.paths = app, paths
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not any(p.match(scope["path"]) for p in self.paths):
+            return await self.app(scope, receive, send)
+        handed = False
+        finished = asyncio.Event()
+
+        async def empty_body():
+            nonlocal handed
+            if not handed:
+                handed = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            # Django then waits for a disconnect; the body is the view's to read.
+            await finished.wait()
+            return {"type": "http.disconnect"}
+
+        try:
+            return await self.app({**scope, DIRECT_BODY: receive}, empty_body, send)
+        finally:
+            finished.set()
+
+
+def direct_chunks(receive, size):
+    """The body from an ASGI `receive`, in chunks of about `size` bytes, for a sync view
+    (each chunk is one hop to the event loop, not one per server message)."""
+    from asgiref.sync import async_to_sync  # only where a view reads a body this way
+
+    async def read():
+        parts, got = [], 0
+        while got < size:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise OSError("the client went away during the request body")
+            parts.append(message.get("body", b""))
+            got += len(parts[-1])
+            if not message.get("more_body", False):
+                return b"".join(parts), True
+        return b"".join(parts), False
+
+    done = False
+    while not done:
+        chunk, done = async_to_sync(read)()
+        if chunk:
+            yield chunk

@@ -9,7 +9,7 @@ from urllib.parse import quote, urlsplit
 
 import requests
 
-PART_SIZE = 8 * 1024 * 1024
+PART_SIZE = 16 * 1024 * 1024
 CHUNK_SIZE = 1024 * 1024
 
 

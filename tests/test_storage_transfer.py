@@ -64,6 +64,12 @@ def test_a_200_mb_file_goes_up_and_down_with_the_web_process_memory_flat(
     transfer.upload(web_server.url, "big", "small.bin", small, headers=headers, http=http)
     transfer.download(web_server.url, "big", "small.bin", tmp_path / "small.out",
                       headers=headers, http=http)
+    # A whole-body PUT (small files), read by the view straight from the server too.
+    put_path = "/api/v1/folders/big/files/?path=put.bin"
+    put = http.put(web_server.url + put_path, data=b"p" * 300_000,
+                   headers=headers("PUT", put_path, "application/octet-stream"))
+    assert put.status_code == 201 and put.json()["size"] == 300_000, put.text
+    assert (root / made.json()["id"].replace("-", "") / "put.bin").read_bytes() == b"p" * 300_000
     pid = web_server.popen.pid
     before, _ = memory(pid)
 

@@ -21,6 +21,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 
+from backendai_web.flow import DIRECT_BODY, direct_chunks
 from scheduling_app.models import Project
 from sessions_app.keypairs import is_admin, main_keypair
 from sessions_app.models import KeyPair
@@ -30,6 +31,8 @@ from ..files import FileError, FolderFiles, read_range
 from ..models import Folder, Upload
 
 TUS_VERSION = "1.0.0"
+# The bodies this API writes to files, read by the view as they come (backendai_web.flow).
+DIRECT_BODY_PATHS = [re.compile(r"^/api/v1/folders/[^/]+/(uploads/[0-9a-f-]{32,36}|files)/$")]
 RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
@@ -353,6 +356,10 @@ def finish_upload(upload):
 
 def body_chunks(request):
     size = settings.STORAGE_CHUNK_SIZE
+    receive = getattr(request, "scope", {}).get(DIRECT_BODY)
+    if receive is not None:  # under ASGI: straight from the server
+        yield from direct_chunks(receive, size)
+        return
     while chunk := request.read(size):
         yield chunk
 
