@@ -10,7 +10,6 @@ Uploads go in tus parts (storage_app.client, 16 MiB each); downloads stream.
     BENCH_STORAGE_MB=1024 BENCH_STORAGE_PART_MB=16 BENCH_WEB_PORT=8270 python -m bench storage
 """
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench.bench_websocket import free_port, setup_django, wait_for_port
+from bench.common import embedded_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "var" / "bench-storage"
@@ -84,14 +84,6 @@ def make_file(path, size_mb):
             out.write(i.to_bytes(8, "big") + block[8:])
 
 
-def digest(path):
-    sha = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
-
-
 def timed(function):
     started = time.monotonic()
     function()
@@ -99,8 +91,6 @@ def timed(function):
 
 
 def main():
-    from storage_app import client as transfer
-
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     storage = WORK / "storage"
@@ -109,16 +99,19 @@ def main():
     env = {"DATABASE_URL": f"sqlite:///{WORK / 'db.sqlite3'}",
            "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "DEBUG": "false",
            "LOG_LEVEL": "WARNING"}
+    with embedded_redis(redis_port, WORK / "redis"):
+        serve_and_measure(env, storage, web_port)
+
+
+def serve_and_measure(env, storage, web_port):
+    from storage_app import client as transfer
+
     py = sys.executable
-    subprocess.run([py, "-m", "backendai_web.embedded_redis", "--port", str(redis_port),
-                    "--dir", str(WORK / "redis"), "--daemonize"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
     web = None
     try:
         access_key, secret_key = prepare(env, storage)
         web_log = open(WORK / "web.log", "w")  # noqa: SIM115 (open while the server runs)
-        server = os.environ.get("BENCH_DAPHNE", str(Path(py).with_name("daphne"))).split()
-        web = subprocess.Popen([*server, "-b", "127.0.0.1", "-p",
+        web = subprocess.Popen([str(Path(py).with_name("daphne")), "-b", "127.0.0.1", "-p",
                                 str(web_port), "backendai_web.asgi:application"],
                                cwd=ROOT, env={**os.environ, **env}, stdout=web_log,
                                stderr=subprocess.STDOUT)
@@ -130,9 +123,6 @@ def main():
         if web is not None:
             web.terminate()
             web.wait(timeout=15)
-        subprocess.run([py, "-m", "backendai_web.embedded_redis", "--dir",
-                        str(WORK / "redis"), "--stop"], cwd=ROOT, check=False,
-                       stdout=subprocess.DEVNULL)
         shutil.rmtree(WORK / "storage", ignore_errors=True)
         for name in ("source.bin", "back.bin", "cp-copy.bin"):
             (WORK / name).unlink(missing_ok=True)
@@ -174,7 +164,7 @@ def run(transfer, base, headers, pid, storage):
     sampler.join()
     _, hwm = memory(pid)
     (WORK / "cp-back.bin").unlink(missing_ok=True)
-    same = digest(back) == digest(source)
+    same = transfer.sha256_of(back) == transfer.sha256_of(source)
     mb = size / 1e6
     growth = (max(hwm, peak[0]) - baseline) / 2**20
     print(f"cp (source -> disk):       {mb / cp_in:8.1f} MB/s ({cp_in:.2f} s)")

@@ -4,6 +4,7 @@ part in memory. `headers(method, path, content_type)` gives each request its
 authentication (a keypair signature, or a session cookie and CSRF token)."""
 
 import base64
+import hashlib
 import os
 from urllib.parse import quote, urlsplit
 
@@ -60,3 +61,12 @@ def download(base_url, folder, path, target, *, headers, byte_range=None, http=N
             for chunk in response.iter_content(CHUNK_SIZE):
                 out.write(chunk)
     return response
+
+
+def sha256_of(path):
+    """The SHA-256 of a file, read a chunk at a time: to check a transfer."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(CHUNK_SIZE):
+            sha.update(chunk)
+    return sha.hexdigest()

@@ -1,12 +1,12 @@
 """A 200 MB file up and down through a real web server (daphne): the bytes match and the
 web process's memory stays flat (its peak RSS, VmHWM, read from /proc)."""
 
-import hashlib
 import os
 from urllib.parse import urlsplit
 
 import pytest
 
+from bench.bench_storage import memory
 from scheduling_app.models import ScalingGroup
 from sessions_app.keypairs import main_keypair
 from storage_app import client as transfer
@@ -14,25 +14,6 @@ from tests.signing import signed_headers
 
 SIZE = 200 * 1024 * 1024
 MAX_GROWTH = 50 * 1024 * 1024  # the benchmark's goal too
-
-
-def memory(pid):
-    """(VmRSS, VmHWM) of a process, in bytes."""
-    fields = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = int(value.split()[0]) * 1024
-    return fields["VmRSS"], fields["VmHWM"]
-
-
-def digest(path):
-    sha = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -82,7 +63,7 @@ def test_a_200_mb_file_goes_up_and_down_with_the_web_process_memory_flat(
     _, after_download = memory(pid)
 
     assert response.headers["Content-Length"] == str(SIZE)
-    assert digest(target) == digest(source)
+    assert transfer.sha256_of(target) == transfer.sha256_of(source)
     assert after_upload - before <= MAX_GROWTH, (before, after_upload)
     assert after_download - before <= MAX_GROWTH, (before, after_download)
     part = transfer.download(web_server.url, "big", "dir-less.bin", tmp_path / "part.bin",
