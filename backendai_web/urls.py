@@ -14,6 +14,7 @@ from sessions_app import api_resources, compat
 from sessions_app.api import SessionViewSet
 from sessions_app.api_errors import error_body
 from sessions_app.streams import with_follow_up
+from storage_app import compat as folders_compat
 from storage_app.api.views import FolderViewSet
 
 API_VERSION = "v7.20230615"
@@ -55,6 +56,17 @@ compat_urls = [
     path("session/<str:ref>/logs", compat.SessionLogs.as_view()),
     path("session/<str:ref>/status-history", compat.StatusHistory.as_view()),
     path("events/session", with_follow_up(compat.SessionEvents.as_view())),
+    # Backend.AI's vfolder routes (storage_app.compat); /folders/ is the dashboard's.
+    path("folders", folders_compat.Folders.as_view()),
+    path("folders/<str:name>", folders_compat.FolderResource.as_view()),
+    path("folders/<str:name>/files", folders_compat.FolderFilesList.as_view()),
+    path("folders/<str:name>/mkdir", folders_compat.FolderMkdir.as_view()),
+    path("folders/<str:name>/rename-file", folders_compat.FolderRenameFile.as_view()),
+    path("folders/<str:name>/move-file", folders_compat.FolderMoveFile.as_view()),
+    path("folders/<str:name>/delete-files", folders_compat.FolderDeleteFiles.as_view()),
+    path("folders/<str:name>/request-upload", folders_compat.FolderTransferRefused.as_view()),
+    path("folders/<str:name>/request-download",
+         folders_compat.FolderTransferRefused.as_view()),
 ]
 
 urlpatterns = [

@@ -195,3 +195,37 @@ def test_backendai_config_mounts_are_accepted(alice, alice_keypair, as_alice, cl
     fields = creation_fields({"name": "s", "image": "i", "config": {
         "mounts": ["data"], "mount_map": {"data": "inside"}}})
     assert fields["mounts"] == [{"name": "data", "path": "/home/work/inside"}]
+
+
+def test_backendai_folder_routes_signed_as_the_sdk_signs(client, alice, alice_keypair, bob):
+    from tests.signing import signed_call
+
+    created = signed_call(client, alice_keypair, "POST", "/folders", {"name": "vf"})
+    assert created.status_code == 201 and created.json()["name"] == "vf"
+    assert created.json()["is_owner"] is True
+    assert signed_call(client, alice_keypair, "POST", "/folders/vf/mkdir",
+                       {"path": "a/b", "parents": True}).status_code == 201
+    assert signed_call(client, alice_keypair, "POST", "/folders/vf/mkdir",
+                       {"path": "a", "exist_ok": True}).status_code == 201
+    listing = signed_call(client, alice_keypair, "GET", "/folders/vf/files", {"path": "a"})
+    assert listing.json()["items"][0] == {**listing.json()["items"][0], "name": "b",
+                                          "type": "DIRECTORY"}
+    assert signed_call(client, alice_keypair, "POST", "/folders/vf/rename-file",
+                       {"target_path": "a/b", "new_name": "c"}).status_code == 200
+    assert signed_call(client, alice_keypair, "POST", "/folders/vf/move-file",
+                       {"src": "a/c", "dst": "d"}).status_code == 200
+    escape = signed_call(client, alice_keypair, "POST", "/folders/vf/move-file",
+                         {"src": "d", "dst": "../d"})
+    assert escape.status_code == 400
+    info = signed_call(client, alice_keypair, "GET", "/folders/vf").json()
+    assert info["numFiles"] == 2 and info["permission"] == "rw"
+    assert [f["name"] for f in signed_call(client, alice_keypair, "GET", "/folders").json()] \
+        == ["vf"]
+    assert signed_call(client, alice_keypair, "DELETE", "/folders/vf/delete-files",
+                       {"files": ["a", "d"], "recursive": True}).status_code == 200
+    assert signed_call(client, alice_keypair, "POST", "/folders/vf/request-upload",
+                       {"path": "x", "size": 1}).status_code == 501
+    from sessions_app.keypairs import main_keypair
+
+    assert signed_call(client, main_keypair(bob), "GET", "/folders/vf").status_code == 404
+    assert signed_call(client, alice_keypair, "DELETE", "/folders/vf").status_code == 204
