@@ -1,8 +1,7 @@
 from django.contrib import admin
 
+from agents_app.models import Agent, Image
 from sessions_app import admin_actions
-
-from .models import Agent, Image
 
 
 @admin.register(Agent)

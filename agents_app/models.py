@@ -1,7 +1,7 @@
 from django.db import models
 
+from common.slots import ResourceSlots
 from scheduling_app.models import ScalingGroup, SlotsField
-from scheduling_app.slots import ResourceSlots
 
 
 class AgentStatus(models.TextChoices):

@@ -6,7 +6,8 @@ status that could still roll back.
 
 from django.conf import settings
 
-from backendai_web.celery import agent_queue, send_task_safely
+from backendai_web.celery import agent_queue, app, send_task_safely
+from sessions_app.models import Session
 from storage_app.folders import mount_specs
 
 
@@ -20,8 +21,6 @@ def send_check_and_pull(kernel):
 
 
 def kernel_spec(kernel):
-    from sessions_app.models import Session
-
     session = kernel.session
     # The container's limits and network, in one read.
     pids, open_files, outbound = Session.objects.filter(pk=session.pk).values_list(
@@ -58,8 +57,6 @@ def send_create_kernel(kernel):
 
 def call(agent_id, task, wait, **kwargs):
     """A manager → agent call that waits up to `wait` seconds for the answer."""
-    from backendai_web.celery import app
-
     result = app.send_task(task, kwargs=kwargs, queue=agent_queue(agent_id))
     try:
         return result.get(timeout=wait)

@@ -5,7 +5,7 @@ The manager sends them with agents_app.rpc; they only touch Docker and report ba
 
 from celery import shared_task
 
-from .runtime.agent import current
+from agents_app.runtime.agent import current
 
 
 @shared_task(name="agent.check_and_pull", ignore_result=True)

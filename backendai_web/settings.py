@@ -75,14 +75,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "sessions_app.api_errors.DatabaseUnavailableMiddleware",
+    "sessions_app.api.handlers.DatabaseUnavailableMiddleware",
     # Serves static/ under daphne too (daphne, unlike runserver, serves no files).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "sessions_app.ratelimit.RateLimitHeaders",
+    "sessions_app.api.ratelimit.RateLimitHeaders",
     "backendai_web.metrics.RequestCounter",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -103,6 +103,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # The dashboard's template tags live with its views (sessions_app/web/).
+            "libraries": {"dashboard": "sessions_app.web.templatetags"},
         },
     },
 ]
@@ -165,20 +167,20 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "sessions_app.authentication.KeypairSignatureAuthentication",
+        "sessions_app.api.authentication.KeypairSignatureAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "sessions_app.pagination.Pagination",
+    "DEFAULT_PAGINATION_CLASS": "sessions_app.api.pagination.Pagination",
     # JSON in and out: errors are never an HTML page, and the interactive documentation is
     # at /api/docs/.
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "sessions_app.negotiation.JSONUnlessAsked",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "sessions_app.api.negotiation.JSONUnlessAsked",
     "PAGE_SIZE": 50,
-    "DEFAULT_THROTTLE_CLASSES": ["sessions_app.ratelimit.KeypairRateThrottle"],
-    "EXCEPTION_HANDLER": "sessions_app.api_errors.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "sessions_app.schema.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": ["sessions_app.api.ratelimit.KeypairRateThrottle"],
+    "EXCEPTION_HANDLER": "sessions_app.api.handlers.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "sessions_app.api.schema.AutoSchema",
 }
 
 SPECTACULAR_SETTINGS = {
@@ -193,8 +195,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    "ENUM_NAME_OVERRIDES": {"StatusEnum": "sessions_app.models.Status",
-                            "ClusterModeEnum": "sessions_app.models.ClusterMode"},
+    "ENUM_NAME_OVERRIDES": {"StatusEnum": "sessions_app.enums.Status",
+                            "ClusterModeEnum": "sessions_app.enums.ClusterMode"},
 }
 
 # Redis pub/sub: a group message is published once and each web process hands it to its
@@ -238,6 +240,9 @@ AGENT_HEARTBEAT_INTERVAL = float(env("AGENT_HEARTBEAT_INTERVAL", "5"))
 # scaling group's lost_timeout (this is the default for new groups).
 AGENT_LOST_TIMEOUT = int(env("AGENT_LOST_TIMEOUT", "600"))
 DEFAULT_GRACE_PERIOD = env_int("DEFAULT_GRACE_PERIOD", 10)
+# The limits of every create request (sessions_app/spec.py), whatever interface it comes by.
+MAX_GRACE_PERIOD = env_int("MAX_GRACE_PERIOD", 3600)
+MAX_CLUSTER_SIZE = env_int("MAX_CLUSTER_SIZE", 32)
 DEFAULT_KERNEL_IMAGE = env("DEFAULT_KERNEL_IMAGE", "bai-local/busybox:latest")
 # Each session's own bridge network takes a /26 of this pool (agents_app.runtime).
 KERNEL_NETWORK_POOL = env("KERNEL_NETWORK_POOL", "10.211.0.0/16")

@@ -9,13 +9,14 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from backendai_web import __version__
-from backendai_web.metrics import metrics_view
-from sessions_app import api_resources, compat
-from sessions_app.api import SessionViewSet
-from sessions_app.api_errors import error_body
-from sessions_app.streams import with_follow_up
-from storage_app import compat as folders_compat
+from sessions_app.api import resources as api_resources
+from sessions_app.api.errors import error_body
+from sessions_app.api.metrics import metrics_view
+from sessions_app.api.views import SessionViewSet
+from sessions_app.compat import views as compat
+from sessions_app.realtime.streams import with_follow_up
 from storage_app.api.views import FolderViewSet
+from storage_app.compat import views as folders_compat
 
 API_VERSION = "v7.20230615"
 
@@ -74,7 +75,7 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True),
          name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("sessions/", include("sessions_app.urls")),
+    path("sessions/", include("sessions_app.web.urls")),
     path("folders/", include("storage_app.web.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include(router.urls)),

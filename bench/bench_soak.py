@@ -215,13 +215,14 @@ class Soak:
     def report(self, user):
         from django.db import close_old_connections
 
+        from sessions_app.enums import StatusGroup
         from sessions_app.lifecycle.invariants import check_invariants
-        from sessions_app.models import FINISHED_STATUSES, Session
+        from sessions_app.models import Session
 
         close_old_connections()
         sessions = Session.objects.filter(user=user)
         deadline = time.monotonic() + 180
-        while sessions.exclude(status__in=FINISHED_STATUSES).exists() and \
+        while sessions.exclude(status__in=StatusGroup.FINISHED).exists() and \
                 time.monotonic() < deadline:
             time.sleep(2)
         time.sleep(15)  # a few heartbeats: the agent's last container list is up to date

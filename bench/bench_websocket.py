@@ -95,9 +95,9 @@ def run_changes(env, changes, interval, prefix, ready, results):
     from agents_app.models import Agent
     from scheduling_app.models import ScalingGroup, default_of
     from sessions_app import engine, events
+    from sessions_app.enums import Status
     from sessions_app.keypairs import main_keypair
-    from sessions_app.models import Status
-    from sessions_app.services import create_session
+    from sessions_app.lifecycle.create import create_session
 
     owner = get_user_model().objects.get(username="bench-owner")
     agent = Agent.objects.create(id=f"{prefix}agent", scaling_group=default_of(ScalingGroup),

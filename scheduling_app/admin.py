@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Domain, Project, ResourcePolicy, ScalingGroup
+from scheduling_app.models import Domain, Project, ResourcePolicy, ScalingGroup
 
 
 @admin.register(Domain)

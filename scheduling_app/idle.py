@@ -16,13 +16,14 @@ from django.conf import settings
 from django.db import transaction
 
 from backendai_web import metrics
-from sessions_app import clock, engine
-from sessions_app.bulk import insert_rows
+from common import clock
+from common.bulk import insert_rows
+from scheduling_app.models import ScalingGroup
+from sessions_app import engine
+from sessions_app.enums import SessionType, Status
 from sessions_app.events import publish_many_on_commit
 from sessions_app.lifecycle.destroy import DestroyRefused, destroy_session
-from sessions_app.models import Kernel, Session, SessionEvent, Status
-
-from .models import ScalingGroup
+from sessions_app.models import Kernel, Session, SessionEvent
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def checks_of(session, now):
 
 
 def network_timeout(s: IdleSession, now):
-    if s.session_type == "batch" or not s.idle_timeout:
+    if s.session_type == SessionType.BATCH or not s.idle_timeout:
         return None
     if s.app is not None:
         return None  # a Jupyter-style app says better than traffic whether work goes on
@@ -123,7 +124,7 @@ def session_lifetime(s: IdleSession, now):
 
 
 def batch_timeout(s: IdleSession, now):
-    if s.session_type != "batch" or not s.batch_timeout:
+    if s.session_type != SessionType.BATCH or not s.batch_timeout:
         return None
     return Report("batch-timeout", s.starts_at + seconds(s.batch_timeout), now,
                   limit=s.batch_timeout)

@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
-from .slots import ResourceSlots, SlotError
+from common.slots import ResourceSlots, SlotError
 
 DEFAULT_NAME = "default"
 

@@ -3,9 +3,8 @@
 from celery import shared_task
 
 from agents_app import rpc
+from scheduling_app import idle, scheduler
 from sessions_app.lifecycle import progress
-
-from . import idle, scheduler
 
 
 @shared_task(name="scheduling.schedule", ignore_result=True)

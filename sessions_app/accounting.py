@@ -5,10 +5,9 @@ from collections import defaultdict
 from django.db import transaction
 
 from agents_app.models import Agent
-from scheduling_app.slots import ResourceSlots
-
-from .engine import CONCURRENCY_HOLDING, SLOT_HOLDING
-from .models import Kernel, KeyPair
+from common.slots import ResourceSlots
+from sessions_app.engine import CONCURRENCY_HOLDING, SLOT_HOLDING
+from sessions_app.models import Kernel, KeyPair
 
 
 def expected_usage():

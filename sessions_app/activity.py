@@ -4,8 +4,8 @@ Activity is what touches the session's containers: commands (execute), a restart
 app-activity probe of a Jupyter-style app. Reading its status (API or Backend.AI GET,
 its page, a websocket), its logs or its events is not."""
 
-from . import clock
-from .models import Session
+from common import clock
+from sessions_app.models import Session
 
 
 def touch(session_id, user=None, owner_id=None):

@@ -1,9 +1,10 @@
 from django.contrib import admin
 from django.utils.html import format_html
 
-from . import admin_actions
-from .admin_actions import DestroyActionsMixin
-from .models import Kernel, KeyPair, Session, SessionEvent, Status
+from sessions_app import admin_actions
+from sessions_app.admin_actions import DestroyActionsMixin
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
 
 STATUS_COLORS = {
     Status.PENDING: "#8a6d3b", Status.RUNNING: "#2e7d32", Status.TERMINATED: "#616161",

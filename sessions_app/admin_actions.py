@@ -7,8 +7,8 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.template.response import TemplateResponse
 
-from .lifecycle import DestroyRefused, destroy_session
-from .models import LIVE_STATUSES, Session
+from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.models import Session
 
 FORCE_PERMISSION = "sessions_app.force_terminate_session"
 
@@ -55,7 +55,7 @@ def destroy_action(*, forced, sessions_of):
                                     messages.ERROR)
             return None
         sessions = list(
-            sessions_of(queryset).filter(status__in=LIVE_STATUSES)
+            sessions_of(queryset).live()
             .select_related("user").prefetch_related("kernels").distinct()
         )
         if request.POST.get("confirm") != "yes":

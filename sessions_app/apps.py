@@ -6,4 +6,6 @@ class SessionsAppConfig(AppConfig):
     verbose_name = "Compute sessions"
 
     def ready(self):
-        from . import schema, signals  # noqa: F401 (schema registers its extension)
+        # Models are loaded only now: the receivers and the schema extension import them.
+        from sessions_app import signals  # noqa: F401
+        from sessions_app.api import schema  # noqa: F401 (registers its extension)

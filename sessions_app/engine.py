@@ -12,12 +12,14 @@ import logging
 from django.db import transaction
 from django.db.models import F
 
-from scheduling_app.slots import ResourceSlots, SlotsCache
-
-from . import clock
-from . import events as events_module
-from .bulk import insert_rows, set_json_key, update_rows
-from .models import FINISHED_STATUSES, Kernel, Session, SessionEvent, Status
+from agents_app.models import Agent
+from common import clock
+from common.bulk import MergedJSON, insert_rows, set_json_key, update_rows
+from common.slots import ResourceSlots, SlotsCache
+from sessions_app import events as events_module
+from sessions_app.enums import Status, StatusGroup
+from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
+from sessions_app.status_data import Key
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +101,12 @@ def derive_session_status(kernel_statuses):
     statuses = set(kernel_statuses)
     if not statuses:
         return S.PENDING
-    if statuses <= FINISHED_STATUSES:
+    if statuses <= StatusGroup.FINISHED:
         return S.CANCELLED if statuses == {S.CANCELLED} else S.TERMINATED
-    if S.TERMINATING in statuses or statuses & FINISHED_STATUSES:
+    if S.TERMINATING in statuses or statuses & StatusGroup.FINISHED:
         # Cancelled and still-PENDING kernels only: a pending session being cancelled, with
         # nothing to tear down. A TERMINATED kernel means the session had got further.
-        if statuses - FINISHED_STATUSES == {S.PENDING} and S.TERMINATED not in statuses:
+        if statuses - StatusGroup.FINISHED == {S.PENDING} and S.TERMINATED not in statuses:
             return S.PENDING
         return S.TERMINATING
     if S.ERROR in statuses:
@@ -146,14 +148,18 @@ def record_enqueued(session, *, actor):
 
 
 def transition_kernel(kernel, to_status, *, via=(), reason="", actor="system",
-                      from_statuses=None, data=None, status_data=None, **fields):
+                      from_statuses=None, data=None, status_data=None,
+                      clear_status_data=False, **fields):
     """Move one kernel to `to_status`; None when it was no longer in `from_statuses`.
 
     `from_statuses` defaults to the status the caller last saw. `via`: statuses passed
     through on the way, each recorded as a step of its own (history, events, the
-    session's status), in the same single write. `fields` are other kernel columns to set
-    in the same UPDATE (container_id, exit_code, agent, ...).
+    session's status), in the same single write. `status_data`: keys (status_data.Key) to
+    set, the others kept as the locked row has them; `clear_status_data` starts it afresh.
+    `fields` are other kernel columns to set in the same UPDATE (container_id, agent, ...).
     """
+    if clear_status_data or status_data is not None:
+        fields["status_data"] = (clear_status_data, _named(status_data or {}))
     from_statuses = set(from_statuses or {kernel.status})
     steps = [*via, to_status]
     for from_status in from_statuses:  # before any write: the caller's transaction goes on
@@ -162,12 +168,10 @@ def transition_kernel(kernel, to_status, *, via=(), reason="", actor="system",
     # No savepoint: every transition is on the path of a session's start, and a failure
     # past this point is a database error that ends the caller's transaction anyway.
     with transaction.atomic(savepoint=False):
-        return _transition_kernel(kernel, steps, reason, actor, from_statuses, data,
-                                  status_data, fields)
+        return _transition_kernel(kernel, steps, reason, actor, from_statuses, data, fields)
 
 
-def _transition_kernel(kernel, steps, reason, actor, from_statuses, data, status_data,
-                       fields):
+def _transition_kernel(kernel, steps, reason, actor, from_statuses, data, fields):
     current = Kernel.objects.select_for_update().filter(pk=kernel.pk).first()
     if current is None or current.status not in from_statuses:
         return None
@@ -180,9 +184,10 @@ def _transition_kernel(kernel, steps, reason, actor, from_statuses, data, status
         "status_history": {**current.status_history, **dict.fromkeys(steps, now.isoformat())},
         **fields,
     }
-    if status_data is not None:
-        values["status_data"] = status_data
-    if to_status in FINISHED_STATUSES:
+    if "status_data" in fields:  # read under the row lock: no other writer's key is lost
+        cleared, changes = fields["status_data"]
+        values["status_data"] = {**({} if cleared else current.status_data), **changes}
+    if to_status in StatusGroup.FINISHED:
         values["terminated_at"] = now
     updated = Kernel.objects.filter(pk=kernel.pk, status=from_status).update(**values)
     if not updated:
@@ -228,7 +233,7 @@ def _write_session_status(session, from_status, to_status, history, reason, now)
               "status_history": history}
     if to_status == S.RUNNING and session.starts_at is None:
         values["starts_at"] = now
-    if to_status in FINISHED_STATUSES:
+    if to_status in StatusGroup.FINISHED:
         values["terminated_at"] = now
     Session.objects.filter(pk=session.pk, status=from_status).update(**values)  # locked
     for name, value in values.items():
@@ -251,14 +256,10 @@ def _account_kernel(kernel, held_on, from_status, to_status):
 
 
 def _keypairs(keypair_id_query):
-    from .models import KeyPair
-
     return KeyPair.objects.filter(pk__in=keypair_id_query)
 
 
 def release_agent_slots(agent_id, slots):
-    from agents_app.models import Agent
-
     agent = Agent.objects.select_for_update().filter(pk=agent_id).first()
     if agent is None:
         return
@@ -284,9 +285,25 @@ def schedule_kernel(kernel, agent, *, reason="", actor="scheduler"):
     return moved
 
 
+def _named(changes):
+    """status_data changes by their registered names; an unknown key is a bug."""
+    return {Key(key).value: value for key, value in changes.items()}
+
+
+def merge_status_data(row, changes):
+    """Set the keys of `changes` (status_data.Key) in a kernel's or session's status_data
+    and keep the rest as the database has it, in one UPDATE: a writer whose copy is old
+    cannot undo a key set meanwhile (no read-modify-write)."""
+    changes = _named(changes)
+    type(row).objects.filter(pk=row.pk).update(status_data=MergedJSON("status_data", changes))
+    row.status_data = {**row.status_data, **changes}
+
+
 @transaction.atomic
 def set_kernel_data(kernel, **fields):
-    """Write non-status columns (last_stat, status_data) without touching the status."""
+    """Write non-status columns (log_tail, exit_code) without touching the status; status_data
+    only through merge_status_data."""
+    assert "status_data" not in fields, "status_data: use merge_status_data"
     Kernel.objects.filter(pk=kernel.pk).update(**fields)
     for name, value in fields.items():
         setattr(kernel, name, value)
@@ -335,7 +352,7 @@ def mark_kernel_terminating(kernel, *, reason, **kw):
 def mark_kernel_terminated(kernel, *, reason, exit_code=None, from_statuses=None, **kw):
     return transition_kernel(
         kernel, S.TERMINATED, reason=reason, exit_code=exit_code,
-        from_statuses=from_statuses or (set(Status) - FINISHED_STATUSES - {S.PENDING}), **kw,
+        from_statuses=from_statuses or (set(Status) - StatusGroup.FINISHED - {S.PENDING}), **kw,
     )
 
 
@@ -345,7 +362,9 @@ def mark_kernel_error(kernel, *, reason, **kw):
 
 @transaction.atomic
 def set_session_data(session, **fields):
-    """Write non-status session columns (status_data, occupying_slots)."""
+    """Write non-status session columns (occupying_slots); status_data only through
+    merge_status_data."""
+    assert "status_data" not in fields, "status_data: use merge_status_data"
     Session.objects.filter(pk=session.pk).update(**fields)
     for name, value in fields.items():
         setattr(session, name, value)
@@ -361,10 +380,6 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
     With `check_image` (a function of a kernel), the kernels go on to PREPARING in the
     same write, both steps recorded, and check_image(kernel) follows the commit.
     """
-    from agents_app.models import Agent
-
-    from .models import KeyPair
-
     if not placements:
         return []
     slots_of = SlotsCache()  # a pass sees few distinct sizes and occupancies

@@ -184,7 +184,7 @@ async def _send(layer, batch, concurrency=64):
     payloads = [(groups, {"type": "session.event", "message": msg, "text": json.dumps(msg)})
                 for groups, msg in batch]
     # Each message names its group: a web process receives it once per group and hands
-    # it to its own listeners of that group (sessions_app.fanout).
+    # it to its own listeners of that group (sessions_app.realtime.fanout).
     sends = [(group, {**payload, "group": group}) for groups, payload in payloads
              for group in groups]
     if len(sends) <= 3:

@@ -1,8 +1,7 @@
 from django.db import transaction
 
 from scheduling_app.models import ResourcePolicy, default_of
-
-from .models import KeyPair
+from sessions_app.models import KeyPair
 
 
 @transaction.atomic
@@ -17,8 +16,3 @@ def main_keypair(user):
             resource_policy=default_of(ResourcePolicy),
         )
     return keypair
-
-
-def is_admin(user, keypair=None):
-    """Admins are superusers, staff, or users acting through an admin keypair."""
-    return bool(user and (user.is_superuser or user.is_staff or (keypair and keypair.is_admin)))

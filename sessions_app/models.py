@@ -8,26 +8,8 @@ from django.db.models import Q
 
 from agents_app.models import AgentStatus
 from scheduling_app.models import Domain, Project, ResourcePolicy, ScalingGroup, SlotsField
-
-
-class Status(models.TextChoices):
-    """Statuses of sessions and kernels alike."""
-
-    PENDING = "PENDING"
-    SCHEDULED = "SCHEDULED"
-    PREPARING = "PREPARING"
-    PULLING = "PULLING"
-    PREPARED = "PREPARED"
-    CREATING = "CREATING"
-    RUNNING = "RUNNING"
-    TERMINATING = "TERMINATING"
-    TERMINATED = "TERMINATED"
-    CANCELLED = "CANCELLED"
-    ERROR = "ERROR"
-
-
-FINISHED_STATUSES = frozenset({Status.TERMINATED, Status.CANCELLED})
-LIVE_STATUSES = frozenset(set(Status) - FINISHED_STATUSES)
+from sessions_app.enums import ClusterMode, SessionResult, SessionType, Status, StatusGroup
+from sessions_app.querysets import KernelQuerySet, SessionQuerySet
 
 
 def generate_access_key():
@@ -66,23 +48,6 @@ class KeyPair(models.Model):
 
     def __str__(self):
         return self.access_key
-
-
-class SessionType(models.TextChoices):
-    INTERACTIVE = "interactive"
-    BATCH = "batch"
-    INFERENCE = "inference"
-
-
-class ClusterMode(models.TextChoices):
-    SINGLE_NODE = "single-node"
-    MULTI_NODE = "multi-node"
-
-
-class SessionResult(models.TextChoices):
-    UNDEFINED = "undefined"
-    SUCCESS = "success"
-    FAILURE = "failure"
 
 
 class StatusFields(models.Model):
@@ -151,6 +116,8 @@ class Session(StatusFields):
         max_length=16, choices=SessionResult, default=SessionResult.UNDEFINED
     )
 
+    objects = SessionQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
         permissions = [("force_terminate_session", "Can force-terminate sessions")]
@@ -174,7 +141,7 @@ class Session(StatusFields):
 
     @property
     def is_finished(self):
-        return self.status in FINISHED_STATUSES
+        return self.status in StatusGroup.FINISHED
 
     @property
     def pending_reason(self):
@@ -204,7 +171,7 @@ class Session(StatusFields):
         status until the agent is back or its lost_timeout ends them. Reads the kernels
         and agents prefetched with `kernels__agent`."""
         return sorted({k.agent_id for k in self.kernels.all()
-                       if k.agent_id and k.status not in FINISHED_STATUSES
+                       if k.agent_id and k.status not in StatusGroup.FINISHED
                        and k.agent.status == AgentStatus.LOST})
 
     @property
@@ -238,6 +205,8 @@ class Kernel(StatusFields):
         help_text="Recent samples [time, cpu %, mem %] for utilization-based idle checks.")
     created_at = models.DateTimeField(auto_now_add=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
+
+    objects = KernelQuerySet.as_manager()
 
     class Meta:
         ordering = ["cluster_role", "cluster_idx"]

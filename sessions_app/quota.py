@@ -2,10 +2,9 @@
 
 from dataclasses import dataclass
 
+from common.slots import ResourceSlots
 from scheduling_app.scheduler.snapshot import OCCUPYING
-from scheduling_app.slots import ResourceSlots
-
-from .models import Session
+from sessions_app.models import Session
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 from celery import shared_task
 
-from .lifecycle.agent_reports import handle_kernel_event
-from .lifecycle.heartbeats import handle_heartbeat
+from sessions_app.lifecycle.agent_reports import handle_kernel_event
+from sessions_app.lifecycle.heartbeats import handle_heartbeat
 
 
 @shared_task(name="manager.heartbeat", ignore_result=True)

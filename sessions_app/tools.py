@@ -5,9 +5,9 @@ from django.db import transaction
 from rest_framework.exceptions import APIException
 
 from agents_app import rpc
-
-from . import engine
-from .models import Session, Status
+from sessions_app import engine
+from sessions_app.enums import Status
+from sessions_app.models import Session
 
 LOGS_TIMEOUT = 10
 

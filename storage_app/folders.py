@@ -12,10 +12,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from scheduling_app.models import ScalingGroup
-from sessions_app.models import LIVE_STATUSES
-
-from .files import FileError, FolderFiles, check_name
-from .models import Folder, Mount
+from sessions_app.models import Session
+from storage_app.files import FileError, FolderFiles, check_name
+from storage_app.models import Folder, Mount
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Where a folder may be mounted in a kernel: its work directory, or /mnt or /data.
@@ -107,9 +106,7 @@ def create_folder(*, user, name, policy, project=None, scaling_group="default"):
 
 def sessions_mounting(folder):
     """The live sessions that mount `folder`."""
-    from sessions_app.models import Session  # storage_app.models is loaded by then
-
-    return Session.objects.filter(status__in=LIVE_STATUSES, mounts__folder=folder).distinct()
+    return Session.objects.live().filter(mounts__folder=folder).distinct()
 
 
 def delete_folder(folder):

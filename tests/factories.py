@@ -1,11 +1,12 @@
 """Sessions in any status, reached through the engine's own transitions."""
 
 from agents_app.models import Agent, Image
+from common import clock
 from scheduling_app.models import ScalingGroup
-from sessions_app import clock, engine
+from sessions_app import engine
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import Status
-from sessions_app.services import create_session
+from sessions_app.lifecycle.create import create_session
 
 S = Status
 # The path a kernel takes to each status.

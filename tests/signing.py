@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 
 import requests
 
-from sessions_app.authentication import sign
+from sessions_app.api.authentication import sign
 
 API_VERSION = "v7.20230615"
 

@@ -3,7 +3,8 @@
 from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 
-from sessions_app.models import Session, Status
+from sessions_app.enums import Status
+from sessions_app.models import Session
 from tests.factories import make_agent, make_session
 
 S = Status

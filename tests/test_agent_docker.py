@@ -12,7 +12,8 @@ import pytest
 from docker.errors import ImageNotFound
 
 from agents_app.models import Agent, Image
-from sessions_app.models import Kernel, Session, SessionEvent, Status
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, Session, SessionEvent
 from tests.conftest import IMAGE, need, wait_for
 
 pytestmark = pytest.mark.docker

@@ -12,10 +12,11 @@ import uuid
 import pytest
 
 from agents_app.models import Agent, AgentStatus
+from common import clock
 from scheduling_app.models import ScalingGroup
-from sessions_app import clock
+from sessions_app.enums import Status
 from sessions_app.lifecycle import progress
-from sessions_app.models import Kernel, Session, Status
+from sessions_app.models import Kernel, Session
 from tests.conftest import IMAGE, Process, wait_for
 
 pytestmark = pytest.mark.docker

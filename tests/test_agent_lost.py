@@ -8,12 +8,13 @@ import pytest
 import time_machine
 
 from agents_app.models import Agent, AgentStatus, HeartbeatWatch
+from common import clock
 from scheduling_app.models import ScalingGroup
-from sessions_app import clock
+from sessions_app.enums import Status
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.heartbeats import handle_heartbeat
 from sessions_app.lifecycle.invariants import check_invariants
-from sessions_app.models import KeyPair, SessionEvent, Status
+from sessions_app.models import KeyPair, SessionEvent
 from tests.factories import make_agent, make_session
 
 S = Status

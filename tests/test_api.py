@@ -2,7 +2,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sessions_app.models import Session, Status
+from sessions_app.enums import Status
+from sessions_app.models import Session
 from tests.factories import make_session
 from tests.signing import signed_headers
 

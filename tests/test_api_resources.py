@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from scheduling_app.models import ResourcePolicy, ScalingGroup
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import KeyPair, Session, SessionEvent, Status
+from sessions_app.models import KeyPair, Session, SessionEvent
 from tests.factories import make_agent, make_session
 from tests.signing import signed_call
 
@@ -324,7 +325,7 @@ def test_rate_limit_counts_down_and_refuses_with_429(client, alice, redis_availa
 
 
 def test_the_window_slides(alice, redis_available):
-    from sessions_app.ratelimit import WINDOW_SECONDS, hit
+    from sessions_app.api.ratelimit import WINDOW_SECONDS, hit
 
     key = main_keypair(alice).access_key
     assert hit(key, 2, now=1000.0)[:2] == (True, 1)
@@ -334,7 +335,7 @@ def test_the_window_slides(alice, redis_available):
 
 
 def test_without_redis_requests_pass(client, alice, settings, monkeypatch):
-    import sessions_app.ratelimit as ratelimit
+    import sessions_app.api.ratelimit as ratelimit
 
     monkeypatch.setattr(ratelimit, "_script", None)
     settings.REDIS_URL = "redis://127.0.0.1:9/0"  # the settings fixture restores it

@@ -19,7 +19,8 @@ from django.db import transaction
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, default_of
 from sessions_app import engine
-from sessions_app.models import Session, Status
+from sessions_app.enums import Status
+from sessions_app.models import Session
 from tests.conftest import ROOT, LiveSystem, Process, need, wait_for
 from tests.factories import make_agent, make_session
 
@@ -216,7 +217,7 @@ def test_command_box_and_container_log_in_a_real_browser(live, alice, browser_co
 
 def make_running_session_on_the_live_agent(user, name="browser-cmd"):
     from sessions_app.keypairs import main_keypair
-    from sessions_app.services import create_session
+    from sessions_app.lifecycle.create import create_session
 
     session = create_session(keypair=main_keypair(user), user=user, name=name,
                              image="bai-local/busybox:latest",

@@ -3,8 +3,9 @@
 import datetime
 
 from agents_app.models import Agent
-from sessions_app.bulk import insert_rows, set_json_key, update_rows
-from sessions_app.models import Kernel, Session, SessionEvent, Status
+from common.bulk import insert_rows, set_json_key, update_rows
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, Session, SessionEvent
 from tests.factories import make_agent, make_session
 
 

@@ -11,9 +11,10 @@ from asgiref.sync import async_to_sync
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sessions_app import clock
+from common import clock
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import Session, SessionEvent, Status
+from sessions_app.models import Session, SessionEvent
 from tests.factories import make_agent, make_session
 from tests.signing import signed_call
 
@@ -78,8 +79,10 @@ def test_create_without_enqueue_only_waits_and_says_timeout(client, kp):
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"name": "s1", "config": {"mounts": ["data"]}}, "Not supported by this server: "
-                                                      "config.mounts"),
+    ({"name": "s1", "config": {"mounts": ["data"]}}, "There is no folder 'data' you may "
+                                                      "mount."),
+    ({"name": "s1", "config": {"environ": {"A": "1"}}}, "Not supported by this server: "
+                                                         "config.environ"),
     ({"name": "s1", "clusterSize": "many"}, "clusterSize must be a whole number"),
     ({"name": "s1", "config": "x"}, "config must be an object"),
     ({"name": "s1", "config": {"resources": {"cpu": "lots"}}}, "cpu: 'lots' is not a number"),

@@ -8,8 +8,9 @@ import subprocess
 
 import pytest
 
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import Session, SessionEvent, Status
+from sessions_app.models import Session, SessionEvent
 from tests.conftest import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker

@@ -10,8 +10,9 @@ from django.utils import timezone
 from agents_app.models import AgentStatus, Image
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
-from sessions_app import timeline
-from sessions_app.models import KeyPair, Session, SessionEvent, Status
+from sessions_app.enums import Status
+from sessions_app.models import KeyPair, Session, SessionEvent
+from sessions_app.web import timeline
 from tests.factories import make_agent, make_session
 
 S = Status

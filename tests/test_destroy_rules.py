@@ -3,7 +3,8 @@
 import pytest
 
 from agents_app.models import Agent
-from sessions_app.models import KeyPair, Session, SessionEvent, Status
+from sessions_app.enums import Status
+from sessions_app.models import KeyPair, Session, SessionEvent
 from tests.factories import make_agent, make_session
 
 S = Status
@@ -167,8 +168,8 @@ def test_a_refused_destroy_says_when_the_status_times_out(status, timeout_field,
                                                          alice, client):
     import time_machine
 
+    from common import clock
     from scheduling_app.models import ScalingGroup
-    from sessions_app import clock
 
     ScalingGroup.objects.filter(name="default").update(**{timeout_field: 90})
     with time_machine.travel("2026-01-01 10:00:00Z", tick=False):

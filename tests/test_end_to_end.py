@@ -7,7 +7,8 @@ agent-event handlers and the agent run as the separate processes of ARCHITECTURE
 import pytest
 
 from agents_app.models import Agent
-from sessions_app.models import KeyPair, Session, SessionEvent, Status
+from sessions_app.enums import Status
+from sessions_app.models import KeyPair, Session, SessionEvent
 from tests.conftest import IMAGE, wait_for
 from tests.signing import signed_headers
 

@@ -4,7 +4,8 @@ from django.test.utils import CaptureQueriesContext
 
 from agents_app.models import Agent
 from sessions_app import engine
-from sessions_app.models import Kernel, KeyPair, SessionEvent, Status
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, KeyPair, SessionEvent
 from tests.factories import make_agent, make_session
 
 S = Status

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from channels.layers import get_channel_layer
 
-from sessions_app import fanout
+from sessions_app.realtime import fanout
 
 pytestmark = pytest.mark.asyncio
 

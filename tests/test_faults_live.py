@@ -14,12 +14,13 @@ from django.db import connection
 
 from agents_app.models import Agent, AgentStatus
 from backendai_web.service_control import RedisServer, postgres_cluster
+from common import clock
 from scheduling_app.models import ScalingGroup
-from sessions_app import clock
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.invariants import check_invariants
-from sessions_app.models import Kernel, Session, SessionEvent, Status
+from sessions_app.models import Kernel, Session, SessionEvent
 from tests.conftest import IMAGE, database_url_of_test_db, need, wait_for
 from tests.signing import SignedClient
 

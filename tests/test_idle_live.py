@@ -11,7 +11,8 @@ import pytest
 from agents_app.models import Image
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
-from sessions_app.models import Kernel, Session, SessionEvent, Status
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, Session, SessionEvent
 from tests.conftest import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker

@@ -6,10 +6,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
+from common import clock
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, default_of
-from sessions_app import activity, clock
-from sessions_app.models import Session, SessionEvent, Status
+from sessions_app import activity
+from sessions_app.enums import Status
+from sessions_app.models import Session, SessionEvent
 from tests.factories import make_agent, make_session
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -12,12 +12,13 @@ from hypothesis import strategies as st
 from hypothesis.extra.django import TestCase
 
 from agents_app.models import Agent
+from common.slots import ResourceSlots
 from scheduling_app.models import ensure_defaults
-from scheduling_app.slots import ResourceSlots
 from sessions_app import engine
+from sessions_app.enums import Status
 from sessions_app.lifecycle import DestroyRefused, destroy_session
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, Status
+from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
 from tests.factories import make_agent, make_session
 
 STATUSES = list(Status)

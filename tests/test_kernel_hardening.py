@@ -6,6 +6,7 @@ import pytest
 from agents_app.models import Agent, AgentStatus
 from agents_app.runtime.docker_backend import KERNEL_CAPABILITIES
 from scheduling_app.models import ResourcePolicy
+from sessions_app.api.metrics import exposition
 from sessions_app.models import Kernel
 from tests.test_agent_docker import S, create, wait_status
 
@@ -65,13 +66,11 @@ def test_a_kernel_has_only_the_listed_capabilities_no_new_privileges_and_its_lim
     mounts = docker_client.containers.get(kernel.container_id).attrs["Mounts"]
     assert [(m["Type"], m["Destination"]) for m in mounts] == [("volume", "/home/work")]
     # The agent counted the start in Redis; the manager's /metrics shows it.
-    from backendai_web import metrics
-
-    exposition = metrics.exposition().decode()
+    text = exposition().decode()
     assert (f'backendai_agent_container_starts_total{{agent="{live.agent_id}",'
-            f'outcome="started"}}') in exposition
+            f'outcome="started"}}') in text
     assert (f'backendai_agent_container_start_seconds_count{{agent="{live.agent_id}"}}'
-            in exposition)
+            in text)
     as_alice.delete(f"/api/v1/sessions/{session_id}/")
     wait_status(session_id, S.TERMINATED)
 

@@ -15,9 +15,10 @@ from django.apps import apps as django_apps
 from django.conf import settings
 
 from backendai_web.logs import RepeatedFailure, logging_config
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import Session, Status
-from sessions_app.services import create_session
+from sessions_app.lifecycle.create import create_session
+from sessions_app.models import Session
 from tests.conftest import (
     IMAGE,
     Process,

@@ -11,7 +11,9 @@ from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from backendai_web import metrics
-from sessions_app.models import Session, Status
+from sessions_app.api.metrics import exposition
+from sessions_app.enums import Status
+from sessions_app.models import Session
 from tests.conftest import Process, database_url_of_test_db, free_port, need, wait_for
 from tests.factories import make_agent, make_session
 from tests.signing import signed_headers
@@ -169,7 +171,7 @@ def test_a_scheduler_pass_a_refused_destroy_and_a_cull_are_counted(alice, counte
     pulling = make_session(alice, Status.PULLING, name="pulling")
     with pytest.raises(DestroyRefused):
         destroy_session(pulling, reason="user-requested", actor=None, forced=False)
-    got = samples(metrics.exposition().decode())
+    got = samples(exposition().decode())
     assert got[("backendai_scheduler_sessions_placed_total",
                 frozenset({"scaling_group": "default"}.items()))] == 1
     assert got[("backendai_scheduler_pass_seconds_count",

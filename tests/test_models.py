@@ -2,8 +2,9 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from scheduling_app.models import ResourcePolicy, default_of
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import KeyPair, Session, Status
+from sessions_app.models import KeyPair, Session
 from tests.factories import make_session
 
 

@@ -6,9 +6,10 @@ import pytest
 from django.db import connection
 
 from sessions_app.accounting import reconcile_usage
+from sessions_app.enums import Status
 from sessions_app.lifecycle import DestroyRefused, destroy_session
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
-from sessions_app.models import Kernel, Session, SessionEvent, Status
+from sessions_app.models import Kernel, Session, SessionEvent
 from tests.factories import make_agent, make_session
 
 S = Status

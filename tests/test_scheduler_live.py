@@ -6,8 +6,9 @@ import pytest
 
 from agents_app.models import Agent, AgentStatus, Image
 from scheduling_app.models import ScalingGroup
+from sessions_app.enums import Status
 from sessions_app.lifecycle import progress
-from sessions_app.models import Kernel, Session, SessionEvent, Status
+from sessions_app.models import Kernel, Session, SessionEvent
 from tests.conftest import IMAGE, beat_sweeping, wait_for
 
 pytestmark = pytest.mark.docker
@@ -34,10 +35,10 @@ def test_a_pull_from_an_unreachable_registry_is_retried_then_rescheduled(live, a
 
     def rescheduled():
         session = Session.objects.get(pk=session_id)
-        return session.status_data.get("scheduler", {}).get("excluded_agents") and session
+        return session.status_data.get("excluded_agents") and session
 
     session = wait_for(rescheduled, timeout=60, message="the session to be rescheduled")
-    assert session.status_data["scheduler"]["excluded_agents"] == [live.agent_id]
+    assert session.status_data["excluded_agents"] == [live.agent_id]
     tries = SessionEvent.objects.filter(session_id=session_id, name="kernel_pulling")
     retries = SessionEvent.objects.filter(session_id=session_id,
                                           name="kernel_retry_preparing")

@@ -7,13 +7,14 @@ import pytest
 import time_machine
 
 from agents_app.models import Agent
+from common import clock
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
 from scheduling_app.scheduler import schedule
-from sessions_app import clock
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import progress
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, Status
-from sessions_app.services import SessionRequestError
+from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
+from sessions_app.spec import SessionRequestError
 from tests.factories import make_agent, make_session
 
 S = Status
@@ -163,7 +164,7 @@ def test_failed_pulls_are_retried_then_rescheduled_on_another_agent(alice, sent)
     session.refresh_from_db()
     kernel.refresh_from_db()
     assert session.status == S.PENDING and kernel.agent is None
-    assert session.status_data["scheduler"]["excluded_agents"] == ["bad"]
+    assert session.status_data["excluded_agents"] == ["bad"]
     assert Agent.objects.get(pk="bad").free_slots == {"cpu": 4, "mem": 8 * 2**30}
     make_agent("good")
     schedule("default")

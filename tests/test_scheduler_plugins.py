@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from common.slots import ResourceSlots
 from scheduling_app.scheduler import predicates
 from scheduling_app.scheduler.selectors import AgentIndex, select
 from scheduling_app.scheduler.sequencers import dominant_share, drf, fifo, lifo
@@ -16,7 +17,6 @@ from scheduling_app.scheduler.state import (
     PendingSession,
     Snapshot,
 )
-from scheduling_app.slots import ResourceSlots
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -11,9 +11,10 @@ from django.core.management import call_command
 
 from scheduling_app.models import ResourcePolicy, ScalingGroup
 from scheduling_app.scheduler import schedule
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import Session, SessionEvent, Status
-from sessions_app.templatetags.dashboard import ordinal
+from sessions_app.models import Session, SessionEvent
+from sessions_app.web.templatetags import ordinal
 from tests.factories import make_agent, make_session
 from tests.signing import signed_call
 

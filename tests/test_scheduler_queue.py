@@ -15,7 +15,7 @@ from scheduling_app.scheduler.timeline import (
     latest_end,
     predict,
 )
-from sessions_app.models import Status
+from sessions_app.enums import Status
 from tests.test_scheduler_plugins import agent, session, slots, snapshot
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

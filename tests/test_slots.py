@@ -2,7 +2,7 @@ from decimal import Decimal
 
 import pytest
 
-from scheduling_app.slots import ResourceSlots, SlotError, SlotsCache, humanize, total
+from common.slots import ResourceSlots, SlotError, SlotsCache, humanize, total
 
 
 @pytest.mark.parametrize("given, expected", [

@@ -6,11 +6,12 @@ from datetime import timedelta
 import pytest
 import time_machine
 
+from common import clock
 from scheduling_app.models import ScalingGroup
-from sessions_app import clock
+from sessions_app.enums import Status
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
-from sessions_app.models import SessionEvent, Status
+from sessions_app.models import SessionEvent
 from tests.factories import make_agent, make_session
 
 S = Status
@@ -52,7 +53,7 @@ def test_a_kernel_stuck_scheduled_or_prepared_is_rescheduled_on_another_agent(
     kernel = session.kernels.get()
     assert (kernel.status, kernel.agent_id) == (S.PENDING, None)
     assert kernel.status_info == f"{status.lower()}-timeout: {status} for over 60s"
-    assert session.status_data["scheduler"]["excluded_agents"] == ["stuck"]
+    assert session.status_data["excluded_agents"] == ["stuck"]
     assert sends(sent, "scheduling.schedule") == [{"scaling_group_name": "default"}]
 
 

@@ -10,7 +10,8 @@ import time
 import pytest
 from django.test import Client
 
-from sessions_app.models import Kernel, Session, SessionEvent, Status
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, Session, SessionEvent
 from tests.conftest import IMAGE, need, wait_for
 from tests.test_agent_docker import create, wait_status
 

@@ -190,7 +190,7 @@ def test_a_resumable_upload_in_parts(as_alice):
 
 def test_backendai_config_mounts_are_accepted(alice, alice_keypair, as_alice, client):
     make_folder(as_alice)
-    from sessions_app.compat import creation_fields
+    from sessions_app.compat.views import creation_fields
 
     fields = creation_fields({"name": "s", "image": "i", "config": {
         "mounts": ["data"], "mount_map": {"data": "inside"}}})

@@ -11,10 +11,13 @@ from django.test import Client
 from django.utils import timezone
 
 from agents_app.models import Agent, Image
+from backendai_web import metrics
 from backendai_web.asgi import application
 from scheduling_app.models import ScalingGroup
+from sessions_app.api.metrics import exposition
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import Session, SessionEvent, Status
+from sessions_app.models import Session, SessionEvent
 from tests.conftest import IMAGE
 from tests.factories import make_agent, make_session
 
@@ -45,7 +48,7 @@ def out_of_the_live_schedulers_way(defaults, monkeypatch):
     test would otherwise schedule (or, with the image not registered yet, cancel) their
     PENDING sessions and add events of its own.
     """
-    monkeypatch.setattr("sessions_app.services.kick_scheduler", lambda group_name: None)
+    monkeypatch.setattr("sessions_app.lifecycle.create.kick_scheduler", lambda group_name: None)
     ScalingGroup.objects.create(name="no-agents")
     Image.objects.get_or_create(name=IMAGE)
     make_agent("ws-agent", schedulable=False)
@@ -236,12 +239,10 @@ async def test_a_list_page_can_leave_out_kernel_events(alice, login):
 
 
 async def test_open_websockets_are_counted_for_metrics(login, alice):
-    from backendai_web import metrics
-
     await database_sync_to_async(metrics.reset)()
 
     def gauge():
-        text = metrics.exposition().decode()
+        text = exposition().decode()
         return next(float(line.split()[-1]) for line in text.splitlines()
                     if line.startswith("backendai_websocket_connections "))
 

@@ -19,12 +19,11 @@ from datetime import datetime
 from django.conf import settings
 from docker.errors import DockerException, NotFound
 
+from agents_app.runtime import docker_backend as backend
+from agents_app.runtime.provisioners import KernelRunner
 from backendai_web import __version__, metrics
 from backendai_web.celery import app
 from backendai_web.logs import RepeatedFailure
-
-from . import docker_backend as backend
-from .provisioners import KernelRunner
 
 log = logging.getLogger("agent")
 STOPPED_KEPT = 30  # seconds a stopped kernel stays in the heartbeat's "stopping"

@@ -17,6 +17,8 @@ from django.conf import settings
 from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import IPAMConfig, IPAMPool, Ulimit
 
+from sessions_app.enums import SessionType
+
 log = logging.getLogger(__name__)
 
 LABEL_PREFIX = "ai.backend."
@@ -109,7 +111,7 @@ def kernel_labels(agent_id, spec):
 
 def kernel_command(spec):
     startup = spec.get("startup_command") or ""
-    if spec["session_type"] == "batch":
+    if spec["session_type"] == SessionType.BATCH:
         return ["/bin/sh", "-c", startup]
     if startup:
         return ["/bin/sh", "-c", f"( {startup}\n) & {KEEPALIVE}"]

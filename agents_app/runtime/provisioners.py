@@ -18,9 +18,8 @@ import time
 
 from docker.errors import APIError, NotFound
 
+from agents_app.runtime import docker_backend as backend
 from storage_app.files import give_back
-
-from . import docker_backend as backend
 
 log = logging.getLogger(__name__)
 

@@ -10,18 +10,26 @@ from django.conf import settings
 from django.db import transaction
 
 from backendai_web import metrics
-from sessions_app import clock, engine
-from sessions_app.models import Kernel, Session, Status
-
-from ..models import ScalingGroup
-from ..session_types import hook_for
-from ..slots import ResourceSlots
-from .predicates import Failure, validators_for
-from .preemption import Preemptor, load_candidates, preempt
-from .selectors import AgentIndex
-from .sequencers import SEQUENCERS
-from .snapshot import load_pending, load_snapshot
-from .timeline import NO_ROOM, Placer, Timeline, load_occupants, occupant_of, predict
+from common import clock
+from common.slots import ResourceSlots
+from scheduling_app.models import ScalingGroup
+from scheduling_app.scheduler.predicates import Failure, validators_for
+from scheduling_app.scheduler.preemption import Preemptor, load_candidates, preempt
+from scheduling_app.scheduler.selectors import AgentIndex
+from scheduling_app.scheduler.sequencers import SEQUENCERS
+from scheduling_app.scheduler.snapshot import load_pending, load_snapshot
+from scheduling_app.scheduler.timeline import (
+    NO_ROOM,
+    Placer,
+    Timeline,
+    load_occupants,
+    occupant_of,
+    predict,
+)
+from scheduling_app.session_types import hook_for
+from sessions_app import engine
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, Session
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ session PENDING (and tells its owner why); a permanent one cancels it.
 
 from dataclasses import dataclass
 
-from .state import PendingSession, Snapshot
+from scheduling_app.scheduler.state import PendingSession, Snapshot
 
 
 @dataclass(frozen=True)

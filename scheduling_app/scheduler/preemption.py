@@ -11,12 +11,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from common.slots import ResourceSlots, SlotsCache
+from scheduling_app.scheduler.state import PendingSession, Snapshot
 from sessions_app import engine
+from sessions_app.enums import Status
 from sessions_app.lifecycle.destroy import DestroyRefused, destroy_session
-from sessions_app.models import Kernel, Session, Status
-
-from ..slots import ResourceSlots, SlotsCache
-from .state import PendingSession, Snapshot
+from sessions_app.models import Kernel, Session
 
 log = logging.getLogger(__name__)
 FINISHED = {Status.TERMINATED, Status.CANCELLED}

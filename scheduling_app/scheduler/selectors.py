@@ -10,8 +10,8 @@ from bisect import bisect_right
 
 from sortedcontainers import SortedList
 
-from ..slots import ResourceSlots
-from .state import AgentState, PendingSession, Snapshot
+from common.slots import ResourceSlots
+from scheduling_app.scheduler.state import AgentState, PendingSession, Snapshot
 
 
 def concentrated_key(agent: AgentState):

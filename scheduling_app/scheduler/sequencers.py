@@ -7,7 +7,7 @@ sessions placed before.
 import heapq
 from collections import defaultdict
 
-from .state import PendingSession, Snapshot
+from scheduling_app.scheduler.state import PendingSession, Snapshot
 
 
 def fifo(sessions: list[PendingSession], snap: Snapshot):

@@ -3,12 +3,9 @@
 from django.db.models import Q
 
 from agents_app.models import Agent, AgentStatus, Image
-from sessions_app.engine import CONCURRENCY_HOLDING
-from sessions_app.models import Kernel, KeyPair, Session, Status
-
-from ..models import Domain, Project
-from ..slots import SlotsCache
-from .state import (
+from common.slots import SlotsCache
+from scheduling_app.models import Domain, Project
+from scheduling_app.scheduler.state import (
     AgentState,
     DependencyState,
     Limit,
@@ -16,6 +13,10 @@ from .state import (
     PendingSession,
     Snapshot,
 )
+from sessions_app.engine import CONCURRENCY_HOLDING
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, KeyPair, Session
+from sessions_app.status_data import StatusData
 
 # Sessions whose slots count against their keypair's, project's and domain's limits.
 OCCUPYING = CONCURRENCY_HOLDING | {Status.TERMINATING}
@@ -39,7 +40,7 @@ def load_pending(group, limit=None):
             created_at=created, image=image, session_type=stype, cluster_mode=mode,
             kernels=[], status_data=data, batch_timeout=timeout, priority=priority,
             rank=priority, max_lifetime=lifetime or 0,
-            excluded_agents=frozenset(data.get("scheduler", {}).get("excluded_agents", [])),
+            excluded_agents=StatusData(data).excluded_agents,
         )
     for pk, session_id, slots in (Kernel.objects.filter(session_id__in=sessions,
                                                         status=Status.PENDING)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 
-from ..slots import ResourceSlots
+from common.slots import ResourceSlots
 
 
 @dataclass

@@ -16,13 +16,13 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sessions_app.models import Kernel, Session, Status
-
-from ..slots import ResourceSlots, SlotsCache
-from .predicates import PERMANENT, Failure, evaluate
-from .selectors import select
-from .snapshot import OCCUPYING
-from .state import PendingSession, Snapshot
+from common.slots import ResourceSlots, SlotsCache
+from scheduling_app.scheduler.predicates import PERMANENT, Failure, evaluate
+from scheduling_app.scheduler.selectors import select
+from scheduling_app.scheduler.snapshot import OCCUPYING
+from scheduling_app.scheduler.state import PendingSession, Snapshot
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, Session
 
 # Reservations made per scan at most (Slurm bounds its backfill work likewise).
 MAX_RESERVATIONS = 16

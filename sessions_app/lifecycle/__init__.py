@@ -8,6 +8,6 @@
 - invariants: the checks of ARCHITECTURE.md's invariants (manage.py check_invariants).
 """
 
-from .destroy import DestroyRefused, DestroyResult, destroy_session
+from sessions_app.lifecycle.destroy import DestroyRefused, DestroyResult, destroy_session
 
 __all__ = ["DestroyRefused", "DestroyResult", "destroy_session"]

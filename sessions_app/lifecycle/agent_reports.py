@@ -11,12 +11,19 @@ import uuid
 from django.db import transaction
 
 from agents_app import rpc
-
-from .. import clock, engine
-from .. import events as events_module
-from ..models import FINISHED_STATUSES, Kernel, Session, SessionResult, Status
-from ..services import kick_scheduler
-from .progress import end_with_kernel, retry_stage, start_session, start_single_kernel
+from common import clock
+from sessions_app import engine
+from sessions_app import events as events_module
+from sessions_app.enums import SessionResult, SessionType, Status, StatusGroup
+from sessions_app.lifecycle.create import kick_scheduler
+from sessions_app.lifecycle.progress import (
+    end_with_kernel,
+    retry_stage,
+    start_session,
+    start_single_kernel,
+)
+from sessions_app.models import Kernel, Session
+from sessions_app.status_data import Key, StatusData
 
 log = logging.getLogger(__name__)
 S = Status
@@ -65,7 +72,7 @@ def _started(kernel, data, actor):
     moved = engine.mark_kernel_running(kernel, data, actor=actor)
     if moved is None:
         kernel.refresh_from_db()
-        if kernel.status in FINISHED_STATUSES | {S.TERMINATING}:
+        if kernel.status in StatusGroup.FINISHED | {S.TERMINATING}:
             # Destroyed while its container was being created: the container must go too.
             kernel.container_id = data.get("container_id", "")
             transaction.on_commit(lambda: _destroy_on_agent(
@@ -87,7 +94,7 @@ def _terminated(kernel, data, actor):
     if kernel.status == S.TERMINATING:
         reason = kernel.status_info or data.get("reason") or "user-requested"
     elif kernel.status == S.ERROR:  # its container is gone at last
-        reason = kernel.status_data.get("destroy_reason") or "force-terminated"
+        reason = StatusData(kernel.status_data).destroy_reason or "force-terminated"
     else:  # it ended without being asked to
         reason = data.get("reason") if data.get("reason") in SELF_ENDED_REASONS \
             else "self-terminated"
@@ -96,9 +103,10 @@ def _terminated(kernel, data, actor):
         engine.set_kernel_data(kernel, log_tail=data["log_tail"][-65536:])
     # A quick command can end before its kernel_started report is handled: CREATING too.
     # A main kernel stopped because another kernel ended still gives the batch result.
-    if kernel.is_main and kernel.session.session_type == "batch" and exit_code is not None \
+    batch = kernel.session.session_type == SessionType.BATCH
+    if kernel.is_main and batch and exit_code is not None \
             and (kernel.status in (S.CREATING, S.RUNNING)
-                 or (kernel.status == S.TERMINATING and kernel.status_data.get("ended_with"))):
+                 or (kernel.status == S.TERMINATING and StatusData(kernel.status_data).ended_with)):
         _record_batch_result(kernel, exit_code, actor)
     moved = engine.mark_kernel_terminated(kernel, reason=reason, exit_code=exit_code,
                                           actor=actor, data={"exit_code": exit_code})
@@ -124,9 +132,9 @@ def _teardown_failed(kernel, data, actor):
     return engine.mark_kernel_error(
         kernel, reason=short[:255], actor=actor,
         from_statuses={S.RUNNING, S.TERMINATING, S.CREATING},
-        status_data={**kernel.status_data, "teardown_error": error[:500],
-                     "destroy_reason": kernel.status_info or "user-requested",
-                     "last_destroy_request": clock.now().isoformat()})
+        status_data={Key.TEARDOWN_ERROR: error[:500],
+                     Key.DESTROY_REASON: kernel.status_info or "user-requested",
+                     Key.LAST_DESTROY_REQUEST: clock.now().isoformat()})
 
 
 def _pre_stop_failed(kernel, data, actor):

@@ -10,11 +10,13 @@ from django.utils.module_loading import import_string
 
 from agents_app import rpc
 from backendai_web import metrics
-
-from .. import clock, engine
-from ..accounting import reconcile_usage
-from ..keypairs import is_admin
-from ..models import Status
+from common import clock
+from sessions_app import engine
+from sessions_app.accounting import reconcile_usage
+from sessions_app.enums import Status
+from sessions_app.querysets import is_admin
+from sessions_app.spec import DomainError
+from sessions_app.status_data import Key
 
 log = logging.getLogger(__name__)
 S = Status
@@ -22,13 +24,14 @@ S = Status
 FORCE_ONLY = {S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.TERMINATING, S.ERROR}
 
 
-class DestroyRefused(Exception):
+class DestroyRefused(DomainError):
     """`message` is what the caller is told; `rule` the refusal's words alone (without
     when the status times out), to group refusals by."""
 
-    def __init__(self, message, status_code=409, *, rule=None):
-        super().__init__(message)
-        self.message, self.status_code = message, status_code
+    status_code = 409
+
+    def __init__(self, message, status_code=None, *, rule=None):
+        super().__init__(message, status_code=status_code)
         self.rule = rule or message
 
 
@@ -143,8 +146,8 @@ def _destroy_kernel(kernel, *, forced, reason, actor):
     if status == S.RUNNING:
         engine.mark_kernel_terminating(
             kernel, reason=reason, actor=actor,
-            status_data={**kernel.status_data, "kernel": {"exit_code": None},
-                         "session": {"status": "terminating"}, "forced": forced},
+            status_data={Key.KERNEL: {"exit_code": None},
+                         Key.SESSION: {"status": "terminating"}, Key.FORCED: forced},
         )
         return kernel
     log.warning("force-terminating kernel %s of session %s in %s", kernel.pk,

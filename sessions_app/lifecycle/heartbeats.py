@@ -10,14 +10,15 @@ from django.db import transaction
 
 from agents_app import rpc
 from agents_app.models import Agent, AgentStatus, Image
+from common import clock
+from common.bulk import update_rows
 from scheduling_app.idle import add_sample, summarize
 from scheduling_app.models import ScalingGroup
-
-from .. import clock, engine
-from ..bulk import update_rows
-from ..models import FINISHED_STATUSES, Kernel, Status
-from ..services import kick_scheduler
-from .agent_reports import handle_kernel_event
+from sessions_app import engine
+from sessions_app.enums import Status, StatusGroup
+from sessions_app.lifecycle.agent_reports import handle_kernel_event
+from sessions_app.lifecycle.create import kick_scheduler
+from sessions_app.models import Kernel
 
 log = logging.getLogger(__name__)
 S = Status
@@ -104,7 +105,7 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
                         container["container_id"][:12], kernel_id)
             transaction.on_commit(lambda c=container: rpc.send_remove_dangling(
                 agent.pk, c["container_id"]))
-        elif kernel.status in FINISHED_STATUSES and kernel.status_changed and \
+        elif kernel.status in StatusGroup.FINISHED and kernel.status_changed and \
                 kernel.status_changed < snapshot_at - SNAPSHOT_MARGIN:
             kernel.container_id = container["container_id"]
             transaction.on_commit(lambda k=kernel: rpc.send_destroy_kernel(k, k.status_info))

@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from agents_app.models import Agent, AgentStatus
+from common import clock
 from scheduling_app.models import ScalingGroup
-
-from .. import clock
-from ..accounting import usage_drift
-from ..models import FINISHED_STATUSES, Kernel, Status
-from .heartbeats import SNAPSHOT_MARGIN, is_uuid
+from sessions_app.accounting import usage_drift
+from sessions_app.enums import Status, StatusGroup
+from sessions_app.lifecycle.heartbeats import SNAPSHOT_MARGIN, is_uuid
+from sessions_app.models import Kernel
+from sessions_app.status_data import StatusData
 
 S = Status
 # The handlers that end a state past its timeout run every 10 to 30 s (beat): a state
@@ -51,7 +52,7 @@ def check_invariants(now=None):
     stray = Check("containers without a live kernel")
     for kernel_id, (agent, container) in reported.items():
         kernel = kernels.get(kernel_id)
-        if kernel is None or (kernel.status in FINISHED_STATUSES and
+        if kernel is None or (kernel.status in StatusGroup.FINISHED and
                               kernel.status_changed < agent.containers_at - SNAPSHOT_MARGIN):
             stray.violations.append(
                 f"agent {agent.pk}: container {container['container_id'][:12]} of "
@@ -85,8 +86,8 @@ def _stuck(now):
             since = "session__created_at" if status == S.PENDING else "status_changed"
             for kernel in Kernel.objects.filter(status=status, session__scaling_group=group,
                                                 **{f"{since}__lt": cutoff}):
-                last_retry = kernel.status_data.get("last_retry")
-                if last_retry and clock.parse(last_retry) > cutoff:
+                last_retry = StatusData(kernel.status_data).last_retry
+                if last_retry and last_retry > cutoff:
                     continue  # a retry gets the whole timeout again
                 stuck.violations.append(f"kernel {kernel.pk} of session {kernel.session_id}: "
                                         f"{status} since {kernel.status_changed:%H:%M:%S}, "
@@ -95,7 +96,7 @@ def _stuck(now):
         for kernel in Kernel.objects.filter(
                 agent__scaling_group=group, agent__status=AgentStatus.LOST,
                 agent__lost_at__lt=lost_cutoff).exclude(
-                status__in=FINISHED_STATUSES | {S.PENDING}):
+                status__in=StatusGroup.FINISHED | {S.PENDING}):
             stuck.violations.append(f"kernel {kernel.pk} of session {kernel.session_id}: "
                                     f"{kernel.status} on agent {kernel.agent_id}, LOST past "
                                     f"lost_timeout {group.lost_timeout}s")

@@ -14,10 +14,12 @@ from agents_app import rpc
 from agents_app.models import Agent, AgentStatus, HeartbeatWatch
 from backendai_web import metrics
 from backendai_web.celery import send_task_safely
+from common import clock
 from scheduling_app.models import ScalingGroup
-
-from .. import clock, engine
-from ..models import FINISHED_STATUSES, Kernel, Status
+from sessions_app import engine
+from sessions_app.enums import Status, StatusGroup
+from sessions_app.models import Kernel, Session
+from sessions_app.status_data import Key, StatusData
 
 log = logging.getLogger(__name__)
 S = Status
@@ -88,21 +90,21 @@ def _move(kernel, mark, send):
 
 def check_pulling_progress():
     """Ask again for PREPARING kernels whose image check went unanswered."""
-    return _resend_stale(S.PREPARING, "last_check", rpc.send_check_and_pull)
+    return _resend_stale(S.PREPARING, Key.LAST_CHECK, rpc.send_check_and_pull)
 
 
 def terminate_sessions():
     """Re-send the destroy request of TERMINATING kernels that got no answer, and keep
     asking for the removal of any container of ERROR kernels (forced): an ERROR kernel
     ends when its agent confirms it has no container left."""
-    return (_resend_stale(S.TERMINATING, "last_destroy_request", _send_destroy_again)
-            + _resend_stale(S.ERROR, "last_destroy_request", _send_destroy_again))
+    return (_resend_stale(S.TERMINATING, Key.LAST_DESTROY_REQUEST, _send_destroy_again)
+            + _resend_stale(S.ERROR, Key.LAST_DESTROY_REQUEST, _send_destroy_again))
 
 
 def _send_destroy_again(kernel):
-    forced = bool(kernel.status_data.get("forced")) or kernel.status == S.ERROR
-    rpc.send_destroy_kernel(kernel, kernel.status_data.get("destroy_reason")
-                            or kernel.status_info, forced=forced)
+    data = StatusData(kernel.status_data)
+    forced = data.forced or kernel.status == S.ERROR
+    rpc.send_destroy_kernel(kernel, data.destroy_reason or kernel.status_info, forced=forced)
 
 
 def _resend_stale(status, marker, send, **filters):
@@ -111,11 +113,10 @@ def _resend_stale(status, marker, send, **filters):
     stale = clock.now() - RESEND_AFTER
     sent = 0
     for kernel in _kernels(status, status_changed__lt=stale, **filters):
-        last = kernel.status_data.get(marker)
-        if last and clock.parse(last) > stale:
+        last = StatusData(kernel.status_data).time_of(marker)
+        if last and last > stale:
             continue
-        engine.set_kernel_data(kernel, status_data={**kernel.status_data,
-                                                    marker: clock.now().isoformat()})
+        engine.merge_status_data(kernel, {marker: clock.now().isoformat()})
         send(kernel)
         sent += 1
     return sent
@@ -131,7 +132,7 @@ def fail_session(kernel, reason, actor):
     if moved is None:  # a stale or repeated report: the kernel is elsewhere already
         return None
     for sibling in kernel.session.kernels.exclude(pk=kernel.pk).exclude(
-        status__in=FINISHED_STATUSES | {S.TERMINATING}
+        status__in=StatusGroup.FINISHED | {S.TERMINATING}
     ):
         if sibling.status == S.PENDING:
             engine.mark_kernel_cancelled(sibling, reason=reason, actor=actor)
@@ -151,8 +152,7 @@ def error_kernel(kernel, error, actor):
     its agent to remove anything left, and the agent's answer ends it."""
     moved = engine.mark_kernel_error(
         kernel, reason=error[:255], actor=actor, from_statuses={S.CREATING},
-        status_data={**kernel.status_data, "destroy_reason": error[:255],
-                     "creation_error": error[:500]})
+        status_data={Key.DESTROY_REASON: error[:255], Key.CREATION_ERROR: error[:500]})
     if moved is not None and kernel.session.cluster_size > 1:
         end_with_kernel(moved)
     return moved
@@ -180,8 +180,8 @@ def check_progress():
             cutoff = now - timedelta(seconds=timeout)
             for kernel in _kernels(status, session__scaling_group=group,
                                    status_changed__lt=cutoff):
-                last_try = kernel.status_data.get("last_retry")
-                if last_try and clock.parse(last_try) > cutoff:
+                last_try = StatusData(kernel.status_data).last_retry
+                if last_try and last_try > cutoff:
                     continue  # each try gets the whole timeout
                 moved += bool(retry_stage(kernel, stage, f"{error} after {timeout}s"))
         for status in (S.SCHEDULED, S.PREPARED):
@@ -212,12 +212,12 @@ def _force_stuck_terminations(group, now):
     moved = 0
     for kernel in _kernels(S.TERMINATING, session__scaling_group=group,
                            status_changed__lt=now - timeout):
-        forced_at = kernel.status_data.get("forced_at")
+        forced_at = StatusData(kernel.status_data).forced_at
         if forced_at is None:
             reason = kernel.status_info or "force-terminated"
-            engine.set_kernel_data(kernel, status_data={
-                **kernel.status_data, "forced": True, "forced_at": now.isoformat(),
-                "destroy_reason": reason, "last_destroy_request": now.isoformat()})
+            engine.merge_status_data(kernel, {
+                Key.FORCED: True, Key.FORCED_AT: now.isoformat(),
+                Key.DESTROY_REASON: reason, Key.LAST_DESTROY_REQUEST: now.isoformat()})
             engine.record_event(kernel.session, "kernel_force_kill", actor="system",
                                 reason=f"{kernel.cluster_hostname} TERMINATING for over "
                                        f"{group.terminate_timeout}s: killed at once",
@@ -226,13 +226,12 @@ def _force_stuck_terminations(group, now):
                         group.terminate_timeout)
             rpc.send_destroy_kernel(kernel, reason, forced=True)
             moved += 1
-        elif clock.parse(forced_at) < now - timeout:
+        elif forced_at < now - timeout:
             error = (f"terminate-timeout: agent {kernel.agent_id} did not confirm the "
                      f"container's removal within {2 * group.terminate_timeout}s")
             if engine.mark_kernel_error(kernel, reason=error[:255],
                                         from_statuses={S.TERMINATING},
-                                        status_data={**kernel.status_data,
-                                                     "teardown_error": error}):
+                                        status_data={Key.TEARDOWN_ERROR: error}):
                 moved += 1
     return moved
 
@@ -263,11 +262,11 @@ def end_with_kernel(kernel, exit_code=None):
               + (f", exit code {code})" if code is not None else ")"))[:255]
     stopped = 0
     for sibling in (kernel.session.kernels.select_for_update().exclude(pk=kernel.pk)
-                    .exclude(status__in=FINISHED_STATUSES | {S.TERMINATING, S.ERROR})):
+                    .exclude(status__in=StatusGroup.FINISHED | {S.TERMINATING, S.ERROR})):
         if sibling.status == S.RUNNING:
             if engine.mark_kernel_terminating(
                     sibling, reason=reason, actor="system",
-                    status_data={**sibling.status_data, "ended_with": str(kernel.pk)}):
+                    status_data={Key.ENDED_WITH: str(kernel.pk)}):
                 transaction.on_commit(lambda k=sibling: rpc.send_destroy_kernel(k, reason))
                 stopped += 1
         elif sibling.status == S.PENDING:
@@ -296,12 +295,11 @@ def retry_stage(kernel, stage, error):
         if stage == "creating":  # Docker refused the container: ERROR, with its words
             return error_kernel(kernel, f"creating failed: {error}", "scheduler")
         return fail_session(kernel, f"{stage} failed: {error}"[:255], "scheduler")
-    retries = {**kernel.status_data.get("retries", {})}
+    retries = StatusData(kernel.status_data).retries  # read under the kernel's row lock
     retries[stage] = retries.get(stage, 0) + 1
     if retries[stage] < settings.RETRY_LIMIT:
-        engine.set_kernel_data(kernel, status_data={**kernel.status_data, "retries": retries,
-                                                    "last_error": error[:500],
-                                                    "last_retry": clock.now().isoformat()})
+        engine.merge_status_data(kernel, {Key.RETRIES: retries, Key.LAST_ERROR: error[:500],
+                                          Key.LAST_RETRY: clock.now().isoformat()})
         engine.record_event(kernel.session, f"kernel_retry_{stage}", kernel=kernel,
                             reason=error[:255], actor="scheduler",
                             data={"try": retries[stage] + 1, "error": error[:500]})
@@ -324,13 +322,11 @@ def reschedule_elsewhere(session, agent_id, reason):
     for kernel in kernels:
         if kernel.status != S.PENDING:
             engine.transition_kernel(kernel, S.PENDING, reason=reason, actor="scheduler",
-                                     status_data={}, agent=None, agent_addr="",
+                                     clear_status_data=True, agent=None, agent_addr="",
                                      container_id="")
-    session.refresh_from_db()
-    scheduler_data = session.status_data.get("scheduler", {})
-    excluded = sorted(set(scheduler_data.get("excluded_agents", [])) | {agent_id})
-    engine.set_session_data(session, status_data={
-        **session.status_data, "scheduler": {**scheduler_data, "excluded_agents": excluded}})
+    session = Session.objects.select_for_update().get(pk=session.pk)
+    excluded = sorted(StatusData(session.status_data).excluded_agents | {agent_id})
+    engine.merge_status_data(session, {Key.EXCLUDED_AGENTS: excluded})
     group = session.scaling_group.name
     transaction.on_commit(lambda: send_task_safely("scheduling.schedule", queue="manager",
                                                    kwargs={"scaling_group_name": group}))

@@ -23,12 +23,12 @@ from rest_framework.response import Response
 
 from backendai_web.flow import DIRECT_BODY, direct_chunks
 from scheduling_app.models import Project
-from sessions_app.keypairs import is_admin, main_keypair
+from sessions_app.keypairs import main_keypair
 from sessions_app.models import KeyPair
-
-from .. import folders as domain
-from ..files import FileError, FolderFiles, read_range
-from ..models import Folder, Upload
+from sessions_app.querysets import is_admin
+from storage_app import folders as domain
+from storage_app.files import FileError, FolderFiles, read_range
+from storage_app.models import Folder, Upload
 
 TUS_VERSION = "1.0.0"
 # The bodies this API writes to files, read by the view as they come (backendai_web.flow).

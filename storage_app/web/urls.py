@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from storage_app.web import views
 
 app_name = "folders"
 

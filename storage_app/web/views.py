@@ -8,9 +8,9 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from sessions_app.keypairs import is_admin, main_keypair
-
-from .. import folders as domain
+from sessions_app.keypairs import main_keypair
+from sessions_app.querysets import is_admin
+from storage_app import folders as domain
 
 
 def viewer(request):

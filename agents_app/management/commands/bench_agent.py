@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -23,9 +24,11 @@ from django.core.management.base import BaseCommand, CommandError
 from agents_app.models import Agent, AgentStatus
 from agents_app.runtime.docker_backend import KEEPALIVE
 from scheduling_app.models import ScalingGroup
+from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import Session, Status
-from sessions_app.services import create_session
+from sessions_app.lifecycle import destroy_session
+from sessions_app.lifecycle.create import create_session
+from sessions_app.models import Session
 
 ROOT = Path(settings.BASE_DIR)
 
@@ -37,7 +40,6 @@ def percentile(values, fraction):
 
 def since(session, later, earlier):
     history = session.status_history
-    from datetime import datetime
 
     return (datetime.fromisoformat(history[later])
             - datetime.fromisoformat(history[earlier])).total_seconds()
@@ -108,7 +110,6 @@ class Command(BaseCommand):
 
     def _ours(self, keypair, user, group, count):
         create, terminate, stages = [], [], {}
-        from sessions_app.lifecycle import destroy_session
 
         for i in range(count):
             session = create_session(keypair=keypair, user=user, name=f"b{i}",

@@ -5,11 +5,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db.backends.signals import connection_created
 
+from agents_app.runtime import firewall
+from agents_app.runtime.agent import Agent, install
 from backendai_web.celery import agent_queue, app
-from scheduling_app.slots import ResourceSlots, SlotError
-
-from ...runtime import firewall
-from ...runtime.agent import Agent, install
+from common.slots import ResourceSlots, SlotError
 
 
 class DatabaseForbidden(RuntimeError):

@@ -25,12 +25,14 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from agents_app.models import Agent, Image
+from common import clock
+from common.bulk import update_rows
+from common.slots import ResourceSlots
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_project
 from scheduling_app.scheduler import core, schedule
-from scheduling_app.slots import ResourceSlots
-from sessions_app import clock, events
-from sessions_app.bulk import update_rows
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, Status
+from sessions_app import events
+from sessions_app.enums import Status
+from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
 
 SIZES = [{"cpu": "1", "mem": "1g"}, {"cpu": "2", "mem": "2g"}, {"cpu": "2", "mem": "4g"},
          {"cpu": "4", "mem": "8g"}, {"cpu": "0.5", "mem": "512m"}]

@@ -20,12 +20,12 @@ from datetime import UTC, datetime, timedelta
 
 from django.core.management.base import BaseCommand
 
+from common.slots import ResourceSlots
 from scheduling_app.scheduler.predicates import validators_for
 from scheduling_app.scheduler.selectors import AgentIndex
 from scheduling_app.scheduler.sequencers import SEQUENCERS
 from scheduling_app.scheduler.state import AgentState, PendingKernel, PendingSession, Snapshot
 from scheduling_app.scheduler.timeline import Placer, Timeline, occupant_of, predict
-from scheduling_app.slots import ResourceSlots
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 AGENT = ResourceSlots.parse({"cpu": "16", "mem": "64g"})

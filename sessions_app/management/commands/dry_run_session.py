@@ -3,8 +3,10 @@ import json
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from sessions_app.enums import SessionType
 from sessions_app.keypairs import main_keypair
-from sessions_app.services import SessionRequestError, dry_run_session
+from sessions_app.lifecycle.create import dry_run_session
+from sessions_app.spec import SessionRequestError
 
 
 class Command(BaseCommand):
@@ -19,7 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--mem", default="256m")
         parser.add_argument("--cluster-size", type=int, default=1)
         parser.add_argument("--cluster-mode", default="single-node")
-        parser.add_argument("--session-type", default="interactive")
+        parser.add_argument("--session-type", default=SessionType.INTERACTIVE)
         parser.add_argument("--startup-command", default="")
         parser.add_argument("--scaling-group", default="default")
         parser.add_argument("--priority", type=int, default=None)

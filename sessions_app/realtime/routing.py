@@ -1,5 +1,5 @@
 from django.urls import path
 
-from .consumers import EventsConsumer
+from sessions_app.realtime.consumers import EventsConsumer
 
 websocket_urlpatterns = [path("ws/events/", EventsConsumer.as_asgi())]

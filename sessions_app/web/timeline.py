@@ -3,8 +3,9 @@
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from . import clock
-from .models import FINISHED_STATUSES, Status
+from common import clock
+from scheduling_app.idle import checks_of
+from sessions_app.enums import Status, StatusGroup
 
 S = Status
 
@@ -54,7 +55,7 @@ def phases(events, now=None):
                if e.kernel_id is None and e.to_status and e.to_status != e.from_status]
     result = {}
     for index, (status, start) in enumerate(changes):
-        if status in FINISHED_STATUSES:
+        if status in StatusGroup.FINISHED:
             continue
         name = PHASE_OF_STATUS[status]
         last = index == len(changes) - 1
@@ -130,8 +131,6 @@ def idle_checks(session, now=None):
     """The session page's idle-culling section: (state, checks), where state is None for a
     session that is not RUNNING, "exempt", "unchecked" (no pass yet), "off" (no checker
     applies) or "on"."""
-    from scheduling_app.idle import checks_of
-
     if session.status != S.RUNNING:
         return None, []
     if session.idle_exempt:

@@ -17,10 +17,11 @@ from asgiref.sync import sync_to_async
 from django.http import JsonResponse
 from rest_framework.exceptions import APIException
 
-from . import fanout
-from .api_errors import error_body
-from .events import message_of
-from .models import FINISHED_STATUSES, Session, SessionEvent, Status
+from sessions_app.api.errors import error_body
+from sessions_app.enums import Status, StatusGroup
+from sessions_app.events import message_of, session_group
+from sessions_app.models import Session, SessionEvent
+from sessions_app.realtime import fanout
 
 log = logging.getLogger(__name__)
 KEEPALIVE_SECONDS = 15
@@ -91,14 +92,12 @@ def _status_of(session_id):
 async def wait_until_started(session_id, max_wait=None):
     """The session's status once it is RUNNING or can no longer get there (finished or
     ERROR); "TIMEOUT" after `max_wait` seconds (None or 0: no limit)."""
-    from .events import session_group
-
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_wait if max_wait else None
     async with subscription([session_group(session_id)]) as queue:
         while True:
             status = await sync_to_async(_status_of)(session_id)
-            if status in FINISHED_STATUSES | {Status.RUNNING, Status.ERROR, None}:
+            if status in StatusGroup.FINISHED | {Status.RUNNING, Status.ERROR, None}:
                 return status
             timeout = RECHECK_SECONDS
             if deadline is not None:
@@ -115,7 +114,7 @@ def history_messages(session_id):
         return [], True
     events = SessionEvent.objects.filter(session=session).select_related("session").order_by(
         "created_at", "id")
-    return [message_of(event) for event in events], session.status in FINISHED_STATUSES
+    return [message_of(event) for event in events], session.status in StatusGroup.FINISHED
 
 
 def message_key(msg):

@@ -10,9 +10,14 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from . import folders as domain
-from .api.views import FolderRequestFailed, acting_keypair, file_errors, request_is_admin
-from .files import FileError, FolderFiles
+from storage_app import folders as domain
+from storage_app.api.views import (
+    FolderRequestFailed,
+    acting_keypair,
+    file_errors,
+    request_is_admin,
+)
+from storage_app.files import FileError, FolderFiles
 
 KINDS = {"file": "FILE", "dir": "DIRECTORY", "symlink": "SYMLINK", "other": "FILE"}
 

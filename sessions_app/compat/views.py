@@ -6,10 +6,10 @@ the DRF API (create_session, destroy_session, the agent tools, the engine's even
 answers in the SDK's response shape. Errors are Backend.AI's `{"type", "title", "msg"}`.
 """
 
-import contextlib
 import shlex
 import uuid
 
+from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -17,11 +17,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents_app.models import Image
+from common import clock
 from scheduling_app.idle import checks_of as idle_checks_of
 from scheduling_app.models import Domain, Project, default_project
-
-from . import activity, clock
-from .api import (
+from sessions_app import activity
+from sessions_app.api.errors import RequestFailed
+from sessions_app.api.permissions import owner_keypair, request_is_admin
+from sessions_app.api.views import (
     create_for,
     destroy_for,
     is_true,
@@ -29,12 +31,11 @@ from .api import (
     resolve_dependencies,
     visible_sessions,
 )
-from .api_errors import RequestFailed
-from .events import ADMINS_GROUP, session_group, user_group
-from .models import FINISHED_STATUSES, LIVE_STATUSES, Session
-from .permissions import owner_keypair, request_is_admin
-from .services import find_session
-from .streams import (
+from sessions_app.enums import SessionType, StatusGroup
+from sessions_app.events import ADMINS_GROUP, session_group, user_group
+from sessions_app.models import Session
+from sessions_app.querysets import as_uuid
+from sessions_app.realtime.streams import (
     KEEPALIVE_SECONDS,
     history_messages,
     message_key,
@@ -43,7 +44,7 @@ from .streams import (
     subscription,
     wait_until_started,
 )
-from .tools import execute_on_kernel, restart_session, running_main_kernel, session_logs
+from sessions_app.tools import execute_on_kernel, restart_session, running_main_kernel, session_logs
 
 RUNTIME_PATH_LABEL = "ai.backend.runtime-path"
 EXECUTE_TIMEOUT = 300  # seconds a query or batch run may take
@@ -91,11 +92,10 @@ class CompatView(APIView):
 
     def session(self, request, ref, *, touch=False):
         sessions = visible_sessions(request)
-        found = None
-        with contextlib.suppress(ValueError):
-            found = sessions.filter(pk=uuid.UUID(ref)).first()
+        session_id = as_uuid(ref)  # an id names any session the request sees
+        found = sessions.filter(pk=session_id).first() if session_id else None
         if found is None:
-            found = find_session(sessions.filter(keypair=self.owner(request)), ref)
+            found = sessions.filter(keypair=self.owner(request)).find(ref)
         if found is None:
             raise RequestFailed(f"There is no session named {ref!r}.", 404,
                                 problem="session-not-found")
@@ -142,7 +142,7 @@ def creation_fields(data):
         "mounts": sdk_mounts(config.get("mounts"), config.get("mount_map")),
         "name": text(first_of(data, "name", "session_name", "clientSessionToken"), "name"),
         "image": text(first_of(data, "image", "lang"), "image"),
-        "session_type": text(first_of(data, "type", "sessionType", default="interactive"),
+        "session_type": text(first_of(data, "type", "sessionType", default=SessionType.INTERACTIVE),
                              "type"),
         "resources": resources,
         "cluster_size": whole_number(first_of(data, "clusterSize", "cluster_size", default=1),
@@ -201,8 +201,7 @@ class CreateSession(CompatView):
         fields = creation_fields(data)
         enqueue_only = is_true(data.get("enqueueOnly", False))
         max_wait = whole_number(data.get("maxWaitSeconds", 0), "maxWaitSeconds", 0)
-        existing = Session.objects.filter(keypair=owner, name=fields["name"],
-                                          status__in=LIVE_STATUSES).first()
+        existing = Session.objects.filter(keypair=owner, name=fields["name"]).live().first()
         if existing is not None:
             if not is_true(data.get("reuseIfExists", True)):
                 raise RequestFailed(f"The session {existing.name!r} already exists.", 409,
@@ -251,7 +250,7 @@ def dependents_of(session):
     """Live sessions that depend on `session`, directly or not, the farthest first."""
     found, frontier = [], [session]
     while frontier:
-        nxt = list(Session.objects.filter(dependencies__in=frontier, status__in=LIVE_STATUSES)
+        nxt = list(Session.objects.filter(dependencies__in=frontier).live()
                    .exclude(pk__in=[s.pk for s in found] + [session.pk]).distinct())
         found += nxt
         frontier = nxt
@@ -329,7 +328,6 @@ class SessionResource(CompatView):
 
         async def follow_up():
             # Waits for the agent in a thread of its own, not Django's shared one.
-            from asgiref.sync import sync_to_async
 
             outcome = await sync_to_async(execute_on_kernel, thread_sensitive=False)(
                 kernel, command=command, timeout=EXECUTE_TIMEOUT)
@@ -402,7 +400,7 @@ class SessionEvents(CompatView):
                                     problem="session-not-found")
             spec["session_id"] = session.pk
         elif name != "*":
-            session = find_session(visible_sessions(request).filter(keypair=owner), name)
+            session = visible_sessions(request).filter(keypair=owner).find(name)
             if session is not None:
                 spec["session_id"] = session.pk
             else:
@@ -434,8 +432,6 @@ def session_facts(session_id):
 
 async def event_stream(groups, spec):
     """SSE lines for the stream `spec` describes (see SessionEvents)."""
-    from asgiref.sync import sync_to_async
-
     facts = {}  # session id → owner and project, read once per session
     target = spec["session_id"] and str(spec["session_id"])
 
@@ -483,7 +479,7 @@ async def event_stream(groups, spec):
                 yield line
             if target and msg.get("session_id") == target and \
                     msg.get("event", "").startswith("session_") and \
-                    msg.get("status") in FINISHED_STATUSES:
+                    msg.get("status") in StatusGroup.FINISHED:
                 yield sse("server_close", {})
                 return
 

@@ -1,5 +1,7 @@
 """The one place that reads the time, so that tests can freeze it with time_machine."""
 
+from datetime import datetime
+
 from django.utils import timezone
 
 
@@ -9,6 +11,4 @@ def now():
 
 def parse(text):
     """An ISO time written by now().isoformat()."""
-    from datetime import datetime
-
     return datetime.fromisoformat(text)

@@ -3,6 +3,7 @@ groups and resource policies. Users read their own kernels and keypairs and the 
 admins read everything; superadmins change scaling groups and resource policies."""
 
 import contextlib
+import uuid
 
 from django.contrib.auth import get_user_model
 from drf_spectacular.utils import extend_schema
@@ -10,15 +11,18 @@ from rest_framework import mixins, permissions, serializers, viewsets
 from rest_framework.response import Response
 
 from agents_app.models import Agent, Image
+from common.slots import ResourceSlots, SlotError
 from scheduling_app.idle import CHECKERS
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
 from scheduling_app.scheduler.predicates import CONFIGURABLE
-from scheduling_app.slots import ResourceSlots, SlotError
-
-from .api import KernelSerializer, visible_sessions
-from .api_errors import RequestFailed
-from .models import Kernel, KeyPair
-from .permissions import AdminReadsSuperadminWrites, request_is_admin
+from sessions_app.api.errors import RequestFailed
+from sessions_app.api.permissions import (
+    AdminReadsSuperadminWrites,
+    acting_keypair,
+    request_is_admin,
+)
+from sessions_app.api.views import KernelSerializer
+from sessions_app.models import Kernel, KeyPair
 
 
 class KernelViewSet(viewsets.ReadOnlyModelViewSet):
@@ -29,8 +33,8 @@ class KernelViewSet(viewsets.ReadOnlyModelViewSet):
     lookup_value_regex = "[0-9a-fA-F-]{32,36}"
 
     def get_queryset(self):
-        kernels = Kernel.objects.filter(session__in=visible_sessions(self.request)).order_by(
-            "-created_at", "cluster_role", "cluster_idx")
+        kernels = Kernel.objects.visible_to(self.request.user, acting_keypair(self.request))
+        kernels = kernels.order_by("-created_at", "cluster_role", "cluster_idx")
         session = self.request.query_params.get("session")
         if session:
             kernels = kernels.filter(session__pk__in=_uuids(session))
@@ -38,8 +42,6 @@ class KernelViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 def _uuids(text):
-    import uuid
-
     found = []
     for part in text.split(","):
         with contextlib.suppress(ValueError):

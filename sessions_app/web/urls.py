@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import dashboard
+from sessions_app.web import views as dashboard
 
 app_name = "dashboard"
 

@@ -1,8 +1,5 @@
-"""Errors in Backend.AI's JSON form, `{"type", "title", "msg"}`, for every API response.
-
-The Backend.AI CLI prints `title`, then `msg`, then (for invalid parameters) each entry of
-`data`; so the title names the kind of failure and the message says what exactly.
-"""
+"""Exceptions to answers in Backend.AI's error form: DRF's exception handler and a middleware
+for every other route (a database away is a JSON 503 everywhere)."""
 
 import logging
 
@@ -10,46 +7,13 @@ from django.db import DataError, IntegrityError, InterfaceError, OperationalErro
 from django.db.models import ProtectedError, RestrictedError
 from django.http import JsonResponse
 from rest_framework import status
-from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from sessions_app.api.errors import RequestFailed, error_body
+from sessions_app.spec import DomainError
+
 log = logging.getLogger(__name__)
-PROBLEM_BASE = "https://api.backend.ai/probs/"
-
-# Status → (Backend.AI problem type, title).
-PROBLEMS = {
-    400: ("invalid-api-params", "Missing or invalid API parameters."),
-    401: ("auth-failed", "Credential/signature mismatch."),
-    403: ("generic-forbidden", "Forbidden operation."),
-    404: ("object-not-found", "No such object."),
-    405: ("method-not-allowed", "Unsupported HTTP method."),
-    406: ("not-acceptable", "Not acceptable."),
-    409: ("invalid-session-state", "The request conflicts with the current state."),
-    415: ("unsupported-media-type", "Unsupported media type."),
-    429: ("too-many-requests", "Too many requests."),
-    500: ("internal-server-error", "Something has gone wrong."),
-    503: ("service-unavailable", "Service unavailable."),
-}
-
-
-def error_body(status_code, message, title=None, problem=None, data=None):
-    default_problem, default_title = PROBLEMS.get(
-        status_code, (f"{status_code}", "The request failed."))
-    body = {"type": PROBLEM_BASE + (problem or default_problem),
-            "title": title or default_title, "msg": message}
-    if data is not None:
-        body["data"] = data
-    return body
-
-
-class RequestFailed(APIException):
-    """An error with its status, message and optionally a Backend.AI problem type and data."""
-
-    def __init__(self, message, status_code=400, problem=None, data=None):
-        self.status_code = status_code
-        self.problem, self.data = problem, data
-        super().__init__(message)
 
 
 def _flatten(detail):
@@ -90,6 +54,8 @@ class DatabaseUnavailableMiddleware:
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, DomainError):  # refusals of the domain, in the API's form
+        exc = RequestFailed.refusing(exc)
     if isinstance(exc, OperationalError | InterfaceError):
         return database_unavailable(exc)
     if isinstance(exc, DataError):  # such as a NUL character, which PostgreSQL cannot store

@@ -3,9 +3,10 @@ users, who see and touch only their own things."""
 
 from rest_framework import permissions
 
-from .api_errors import RequestFailed
-from .keypairs import is_admin, main_keypair
-from .models import KeyPair
+from sessions_app.api.errors import RequestFailed
+from sessions_app.keypairs import main_keypair
+from sessions_app.models import KeyPair
+from sessions_app.querysets import is_admin
 
 
 def acting_keypair(request):

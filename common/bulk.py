@@ -4,6 +4,7 @@ update_rows: UPDATE … FROM a list of rows. Django's bulk_update writes a CASE 
 whose cost grows with the square of the rows on PostgreSQL, and the allocator writes
 thousands of rows per pass. PostgreSQL and SQLite (3.33+) both run UPDATE … FROM.
 insert_rows: INSERT of many rows, without building a model instance per row.
+MergedJSON: set some keys of a JSON column in the UPDATE itself (no read-back).
 
 On PostgreSQL the rows travel as one JSON document, a parameter of their own, unpacked
 by `jsonb_array_elements`: the driver neither scans a statement of thousands of
@@ -16,8 +17,9 @@ import json
 import uuid
 from decimal import Decimal
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
-from django.db.models import JSONField
+from django.db.models import F, Func, JSONField
 
 
 def _columns(model, names, rows):
@@ -137,3 +139,33 @@ def insert_rows(model, fields, rows, batch_size=1000, returning=None):
             if returning:
                 returned.extend(row[0] for row in cursor.fetchall())
     return returned
+
+
+class MergedJSON(Func):
+    """A JSON object column with the top-level keys of `changes` set and its other keys as
+    they are, computed by the database in the UPDATE itself: no read-modify-write, so a
+    writer cannot undo a key another writer set meanwhile. `.update(data=MergedJSON("data",
+    {"key": value}))`."""
+
+    output_field = JSONField()
+
+    def __init__(self, field, changes):
+        self.changes = dict(changes)
+        super().__init__(F(field))
+
+    def _column(self, compiler):
+        return compiler.compile(self.source_expressions[0])
+
+    def as_postgresql(self, compiler, connection, **extra):
+        column, params = self._column(compiler)
+        return (f"(COALESCE({column}, '{{}}'::jsonb) || %s::jsonb)",
+                [*params, json.dumps(self.changes, cls=DjangoJSONEncoder)])
+
+    def as_sql(self, compiler, connection, **extra):  # SQLite: json_set keeps JSON nulls
+        column, params = self._column(compiler)
+        if not self.changes:
+            return column, params
+        pairs = ", ".join("%s, json(%s)" for _ in self.changes)
+        values = [item for key, value in self.changes.items()
+                  for item in (f'$."{key}"', json.dumps(value, cls=DjangoJSONEncoder))]
+        return f"json_set(COALESCE({column}, '{{}}'), {pairs})", [*params, *values]

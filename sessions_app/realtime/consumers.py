@@ -23,11 +23,12 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils.dateparse import parse_datetime
 
 from backendai_web import metrics
-
-from . import clock, fanout
-from .events import ADMINS_GROUP, message_of, session_group, user_group
-from .keypairs import is_admin, main_keypair
-from .models import Session, SessionEvent
+from common import clock
+from sessions_app.events import ADMINS_GROUP, message_of, session_group, user_group
+from sessions_app.keypairs import main_keypair
+from sessions_app.models import Session, SessionEvent
+from sessions_app.querysets import is_admin
+from sessions_app.realtime import fanout
 
 # A change is stamped inside its transaction and published after commit, so an event can
 # become visible after a later-stamped one; the replay reaches back this far to cover it.
@@ -37,13 +38,6 @@ CATCH_UP_OVERLAP = datetime.timedelta(seconds=5)
 CATCH_UP_LIMIT = 1000
 
 
-def sees_all(user):
-    return is_admin(user, main_keypair(user))
-
-
-def visible_sessions(user, admin):
-    sessions = Session.objects.all()
-    return sessions if admin else sessions.filter(user=user)
 
 
 def parse_session_id(value):
@@ -64,10 +58,11 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         if self.user is None or not self.user.is_authenticated:
             await self.close(code=4401)
             return
-        self.admin = await database_sync_to_async(sees_all)(self.user)
+        self.keypair = await database_sync_to_async(main_keypair)(self.user)
         self.session_id = None
         query = parse_qs(self.scope.get("query_string", b"").decode())
-        self.mine_only = not self.admin or query.get("scope") == ["mine"]
+        self.mine_only = (not is_admin(self.user, self.keypair)
+                          or query.get("scope") == ["mine"])
         # A list of sessions needs no kernel events: fewer messages to send to each page.
         self.session_events_only = query.get("events") == ["session"]
         await self.accept()
@@ -111,7 +106,7 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
     async def narrow(self, value):
         session_id = parse_session_id(value)
         found = session_id and await database_sync_to_async(
-            visible_sessions(self.user, self.admin).filter(pk=session_id).exists)()
+            Session.objects.visible_to(self.user, self.keypair).filter(pk=session_id).exists)()
         if not found:  # another user's session is not there at all, as in the API
             await self.refuse("Session not found.")
             return
@@ -134,9 +129,12 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
 
     def events_since(self, since):
         if self.session_id:
-            sessions = visible_sessions(self.user, self.admin).filter(pk=self.session_id)
+            sessions = Session.objects.visible_to(self.user, self.keypair).filter(
+                pk=self.session_id)
+        elif self.mine_only:
+            sessions = Session.objects.filter(user=self.user)
         else:
-            sessions = visible_sessions(self.user, not self.mine_only)
+            sessions = Session.objects.visible_to(self.user, self.keypair)
         rows = SessionEvent.objects.filter(session__in=sessions,
                                            created_at__gte=since - CATCH_UP_OVERLAP)
         if self.session_events_only:

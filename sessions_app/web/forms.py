@@ -1,4 +1,5 @@
-"""The dashboard's create form: the API's request, bounded by the user's resource policy."""
+"""The dashboard's create form: widgets for SessionSpec's fields (sessions_app/spec.py), which
+validates them; the form only shows its limits and what remains of the user's quota."""
 
 from decimal import Decimal
 
@@ -7,11 +8,12 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator
 
 from agents_app.models import Image
-from scheduling_app.slots import ResourceSlots, format_bytes
+from common.slots import ResourceSlots, format_bytes
+from sessions_app.enums import SessionType
+from sessions_app.lifecycle.create import create_from_spec
+from sessions_app.quota import quota_of
+from sessions_app.spec import DomainError, Limits, SessionSpec
 from storage_app.folders import visible_folders
-
-from .quota import quota_of
-from .services import MAX_CLUSTER_SIZE, SessionRequestError, create_session
 
 MIB = 2**20
 
@@ -28,18 +30,19 @@ class SessionForm(forms.Form):
                                  "sessions.")
     image = forms.ChoiceField(choices=image_choices)
     session_type = forms.ChoiceField(
-        label="Type", choices=[("interactive", "Interactive"), ("batch", "Batch")],
+        label="Type", choices=[(SessionType.INTERACTIVE, "Interactive"),
+                               (SessionType.BATCH, "Batch")],
         help_text="A batch session runs its startup command and ends with it.")
     cpu = forms.DecimalField(label="CPU cores", min_value=Decimal("0.1"), max_digits=7,
                              decimal_places=2, initial=1, help_text="Per kernel.")
     mem = forms.IntegerField(label="Memory (MiB)", min_value=64, initial=256,
                              help_text="Per kernel.")
-    cluster_size = forms.IntegerField(min_value=1, max_value=MAX_CLUSTER_SIZE, initial=1,
+    cluster_size = forms.IntegerField(min_value=1, initial=1,
                                       help_text="How many kernels (containers).")
     startup_command = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}),
                                       help_text="Required for a batch session.")
     grace_period = forms.IntegerField(
-        required=False, min_value=0, max_value=3600,
+        required=False, min_value=0,
         help_text=f"Seconds between SIGTERM and SIGKILL when it stops; empty for "
                   f"{settings.DEFAULT_GRACE_PERIOD}.")
     priority = forms.IntegerField(
@@ -67,6 +70,9 @@ class SessionForm(forms.Form):
         self.fields["priority"].widget.attrs["max"] = str(self.fields["priority"].max_value)
         self.fields["priority"].initial = policy.default_priority
         self.fields["image"].initial = settings.DEFAULT_KERNEL_IMAGE
+        limits = Limits.current()  # SessionSpec's, checked early for the browser too
+        self._bound("cluster_size", limits.max_cluster_size, "the most kernels allowed")
+        self._bound("grace_period", limits.max_grace_period, "the longest grace period allowed")
         self.fields["mounts"].choices = [
             (f.name, f.name) for f in visible_folders(keypair.user)]
         remaining = self.quota.remaining
@@ -75,20 +81,27 @@ class SessionForm(forms.Form):
             if remaining.get("mem") is not None:
                 self._bound("mem", int(remaining["mem"] // MIB))
 
-    def _bound(self, name, limit):
+    def _bound(self, name, limit, why=None):
         """A maximum that the browser enforces too, and that the error message explains."""
         if limit is None:
             return
         field = self.fields[name]
+        why = why or (f"that is what remains of your quota (policy {self.quota.policy_name})")
         field.validators.append(MaxValueValidator(
-            limit, message=f"At most %(limit_value)s: that is what remains of your quota "
-                           f"(policy {self.quota.policy_name})."))
+            limit, message=f"At most %(limit_value)s: {why}."))
         field.widget.attrs["max"] = str(limit)
 
     def clean(self):
         data = super().clean()
-        if data.get("session_type") == "batch" and not data.get("startup_command"):
-            self.add_error("startup_command", "A batch session needs a startup command.")
+        self.spec = None
+        try:
+            self.spec = SessionSpec.build(keypair=self.keypair,
+                                          may_raise_priority=self.may_raise_priority,
+                                          **self.spec_fields(data))
+        except DomainError as exc:
+            for field, message in exc.errors.items():
+                if field not in self.errors:  # the form's own word on a field comes first
+                    self.add_error(field if field in self.fields else None, message)
         remaining = self.quota.remaining
         if remaining is not None and not self.errors:
             need = self.requested_slots(data)
@@ -114,20 +127,23 @@ class SessionForm(forms.Form):
             total = total + per_kernel
         return total
 
+    @staticmethod
+    def spec_fields(data):
+        """SessionSpec.build's fields from what the form's fields parsed (None if invalid)."""
+        cpu, mem = data.get("cpu"), data.get("mem")
+        return {"name": data.get("name"), "image": data.get("image"),
+                "session_type": data.get("session_type"),
+                "resources": {"cpu": str(cpu), "mem": f"{mem}m"} if cpu and mem else None,
+                "cluster_size": data.get("cluster_size"),
+                "startup_command": data.get("startup_command", ""),
+                "grace_period": data.get("grace_period"), "priority": data.get("priority"),
+                "preemptible": data.get("preemptible", False),
+                "mounts": data.get("mounts") or None}
+
     def save(self, user):
-        """Create the session, or add the service's refusal to the form and return None."""
-        data = self.cleaned_data
+        """Create the session, or add the refusal to the form and return None."""
         try:
-            return create_session(
-                keypair=self.keypair, user=user, name=data["name"], image=data["image"],
-                session_type=data["session_type"],
-                resources={"cpu": str(data["cpu"]), "mem": f"{data['mem']}m"},
-                cluster_size=data["cluster_size"], startup_command=data["startup_command"],
-                grace_period=data["grace_period"], priority=data.get("priority"),
-                may_raise_priority=self.may_raise_priority,
-                preemptible=data.get("preemptible", False),
-                mounts=data.get("mounts") or None,
-            )
-        except SessionRequestError as exc:
+            return create_from_spec(self.spec, keypair=self.keypair, user=user)
+        except DomainError as exc:
             self.add_error(exc.field if exc.field in self.fields else None, exc.message)
             return None

@@ -18,21 +18,20 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
+from common import clock
 from scheduling_app.idle import checks_of as idle_checks_of
-
-from . import activity, clock
-from .api_errors import RequestFailed
-from .lifecycle import DestroyRefused, destroy_session
-from .models import Kernel, Session, SessionEvent, SessionType
-from .permissions import acting_keypair, owner_keypair, request_is_admin
-from .services import (
-    SessionRequestError,
+from sessions_app import activity
+from sessions_app.api.errors import RequestFailed
+from sessions_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
+from sessions_app.enums import ClusterMode, SessionType
+from sessions_app.lifecycle import destroy_session
+from sessions_app.lifecycle.create import (
     create_session,
     dry_run_session,
-    find_session,
     rename_session,
 )
-from .tools import execute_in_session, restart_session, session_logs
+from sessions_app.models import Kernel, Session, SessionEvent
+from sessions_app.tools import execute_in_session, restart_session, session_logs
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 
@@ -47,55 +46,38 @@ def is_true(value):
 
 
 def visible_sessions(request):
-    """Every session for admins; a user's own otherwise."""
-    sessions = Session.objects.select_related("scaling_group", "user", "keypair")
-    if not request_is_admin(request):
-        sessions = sessions.filter(user=request.user)
-    return sessions
+    """The sessions a request may see (Session.objects.visible_to), with what the answers read."""
+    return Session.objects.select_related("scaling_group", "user", "keypair").visible_to(
+        request.user, acting_keypair(request))
 
 
 def create_for(request, owner, **fields):
-    """create_session for `owner` (a keypair), asked by the request's user."""
-    try:
-        return create_session(keypair=owner, user=owner.user,
-                              actor=request.user.get_username(),
-                              may_raise_priority=request_is_admin(request), **fields)
-    except SessionRequestError as exc:
-        raise RequestFailed(exc.message, exc.status_code,
-                            data={exc.field: [exc.message]} if exc.field else None) from None
+    """create_session for `owner` (a keypair), asked by the request's user. Domain errors
+    (SessionRequestError, DestroyRefused) become answers in api/handlers.py."""
+    return create_session(keypair=owner, user=owner.user, actor=request.user.get_username(),
+                          may_raise_priority=request_is_admin(request), **fields)
 
 
 def dry_run_for(request, owner, **fields):
     """dry_run_session for `owner`, asked by the request's user."""
-    try:
-        return dry_run_session(keypair=owner, user=owner.user,
-                               actor=request.user.get_username(),
-                               may_raise_priority=request_is_admin(request), **fields)
-    except SessionRequestError as exc:
-        raise RequestFailed(exc.message, exc.status_code,
-                            data={exc.field: [exc.message]} if exc.field else None) from None
+    return dry_run_session(keypair=owner, user=owner.user, actor=request.user.get_username(),
+                           may_raise_priority=request_is_admin(request), **fields)
 
 
 def destroy_for(request, session, forced):
-    try:
-        return destroy_session(session, forced=forced, actor=request.user,
-                               keypair=acting_keypair(request))
-    except DestroyRefused as exc:
-        raise RequestFailed(exc.message, exc.status_code) from None
+    return destroy_session(session, forced=forced, actor=request.user,
+                           keypair=acting_keypair(request))
 
 
 def rename_for(request, session, new_name):
-    try:
-        return rename_session(session, new_name, actor=request.user.get_username())
-    except SessionRequestError as exc:
-        raise RequestFailed(exc.message, exc.status_code) from None
+    return rename_session(session, new_name, actor=request.user.get_username())
 
 
 def resolve_dependencies(request, owner, refs):
     """Sessions named by id or name among those the request may see of `owner`'s."""
     found = []
     for ref in refs or ():
-        session = find_session(visible_sessions(request).filter(keypair=owner), ref)
+        session = visible_sessions(request).filter(keypair=owner).find(ref)
         if session is None:
             raise RequestFailed(f"There is no session {ref!r} to depend on.", 404)
         found.append(session)
@@ -188,15 +170,15 @@ class SessionCreateSerializer(serializers.Serializer):
     image = serializers.CharField(max_length=255)
     session_type = serializers.ChoiceField(SessionType.choices, default=SessionType.INTERACTIVE)
     resources = serializers.DictField(required=False)
-    cluster_size = serializers.IntegerField(default=1, min_value=1)
-    cluster_mode = serializers.ChoiceField(["single-node", "multi-node"], default="single-node")
+    cluster_size = serializers.IntegerField(default=1, help_text="1 to MAX_CLUSTER_SIZE.")
+    cluster_mode = serializers.ChoiceField(ClusterMode.choices, default=ClusterMode.SINGLE_NODE)
     startup_command = serializers.CharField(required=False, allow_blank=True, default="")
     scaling_group = serializers.CharField(default="default")
-    grace_period = serializers.IntegerField(required=False, allow_null=True, min_value=0,
-                                            max_value=86400)
-    batch_timeout = serializers.IntegerField(required=False, allow_null=True, min_value=1,
-                                             max_value=2**31 - 1)
-    tag = serializers.CharField(required=False, allow_blank=True, default="", max_length=64)
+    grace_period = serializers.IntegerField(required=False, allow_null=True,
+                                            help_text="Seconds, 0 to MAX_GRACE_PERIOD.")
+    batch_timeout = serializers.IntegerField(required=False, allow_null=True,
+                                             help_text="Seconds.")
+    tag = serializers.CharField(required=False, allow_blank=True, default="")
     pre_stop_command = serializers.CharField(required=False, allow_blank=True, default="")
     owner_access_key = serializers.CharField(required=False, allow_blank=True, max_length=20,
                                              help_text="Admins: create for this keypair.")
@@ -205,7 +187,7 @@ class SessionCreateSerializer(serializers.Serializer):
         help_text="Ids or names of the owner's sessions that must be RUNNING (or, if batch, "
                   "finished with success) first.")
     priority = serializers.IntegerField(
-        required=False, allow_null=True, min_value=0, max_value=2**31 - 1,
+        required=False, allow_null=True,
         help_text="Higher goes first; default: the resource policy's. Users may ask for less "
                   "than the default, admins up to the policy's maximum.")
     mounts = serializers.ListField(

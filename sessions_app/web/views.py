@@ -16,13 +16,15 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from agents_app.models import Agent, AgentStatus
-from scheduling_app.slots import ResourceSlots, format_bytes
-
-from . import clock, timeline
-from .forms import SessionForm
-from .keypairs import is_admin, main_keypair
-from .lifecycle import DestroyRefused, destroy_session
-from .models import FINISHED_STATUSES, Session, Status
+from common import clock
+from common.slots import ResourceSlots, format_bytes
+from sessions_app.enums import Status, StatusGroup
+from sessions_app.keypairs import main_keypair
+from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.models import Session
+from sessions_app.querysets import is_admin
+from sessions_app.web import timeline
+from sessions_app.web.forms import SessionForm
 
 LIST_LIMIT = 200
 # Sent by static/js/live.js's refresher when a page re-reads itself.
@@ -35,10 +37,9 @@ def viewer(request):
 
 
 def visible_session(request, pk):
-    _, admin = viewer(request)
-    sessions = Session.objects.select_related("user", "scaling_group")
-    if not admin:
-        sessions = sessions.filter(user=request.user)
+    keypair, _ = viewer(request)
+    sessions = Session.objects.select_related("user", "scaling_group").visible_to(
+        request.user, keypair)
     try:
         return sessions.prefetch_related("kernels__agent").get(pk=pk)
     except (Session.DoesNotExist, ValidationError):  # another user's session is not there
@@ -47,14 +48,13 @@ def visible_session(request, pk):
 
 @login_required
 def session_list(request):
-    _, admin = viewer(request)
+    keypair, admin = viewer(request)
     scope = "all" if admin and request.GET.get("scope") == "all" else "mine"
     tab = "finished" if request.GET.get("tab") == "finished" else "live"
     sessions = Session.objects.select_related("user").prefetch_related("kernels__agent")
-    if scope == "mine":
-        sessions = sessions.filter(user=request.user)
-    finished = sessions.filter(status__in=FINISHED_STATUSES)
-    live = sessions.exclude(status__in=FINISHED_STATUSES)
+    sessions = sessions.filter(user=request.user) if scope == "mine" else sessions.visible_to(
+        request.user, keypair)
+    finished, live = sessions.finished(), sessions.live()
     shown = finished.order_by("-terminated_at", "-created_at") if tab == "finished" else live
     return render(request, "dashboard/session_list.html", {
         "sessions": shown[:LIST_LIMIT], "tab": tab, "scope": scope, "admin": admin,
@@ -88,7 +88,7 @@ def session_detail(request, pk):
         "session": session, "admin": admin, "events": events,
         "kernels": session.kernels.select_related("agent"), "phases": timeline.phases(events),
         "progress": timeline.start_progress(session),
-        "finished": session.status in FINISHED_STATUSES, "rendered_at": now,
+        "finished": session.status in StatusGroup.FINISHED, "rendered_at": now,
         "idle_state": idle_state, "idle_checks": idle_checks,
         "idle_warning": min((c for c in idle_checks if c.warned and c.remaining is not None),
                             key=lambda c: c.remaining, default=None),
@@ -121,14 +121,14 @@ def overview(request):
     _, admin = viewer(request)
     if not admin:
         raise PermissionDenied("The overview is for operators.")
-    by_status = dict(Session.objects.exclude(status__in=FINISHED_STATUSES)
+    by_status = dict(Session.objects.live()
                      .values_list("status").annotate(n=Count("id")).order_by())
     agents = sorted(Agent.objects.select_related("scaling_group"),
                     key=lambda a: (a.status != AgentStatus.LOST, a.status, a.id))
     return render(request, "dashboard/overview.html", {
         "admin": admin, "rendered_at": clock.now(),
         "statuses": [(status, by_status.get(status, 0)) for status in Status
-                     if status not in FINISHED_STATUSES],
+                     if status not in StatusGroup.FINISHED],
         "agents": [(agent, slot_bars(agent)) for agent in agents],
     })
 

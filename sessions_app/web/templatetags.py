@@ -3,8 +3,8 @@ from datetime import datetime
 from django import template
 from django.utils.timezone import localtime
 
-from scheduling_app.slots import humanize
-from sessions_app import timeline
+from common.slots import humanize
+from sessions_app.web import timeline
 
 register = template.Library()
 

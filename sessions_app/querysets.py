@@ -1,0 +1,69 @@
+"""Who sees which session and kernel, and how a request names one: the one place every
+interface (API, Backend.AI routes, dashboard, websockets, admin) asks."""
+
+import uuid
+
+from django.db import models
+
+from sessions_app.enums import StatusGroup
+
+
+def is_admin(user, keypair=None):
+    """Admins are superusers, staff, or users acting through an admin keypair."""
+    return bool(user and (user.is_superuser or user.is_staff or (keypair and keypair.is_admin)))
+
+
+def as_uuid(ref):
+    try:
+        return uuid.UUID(str(ref))
+    except ValueError:
+        return None
+
+
+class SessionQuerySet(models.QuerySet):
+    def live(self):
+        return self.filter(status__in=StatusGroup.LIVE)
+
+    def finished(self):
+        return self.filter(status__in=StatusGroup.FINISHED)
+
+    def visible_to(self, user, keypair=None):
+        """Every session for admins (`keypair` is the one the request acts through); a
+        user's own otherwise; none for an anonymous user."""
+        if is_admin(user, keypair):
+            return self
+        if user is None or not user.is_authenticated:
+            return self.none()
+        return self.filter(user=user)
+
+    def find(self, ref):
+        """The session `ref` names: by id; else by name, a live session first, else the
+        most recent finished one. None when there is none."""
+        session_id = as_uuid(ref)
+        if session_id is not None:
+            found = self.filter(pk=session_id).first()
+            if found is not None:
+                return found
+        named = self.filter(name=ref)
+        return named.live().first() or named.order_by("-created_at").first()
+
+
+class KernelQuerySet(models.QuerySet):
+    def live(self):
+        return self.filter(status__in=StatusGroup.LIVE)
+
+    def finished(self):
+        return self.filter(status__in=StatusGroup.FINISHED)
+
+    def visible_to(self, user, keypair=None):
+        """The kernels of the sessions `user` sees."""
+        if is_admin(user, keypair):
+            return self
+        if user is None or not user.is_authenticated:
+            return self.none()
+        return self.filter(session__user=user)
+
+    def find(self, ref):
+        """The kernel with id `ref`, or None."""
+        kernel_id = as_uuid(ref)
+        return None if kernel_id is None else self.filter(pk=kernel_id).first()

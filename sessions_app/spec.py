@@ -1,0 +1,191 @@
+"""One validated create request, whatever asked for it (the API, the dashboard's form, the
+Backend.AI SDK's body), with one set of limits; and the one family of domain errors that each
+interface turns into its own answer (DRF's, Backend.AI's JSON, form errors).
+
+An interface maps its input's names and shapes to SessionSpec.build's fields and nothing
+more: every limit is here, from settings (Limits) and the keypair's resource policy.
+"""
+
+import re
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from common.slots import ResourceSlots, SlotError
+from scheduling_app.models import Project, ScalingGroup, default_project
+from sessions_app.enums import ClusterMode, SessionType
+from storage_app.folders import FolderError, resolve_mounts
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+DEFAULT_RESOURCES = {"cpu": "1", "mem": "256m"}
+MAX_IMAGE_LENGTH = 255
+MAX_TAG_LENGTH = 64
+MAX_SECONDS = 2**31 - 1  # what the database's integer columns hold
+
+
+class DomainError(Exception):
+    """A request the domain refuses: `message` says why (to the user), `field` where (a
+    SessionSpec field, or None), `status_code` what kind (400 bad input, 404 not there,
+    409 conflicts with the current state, 429 over a limit of the policy)."""
+
+    status_code = 400
+
+    def __init__(self, message, field=None, status_code=None, *, errors=None):
+        super().__init__(message)
+        self.message, self.field = message, field
+        # Every field that is wrong, {field: message}; a form shows each at its field.
+        self.errors = errors or ({field: message} if field else {})
+        if status_code is not None:
+            self.status_code = status_code
+
+
+class SessionRequestError(DomainError):
+    """A request that cannot become a session (or a rename that cannot be made)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds of a create request that do not depend on the keypair's policy."""
+
+    max_cluster_size: int
+    max_grace_period: int
+    max_batch_timeout: int
+
+    @classmethod
+    def current(cls):
+        return cls(max_cluster_size=settings.MAX_CLUSTER_SIZE,
+                   max_grace_period=settings.MAX_GRACE_PERIOD,
+                   max_batch_timeout=MAX_SECONDS)
+
+
+def validate_name(name):
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise SessionRequestError(
+            "A session name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter "
+            "or digit.", "name")
+    return name
+
+
+def whole_number(value, name, low, high, *, optional=True):
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SessionRequestError(f"{name} must be a whole number from {low} to {high}.", name)
+    return value
+
+
+def text(value, name, *, max_length=None):
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise SessionRequestError(f"{name} must be text.", name)
+    if max_length is not None and len(value) > max_length:
+        raise SessionRequestError(f"{name} is at most {max_length} characters.", name)
+    return value
+
+
+def check_priority(priority, policy, may_raise):
+    """The priority a request may have: default the policy's; up to it for users, up to
+    the policy's maximum for admins (`may_raise`)."""
+    if priority is None:
+        return policy.default_priority
+    highest = policy.max_priority if may_raise else policy.default_priority
+    if isinstance(priority, bool) or not isinstance(priority, int) or not (
+            0 <= priority <= highest):
+        who = "" if may_raise else " (only an admin may set it higher)"
+        raise SessionRequestError(
+            f"priority must be a whole number from 0 to {highest}, the highest your resource "
+            f"policy {policy.name!r} allows{who}.", "priority")
+    return priority
+
+
+def parse_slots(resources):
+    try:
+        return ResourceSlots.parse(resources or DEFAULT_RESOURCES, allow_zero=False)
+    except SlotError as exc:
+        raise SessionRequestError(str(exc), "resources") from None
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    name: str
+    image: str
+    scaling_group: ScalingGroup
+    project: Project
+    slots: ResourceSlots  # per kernel
+    priority: int
+    session_type: str = SessionType.INTERACTIVE
+    cluster_size: int = 1
+    cluster_mode: str = ClusterMode.SINGLE_NODE
+    startup_command: str = ""
+    grace_period: int | None = None
+    batch_timeout: int | None = None
+    tag: str = ""
+    pre_stop_command: str = ""
+    preemptible: bool = False
+    dependencies: tuple = field(default_factory=tuple)
+    mounts: tuple = field(default_factory=tuple)  # (folder, path in the kernels, mode)
+
+    @classmethod
+    def build(cls, *, keypair, may_raise_priority=False, name=None, image=None,
+              session_type=SessionType.INTERACTIVE, resources=None, cluster_size=1,
+              cluster_mode=ClusterMode.SINGLE_NODE, startup_command="",
+              scaling_group="default", grace_period=None, batch_timeout=None, tag="",
+              project=None, pre_stop_command="", dependencies=(), priority=None,
+              preemptible=False, mounts=None):
+        """The spec of these fields for `keypair`, or one SessionRequestError naming every
+        field that is wrong (`errors`; `field` is the first). `dependencies` are sessions,
+        already found among those the requester sees; `may_raise_priority` is for admins."""
+        limits, policy, errors = Limits.current(), keypair.resource_policy, {}
+
+        def check(validate, *args, **kwargs):
+            try:
+                return validate(*args, **kwargs)
+            except SessionRequestError as exc:
+                errors.setdefault(exc.field, exc.message)
+                return None
+
+        check(validate_name, name)
+        image = (check(text, image, "image", max_length=MAX_IMAGE_LENGTH) or "").strip()
+        if not image:
+            errors.setdefault("image", "An image name is required, such as "
+                                       f"{settings.DEFAULT_KERNEL_IMAGE}.")
+        if session_type not in SessionType.values:
+            errors["session_type"] = (
+                f"session_type must be one of {', '.join(SessionType.values)}.")
+        slots = check(parse_slots, resources)
+        check(whole_number, cluster_size, "cluster_size", 1, limits.max_cluster_size,
+              optional=False)
+        if cluster_mode not in ClusterMode.values:
+            errors["cluster_mode"] = (
+                f"cluster_mode must be one of {', '.join(ClusterMode.values)}.")
+        check(whole_number, grace_period, "grace_period", 0, limits.max_grace_period)
+        check(whole_number, batch_timeout, "batch_timeout", 1, limits.max_batch_timeout)
+        startup_command = check(text, startup_command, "startup_command")
+        if session_type == SessionType.BATCH and not startup_command:
+            errors.setdefault("startup_command", "A batch session needs a startup command.")
+        group = ScalingGroup.objects.filter(name=scaling_group, is_active=True).first() \
+            if isinstance(scaling_group, str) else None
+        if group is None:
+            errors["scaling_group"] = (
+                f"There is no active scaling group named {scaling_group!r}.")
+        if not isinstance(preemptible, bool):
+            errors["preemptible"] = "preemptible must be true or false."
+        tag = check(text, tag, "tag", max_length=MAX_TAG_LENGTH)
+        pre_stop_command = check(text, pre_stop_command, "pre_stop_command")
+        priority = check(check_priority, priority, policy, may_raise_priority)
+        if errors:
+            first = next(iter(errors))
+            raise SessionRequestError(" ".join(errors.values()), first, errors=errors)
+        try:  # the owner's folders (another user's is not there: 404)
+            folders = resolve_mounts(mounts, user=keypair.user, scaling_group=group)
+        except FolderError as exc:
+            raise SessionRequestError(exc.message, "mounts", exc.status_code) from None
+        return cls(
+            name=name, image=image, scaling_group=group, project=project or default_project(),
+            slots=slots, priority=priority, session_type=session_type,
+            cluster_size=cluster_size, cluster_mode=cluster_mode,
+            startup_command=startup_command, grace_period=grace_period,
+            batch_timeout=batch_timeout, tag=tag, pre_stop_command=pre_stop_command,
+            preemptible=preemptible or policy.preemptible, dependencies=tuple(dependencies),
+            mounts=tuple(folders))

@@ -1,0 +1,83 @@
+"""What the system keeps in a session's or kernel's `status_data`, by name.
+
+Each key has one writer (named beside it), and every write goes through the engine's
+`merge_status_data` or a transition's `status_data=`, which set only the keys they name in
+one UPDATE: a writer holding an old copy of the column cannot undo another's key.
+`StatusData` reads them with their types.
+"""
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from common import clock
+
+
+class Key(StrEnum):
+    # Kernels
+    RETRIES = "retries"                  # {stage: tries}: lifecycle.progress.retry_stage
+    LAST_RETRY = "last_retry"            # ISO time of the last retry: retry_stage
+    LAST_ERROR = "last_error"            # the error the last retry was for: retry_stage
+    CREATION_ERROR = "creation_error"    # Docker's refusal: progress.error_kernel
+    DESTROY_REASON = "destroy_reason"    # why it is being ended: destroy, progress
+    FORCED = "forced"                    # a forced destroy was asked: destroy, progress
+    FORCED_AT = "forced_at"              # when TERMINATING became a forced kill: progress
+    LAST_DESTROY_REQUEST = "last_destroy_request"  # ISO time of the last resend: progress
+    LAST_CHECK = "last_check"            # ISO time the image check was last resent: progress
+    ENDED_WITH = "ended_with"            # the kernel whose end stopped this one: progress
+    TEARDOWN_ERROR = "teardown_error"    # what failed while removing it: agent_reports
+    KERNEL = "kernel"                    # Backend.AI's {"exit_code": …}: destroy
+    SESSION = "session"                  # Backend.AI's {"status": …}: destroy
+    # Sessions
+    SCHEDULER = "scheduler"              # the scheduler's record of a pass: scheduler.core
+    EXCLUDED_AGENTS = "excluded_agents"  # agents a retry gave up on: progress.reschedule
+    IDLE_CHECKS = "idle_checks"          # each idle checker's last report: scheduling_app.idle
+
+
+@dataclass(frozen=True)
+class StatusData:
+    """Typed reads of a status_data dict."""
+
+    raw: dict
+
+    def _time(self, key):
+        value = self.raw.get(key)
+        return clock.parse(value) if value else None
+
+    @property
+    def retries(self) -> dict:
+        return dict(self.raw.get(Key.RETRIES) or {})
+
+    @property
+    def last_retry(self):
+        return self._time(Key.LAST_RETRY)
+
+    @property
+    def destroy_reason(self) -> str:
+        return self.raw.get(Key.DESTROY_REASON) or ""
+
+    @property
+    def forced(self) -> bool:
+        return bool(self.raw.get(Key.FORCED))
+
+    @property
+    def forced_at(self):
+        return self._time(Key.FORCED_AT)
+
+    @property
+    def ended_with(self) -> str:
+        return self.raw.get(Key.ENDED_WITH) or ""
+
+    @property
+    def scheduler(self) -> dict:
+        return dict(self.raw.get(Key.SCHEDULER) or {})
+
+    @property
+    def excluded_agents(self) -> frozenset:
+        return frozenset(self.raw.get(Key.EXCLUDED_AGENTS) or ())
+
+    @property
+    def idle_checks(self) -> dict:
+        return dict(self.raw.get(Key.IDLE_CHECKS) or {})
+
+    def time_of(self, key):
+        return self._time(key)
