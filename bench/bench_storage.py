@@ -20,8 +20,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import requests
+
 from bench.bench_websocket import free_port, setup_django, wait_for_port
 from bench.common import embedded_redis
+from storage_app import client as transfer
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "var" / "bench-storage"
@@ -50,7 +53,7 @@ def prepare(env, storage):
 
 
 def signer(access_key, secret_key, base_url):
-    from sessions_app.authentication import sign
+    from sessions_app.api.authentication import sign
 
     host = urlsplit(base_url).netloc
     version = "v7.20230615"
@@ -104,8 +107,6 @@ def main():
 
 
 def serve_and_measure(env, storage, web_port):
-    from storage_app import client as transfer
-
     py = sys.executable
     web = None
     try:
@@ -129,8 +130,6 @@ def serve_and_measure(env, storage, web_port):
 
 
 def run(transfer, base, headers, pid, storage):
-    import requests
-
     http = requests.Session()
     source, back, copy = WORK / "source.bin", WORK / "back.bin", WORK / "cp-copy.bin"
     make_file(source, SIZE_MB)
