@@ -5,21 +5,24 @@ import os
 import re
 import shutil
 import uuid
+from datetime import timedelta
 from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
+from common import clock
 from scheduling_app.models import ScalingGroup
 from sessions_app.models import Session
 from storage_app.files import FileError, FolderFiles, check_name
-from storage_app.models import Folder, Mount
+from storage_app.models import Folder, Mount, Upload
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Where a folder may be mounted in a kernel: its work directory, or /mnt or /data.
 MOUNT_BASES = ("/home/work/", "/mnt/", "/data/")
 UPLOADS_DIR = ".uploads"
+UPLOAD_EXPIRY = timedelta(days=1)  # an upload not finished by then is abandoned
 
 
 class FolderError(Exception):
@@ -121,9 +124,24 @@ def delete_folder(folder):
             raise FolderError(f"The folder {folder.name!r} is mounted by live sessions: "
                               f"{', '.join(sorted(using))}; end them first.", 409)
         Mount.objects.filter(folder=locked).delete()  # of finished sessions
-        directory = folder_dir(locked)
+        directory, partials = folder_dir(locked), uploads_dir(locked)
+        unfinished = [u.hex for u in Upload.objects.filter(folder=locked)
+                      .values_list("pk", flat=True)]
         locked.delete()
     remove_tree(directory)
+    for name in unfinished:
+        (partials / name).unlink(missing_ok=True)
+
+
+def forget_stale_uploads(folder):
+    """Uploads of `folder` started more than UPLOAD_EXPIRY ago and never finished: their
+    rows and partial files go. Returns how many."""
+    stale = list(Upload.objects.filter(folder=folder,
+                                       created_at__lt=clock.now() - UPLOAD_EXPIRY))
+    for upload in stale:
+        (uploads_dir(folder) / upload.pk.hex).unlink(missing_ok=True)
+        upload.delete()
+    return len(stale)
 
 
 def remove_tree(directory):

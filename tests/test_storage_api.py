@@ -229,3 +229,30 @@ def test_backendai_folder_routes_signed_as_the_sdk_signs(client, alice, alice_ke
 
     assert signed_call(client, main_keypair(bob), "GET", "/folders/vf").status_code == 404
     assert signed_call(client, alice_keypair, "DELETE", "/folders/vf").status_code == 204
+
+
+def test_an_abandoned_upload_is_forgotten_after_a_day_and_with_its_folder(as_alice, storage):
+    import time_machine
+
+    from storage_app.models import Upload
+
+    folder = make_folder(as_alice)
+    staging = storage / ".uploads"
+
+    def start(path):
+        response = as_alice.post(f"{URL}data/uploads/", HTTP_UPLOAD_LENGTH="10",
+                                 HTTP_UPLOAD_METADATA="path " + base64.b64encode(
+                                     path.encode()).decode())
+        assert response.status_code == 201
+        as_alice.patch(response["Location"], b"01234", HTTP_UPLOAD_OFFSET="0",
+                       content_type="application/offset+octet-stream")
+        return Upload.objects.get(path=path)
+
+    with time_machine.travel("2026-01-01 00:00Z"):
+        old = start("old.bin")
+    with time_machine.travel("2026-01-02 00:01Z"):
+        recent = start("recent.bin")
+    assert not Upload.objects.filter(pk=old.pk).exists()
+    assert sorted(p.name for p in staging.iterdir()) == [recent.pk.hex]
+    assert as_alice.delete(f"{URL}{folder['id']}/").status_code == 204
+    assert list(staging.iterdir()) == [] and not Upload.objects.exists()

@@ -269,6 +269,7 @@ class FolderViewSet(viewsets.GenericViewSet):
     def start_upload(self, request, pk=None):
         """Start a resumable upload: 201 with its Location; then PATCH its parts."""
         folder = self.writable_object()
+        domain.forget_stale_uploads(folder)
         try:
             length = int(request.headers.get("Upload-Length", ""))
             if length < 0:
