@@ -6,6 +6,7 @@ DELETE as a JSON body; query parameters are read too. `request-upload` and
 
 import json
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -45,6 +46,7 @@ def as_vfolder(folder, user):
     }
 
 
+@extend_schema(exclude=True)  # Backend.AI's routes: described in the README, not /api/schema/
 class FolderView(APIView):
     def folder(self, request, name, *, write=False):
         admin = request_is_admin(request)
