@@ -82,6 +82,8 @@ def _oserror(exc, path):
         return FileError(f"{path!r} is a directory.", 409)
     if code == errno.EINVAL:
         return FileError(f"{path!r}: a directory cannot move into itself.", 400)
+    if code == errno.ENAMETOOLONG:
+        return FileError(f"{path[:100]!r}…: the path is too long.", 400)
     if code == errno.ENOSPC or code == errno.EDQUOT:
         return FileError("The storage is full.", 507)
     return FileError(f"{path!r}: {os.strerror(code)}.", 500)

@@ -10,12 +10,13 @@ import asyncio
 import base64
 import os
 import re
+import uuid
 
 from django.conf import settings
 from django.http import StreamingHttpResponse
 from django.utils.http import content_disposition_header
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException
@@ -23,6 +24,7 @@ from rest_framework.response import Response
 
 from backendai_web.flow import DIRECT_BODY, direct_chunks
 from scheduling_app.models import Project
+from sessions_app.api.schema import ErrorSerializer
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import KeyPair
 from sessions_app.querysets import is_admin
@@ -99,6 +101,13 @@ class EntrySerializer(serializers.Serializer):
     size = serializers.IntegerField()
     mtime = serializers.FloatField()
 
+
+WrittenSerializer = inline_serializer("WrittenFile", {
+    "path": serializers.CharField(), "size": serializers.IntegerField()})
+MadeSerializer = inline_serializer("MadeDirectory", {"path": serializers.CharField()})
+# Past the folder's quota (413), a range outside the file (416), the storage full (507).
+QUOTA = {413: ErrorSerializer, 507: ErrorSerializer}
+TUS_HEADERS = [OpenApiParameter("Tus-Resumable", OpenApiTypes.STR, OpenApiParameter.HEADER)]
 
 PATH_PARAMETER = OpenApiParameter("path", OpenApiTypes.STR,
                                   description="A path relative to the folder.")
@@ -184,8 +193,9 @@ class FolderViewSet(viewsets.GenericViewSet):
                    methods=["GET"])
     @extend_schema(parameters=[PATH_PARAMETER, OpenApiParameter("recursive", OpenApiTypes.BOOL)],
                    responses={204: None}, methods=["DELETE"])
-    @extend_schema(parameters=[PATH_PARAMETER], request={"application/octet-stream": bytes},
-                   responses={201: None}, methods=["PUT"])
+    @extend_schema(parameters=[PATH_PARAMETER],
+                   request={"application/octet-stream": OpenApiTypes.BINARY},
+                   responses={201: WrittenSerializer, **QUOTA}, methods=["PUT"])
     @action(detail=True, methods=["get", "put", "delete"])
     @file_errors
     def files(self, request, pk=None):
@@ -207,7 +217,7 @@ class FolderViewSet(viewsets.GenericViewSet):
             size = files.write(path, body_chunks(raw), limit=domain.room_left(folder, files))
         return Response({"path": path, "size": size}, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=PathSerializer, responses={201: None})
+    @extend_schema(request=PathSerializer, responses={201: MadeSerializer, 507: ErrorSerializer})
     @action(detail=True, methods=["post"])
     @file_errors
     def mkdir(self, request, pk=None):
@@ -218,7 +228,7 @@ class FolderViewSet(viewsets.GenericViewSet):
             files.mkdir(body.validated_data["path"], parents=body.validated_data["parents"])
         return Response({"path": body.validated_data["path"]}, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=MoveSerializer, responses={200: None})
+    @extend_schema(request=MoveSerializer, responses={200: MoveSerializer})
     @action(detail=True, methods=["post"])
     @file_errors
     def move(self, request, pk=None):
@@ -232,7 +242,8 @@ class FolderViewSet(viewsets.GenericViewSet):
 
     @extend_schema(parameters=[PATH_PARAMETER],
                    responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
-                              (206, "application/octet-stream"): OpenApiTypes.BINARY})
+                              (206, "application/octet-stream"): OpenApiTypes.BINARY,
+                              416: ErrorSerializer})
     @action(detail=True, methods=["get"])
     @file_errors
     def download(self, request, pk=None):
@@ -259,7 +270,7 @@ class FolderViewSet(viewsets.GenericViewSet):
 
     # Resumable uploads (tus 1.0: https://tus.io/protocols/resumable-upload).
 
-    @extend_schema(request=None, responses={201: None}, parameters=[
+    @extend_schema(request=None, responses={201: None, **QUOTA}, parameters=[*TUS_HEADERS,
         OpenApiParameter("Upload-Length", OpenApiTypes.INT, OpenApiParameter.HEADER,
                          required=True),
         OpenApiParameter("Upload-Metadata", OpenApiTypes.STR, OpenApiParameter.HEADER,
@@ -295,6 +306,11 @@ class FolderViewSet(viewsets.GenericViewSet):
             finish_upload(upload)
         return response
 
+    @extend_schema(
+        request={"application/offset+octet-stream": OpenApiTypes.BINARY},
+        parameters=[*TUS_HEADERS, OpenApiParameter("Upload-Offset", OpenApiTypes.INT,
+                                                   OpenApiParameter.HEADER)],
+        responses={200: None, 204: None, **QUOTA})
     @action(detail=True, methods=["head", "patch", "delete"],
             url_path=r"uploads/(?P<upload_id>[0-9a-f-]{32,36})")
     @file_errors
@@ -302,7 +318,11 @@ class FolderViewSet(viewsets.GenericViewSet):
         """HEAD: how many bytes arrived (resume from there); PATCH: the next part, at
         Upload-Offset; DELETE: abandon it."""
         folder = self.writable_object()
-        upload = Upload.objects.filter(pk=upload_id, folder=folder, user=request.user).first()
+        try:
+            upload = Upload.objects.filter(pk=uuid.UUID(upload_id), folder=folder,
+                                           user=request.user).first()
+        except ValueError:  # the route's pattern lets some non-UUIDs through
+            upload = None
         if upload is None:
             raise FolderRequestFailed("There is no such upload (finished, abandoned or "
                                       "never started).", 404)
