@@ -140,11 +140,11 @@ class SessionSerializer(serializers.ModelSerializer):
                   "idle_exempt", "idle_checks", "priority", "preemptible", "queue",
                   "unreachable_agents", "kernels", "mounts"]
 
-    @extend_schema_field(QUEUE_SCHEMA)
     def get_mounts(self, session) -> list[dict]:
         return [{"folder": m.folder.name, "path": m.path, "mode": m.mode}
                 for m in session.mounts.select_related("folder").order_by("path")]
 
+    @extend_schema_field(QUEUE_SCHEMA)
     def get_queue(self, session):
         """PENDING: position in the scaling group's queue (1 = next), predicted start (null:
         unknown, with the reason), the rank it is ordered by, its reservation if any."""

@@ -56,7 +56,7 @@ def request_is_admin(request):
 
 class FolderSerializer(serializers.ModelSerializer):
     owner = serializers.SerializerMethodField()
-    project = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    project = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     scaling_group = serializers.SlugRelatedField(slug_field="name", read_only=True)
     usage = serializers.SerializerMethodField()
     mounted_by = serializers.SerializerMethodField()
@@ -307,7 +307,8 @@ class FolderViewSet(viewsets.GenericViewSet):
         return response
 
     @extend_schema(
-        request={"application/offset+octet-stream": OpenApiTypes.BINARY},
+        # tus says application/offset+octet-stream; any type is read as the bytes.
+        request={"application/octet-stream": OpenApiTypes.BINARY},
         parameters=[*TUS_HEADERS, OpenApiParameter("Upload-Offset", OpenApiTypes.INT,
                                                    OpenApiParameter.HEADER)],
         responses={200: None, 204: None, **QUOTA})
