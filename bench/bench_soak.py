@@ -31,6 +31,9 @@ EXPECTED_ENDS = {"interactive": {"user-requested"},
                  "batch": {"user-requested", "self-terminated"}}
 
 
+# bench/__main__ imports every bench module to read OPT_IN before any Django set-up: this
+# module imports Django and the project's modules inside main() and Soak, after
+# django.setup() (the one place outside AppConfig.ready where imports sit in functions).
 def main():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
     sys.path.insert(0, str(ROOT))
@@ -163,7 +166,7 @@ class Soak:
 
         from scheduling_app.models import ResourcePolicy, ScalingGroup
         from sessions_app.keypairs import main_keypair
-        from tests.conftest import free_port
+        from tests.support import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

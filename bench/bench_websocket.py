@@ -55,6 +55,8 @@ def wait_for_port(port, timeout=30):
     raise RuntimeError(f"nothing answers on port {port}")
 
 
+# Django is set up here, with the run's own database and Redis in the environment, after
+# bench/__main__ imported this module: the project's modules are imported in functions.
 def setup_django(env):
     os.environ.update(env)
     os.environ["DJANGO_SETTINGS_MODULE"] = "backendai_web.settings"

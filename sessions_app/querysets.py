@@ -20,7 +20,12 @@ def as_uuid(ref):
         return None
 
 
-class SessionQuerySet(models.QuerySet):
+class StatusQuerySet(models.QuerySet):
+    """live(), finished() and visible_to() of sessions and kernels alike; `owner` is the
+    lookup of the user a row belongs to."""
+
+    owner = "user"
+
     def live(self):
         return self.filter(status__in=StatusGroup.LIVE)
 
@@ -28,14 +33,16 @@ class SessionQuerySet(models.QuerySet):
         return self.filter(status__in=StatusGroup.FINISHED)
 
     def visible_to(self, user, keypair=None):
-        """Every session for admins (`keypair` is the one the request acts through); a
-        user's own otherwise; none for an anonymous user."""
+        """Every row for admins (`keypair` is the one the request acts through); a user's
+        own otherwise; none for an anonymous user."""
         if is_admin(user, keypair):
             return self
         if user is None or not user.is_authenticated:
             return self.none()
-        return self.filter(user=user)
+        return self.filter(**{self.owner: user})
 
+
+class SessionQuerySet(StatusQuerySet):
     def find(self, ref):
         """The session `ref` names: by id; else by name, a live session first, else the
         most recent finished one. None when there is none."""
@@ -48,20 +55,8 @@ class SessionQuerySet(models.QuerySet):
         return named.live().first() or named.order_by("-created_at").first()
 
 
-class KernelQuerySet(models.QuerySet):
-    def live(self):
-        return self.filter(status__in=StatusGroup.LIVE)
-
-    def finished(self):
-        return self.filter(status__in=StatusGroup.FINISHED)
-
-    def visible_to(self, user, keypair=None):
-        """The kernels of the sessions `user` sees."""
-        if is_admin(user, keypair):
-            return self
-        if user is None or not user.is_authenticated:
-            return self.none()
-        return self.filter(session__user=user)
+class KernelQuerySet(StatusQuerySet):
+    owner = "session__user"
 
     def find(self, ref):
         """The kernel with id `ref`, or None."""

@@ -6,10 +6,12 @@ from datetime import timedelta
 
 import pytest
 import time_machine
+from django.core.management import CommandError, call_command
 
 from agents_app.models import Agent, AgentStatus, HeartbeatWatch
 from common import clock
 from scheduling_app.models import ScalingGroup
+from scheduling_app.scheduler import schedule
 from sessions_app.enums import Status
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.heartbeats import handle_heartbeat
@@ -72,8 +74,6 @@ def test_an_agent_silent_for_three_intervals_is_lost_for_scheduling_only(lost_se
 
 
 def test_a_lost_agent_takes_no_new_kernel(lost_setup, alice):
-    from scheduling_app.scheduler import schedule
-
     agent, _, _ = lost_setup
     for t in (0, 5, 10, 16):
         sweep_at(t)
@@ -194,8 +194,6 @@ def test_check_invariants_counts_stray_containers_missing_ones_drift_and_stuck_k
 
 
 def test_the_check_invariants_command_exits_non_zero_on_any_violation(lost_setup):
-    from django.core.management import CommandError, call_command
-
     agent, _, kernel = lost_setup
     heartbeat(agent, [running(kernel)], at=1)
     with time_machine.travel(T0 + timedelta(seconds=2), tick=False):

@@ -5,13 +5,16 @@ limit; the OpenAPI schema."""
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.test import Client
 
+import sessions_app.api.ratelimit as ratelimit
 from scheduling_app.models import ResourcePolicy, ScalingGroup
+from sessions_app.api.ratelimit import WINDOW_SECONDS, hit
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import KeyPair, Session, SessionEvent
 from tests.factories import make_agent, make_session
-from tests.signing import signed_call
+from tests.signing import signed_call, signed_headers
 
 API = "/api/v1/"
 
@@ -166,8 +169,6 @@ def test_resource_policies_validate_slots(client, carol):
 
 
 def test_browser_sessions_need_the_csrf_token_for_changes(alice):
-    from django.test import Client
-
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(alice)
     assert browser.get(API + "sessions/").status_code == 200
@@ -251,8 +252,6 @@ def test_a_changed_date_breaks_the_signature(client, alice):
     response = signed_call(client, kp, "GET", API + "sessions/", date=signed_at.isoformat())
     assert response.status_code == 200
     headers_date = datetime.now(UTC).isoformat()
-    from tests.signing import signed_headers
-
     headers = signed_headers(kp.access_key, kp.secret_key, "GET", API + "sessions/",
                              "testserver", date=signed_at.isoformat())
     headers["Date"] = headers_date
@@ -279,8 +278,6 @@ def test_malformed_authorization_is_a_401_not_a_500(client, db, header, message)
 @pytest.mark.parametrize("date", ["2026-13-45T00:00:00+00:00", "yesterday", "",
                                   "9999-12-31T23:59:59-23:59"])
 def test_odd_dates_are_a_401(client, alice, date):
-    from tests.signing import signed_headers
-
     kp = main_keypair(alice)
     headers = signed_headers(kp.access_key, kp.secret_key, "GET", API + "sessions/",
                              "testserver")
@@ -293,8 +290,6 @@ def test_odd_dates_are_a_401(client, alice, date):
 
 def test_the_version_header_is_required(client, alice):
     kp = main_keypair(alice)
-    from tests.signing import signed_headers
-
     headers = signed_headers(kp.access_key, kp.secret_key, "GET", API + "sessions/",
                              "testserver")
     del headers["X-BackendAI-Version"]
@@ -325,8 +320,6 @@ def test_rate_limit_counts_down_and_refuses_with_429(client, alice, redis_availa
 
 
 def test_the_window_slides(alice, redis_available):
-    from sessions_app.api.ratelimit import WINDOW_SECONDS, hit
-
     key = main_keypair(alice).access_key
     assert hit(key, 2, now=1000.0)[:2] == (True, 1)
     assert hit(key, 2, now=1001.0)[:2] == (True, 0)
@@ -335,8 +328,6 @@ def test_the_window_slides(alice, redis_available):
 
 
 def test_without_redis_requests_pass(client, alice, settings, monkeypatch):
-    import sessions_app.api.ratelimit as ratelimit
-
     monkeypatch.setattr(ratelimit, "_script", None)
     settings.REDIS_URL = "redis://127.0.0.1:9/0"  # the settings fixture restores it
     response = signed_call(client, main_keypair(alice), "GET", API + "sessions/")

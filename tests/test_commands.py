@@ -3,9 +3,11 @@ from io import StringIO
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
+from django.db import connections
+from django.db.backends.signals import connection_created
 
 from agents_app.management.commands.build_kernel_image import _is_static
-from agents_app.management.commands.run_agent import DatabaseForbidden, parse_slots
+from agents_app.management.commands.run_agent import DatabaseForbidden, forbid_database, parse_slots
 from sessions_app.models import KeyPair
 
 
@@ -49,11 +51,6 @@ def test_run_agent_slots_option_is_validated():
 
 
 def test_the_agent_guard_refuses_any_database_connection(db):
-    from django.db import connections
-    from django.db.backends.signals import connection_created
-
-    from agents_app.management.commands.run_agent import forbid_database
-
     connection_created.connect(forbid_database)
     try:
         connection = connections.create_connection("default")

@@ -11,6 +11,7 @@ from asgiref.sync import async_to_sync
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agents_app.models import Image
 from common import clock
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
@@ -232,8 +233,6 @@ def test_execute_answers_in_the_sdk_result_format(client, kp, alice, monkeypatch
 
 def test_query_mode_uses_the_images_interpreter_when_it_names_one(client, kp, alice,
                                                                  monkeypatch):
-    from agents_app.models import Image
-
     calls = []
     monkeypatch.setattr("agents_app.rpc.call", lambda *a, **kw: calls.append(kw["command"])
                         or {"exit_code": 0, "stdout": "", "stderr": ""})

@@ -10,6 +10,7 @@ from django.utils import timezone
 from agents_app.models import AgentStatus, Image
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
+from sessions_app import engine
 from sessions_app.enums import Status
 from sessions_app.models import KeyPair, Session, SessionEvent
 from sessions_app.web import timeline
@@ -190,8 +191,6 @@ def test_session_page_shows_kernels_timeline_and_phase_durations(as_alice, alice
 
 
 def walk_to(kernel, status):
-    from sessions_app import engine
-
     if status == S.SCHEDULED:
         return engine.schedule_kernel(kernel, make_agent())
     if status == S.RUNNING:

@@ -1,8 +1,12 @@
 """destroy_session's rules, through the API, for every kernel status × forced × role."""
 
 import pytest
+import time_machine
 
 from agents_app.models import Agent
+from common import clock
+from scheduling_app.models import ScalingGroup
+from sessions_app import engine
 from sessions_app.enums import Status
 from sessions_app.models import KeyPair, Session, SessionEvent
 from tests.factories import make_agent, make_session
@@ -146,8 +150,6 @@ def test_destroy_returns_the_main_kernels_last_stat(alice, client):
 
 
 def test_a_multi_kernel_session_is_refused_whole_when_one_kernel_is_in_transit(alice, client):
-    from sessions_app import engine
-
     session = make_session(alice, S.RUNNING, cluster_size=2)
     sub = session.kernels.get(cluster_role="sub")
     engine.transition_kernel(sub, S.ERROR, reason="test")
@@ -166,11 +168,6 @@ def test_a_multi_kernel_session_is_refused_whole_when_one_kernel_is_in_transit(a
 ])
 def test_a_refused_destroy_says_when_the_status_times_out(status, timeout_field, then,
                                                          alice, client):
-    import time_machine
-
-    from common import clock
-    from scheduling_app.models import ScalingGroup
-
     ScalingGroup.objects.filter(name="default").update(**{timeout_field: 90})
     with time_machine.travel("2026-01-01 10:00:00Z", tick=False):
         session = make_session(alice, status)

@@ -5,6 +5,7 @@ from django.test.utils import CaptureQueriesContext
 from agents_app.models import Agent
 from sessions_app import engine
 from sessions_app.enums import Status
+from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.models import Kernel, KeyPair, SessionEvent
 from tests.factories import make_agent, make_session
 
@@ -109,8 +110,6 @@ def test_session_starts_at_is_set_when_it_first_runs(alice):
 
 def test_a_pulled_image_starts_a_single_kernel_session_in_one_write(
         alice, sent, django_capture_on_commit_callbacks):
-    from sessions_app.lifecycle.agent_reports import handle_kernel_event
-
     make_agent()
     session = make_session(alice, S.PULLING)
     kernel = session.kernels.get()
@@ -140,8 +139,6 @@ def test_a_pulled_image_starts_a_single_kernel_session_in_one_write(
 
 def test_a_cluster_session_starts_when_its_last_kernel_is_pulled(
         alice, sent, django_capture_on_commit_callbacks):
-    from sessions_app.lifecycle.agent_reports import handle_kernel_event
-
     make_agent()
     session = make_session(alice, S.PREPARING, cluster_size=2)
     first, second = session.kernels.order_by("cluster_idx")

@@ -13,6 +13,7 @@ from sessions_app import activity
 from sessions_app.enums import Status
 from sessions_app.models import Session, SessionEvent
 from tests.factories import make_agent, make_session
+from tests.signing import signed_call
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -203,8 +204,6 @@ def test_only_what_touches_the_containers_is_activity(alice, carol, client, sent
 
 
 def test_a_status_polling_owner_does_not_keep_an_idle_session_alive(alice, client, sent):
-    from tests.signing import signed_call
-
     policy = default_of(ResourcePolicy)
     policy.idle_timeout = 600
     policy.save()

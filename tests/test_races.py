@@ -5,6 +5,8 @@ import threading
 import pytest
 from django.db import connection
 
+from scheduling_app.models import ScalingGroup
+from scheduling_app.scheduler import core, run_pass, schedule
 from sessions_app.accounting import reconcile_usage
 from sessions_app.enums import Status
 from sessions_app.lifecycle import DestroyRefused, destroy_session
@@ -107,9 +109,6 @@ def test_racing_scheduler_passes_never_over_allocate(postgres, alice, no_broker,
     pass here sees a different half of the pending sessions, so both snapshots promise the
     same free slots to different sessions; the allocator's row locks and re-check keep
     every agent within its capacity."""
-    from scheduling_app.models import ScalingGroup
-    from scheduling_app.scheduler import core, run_pass, schedule
-
     # A group of its own: the live system's agent heartbeats into `default` meanwhile.
     agents = [make_agent(f"a{i}", slots={"cpu": "5", "mem": "50g"}, group="race")
               for i in range(2)]

@@ -8,11 +8,13 @@ import time_machine
 
 from agents_app.models import Agent
 from common import clock
+from scheduling_app import tasks
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
 from scheduling_app.scheduler import schedule
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import progress
+from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
 from sessions_app.spec import SessionRequestError
 from tests.factories import make_agent, make_session
@@ -151,8 +153,6 @@ def test_failed_pulls_are_retried_then_rescheduled_on_another_agent(alice, sent)
     bad = make_agent("bad")
     session = make_session(alice, S.PULLING, agent=bad)
     kernel = session.kernels.get()
-    from sessions_app.lifecycle.agent_reports import handle_kernel_event
-
     for _ in (1, 2):
         assert handle_kernel_event(kernel.pk, "pull_failed", {"error": "connection refused"}) \
             == "retried"
@@ -174,8 +174,6 @@ def test_failed_pulls_are_retried_then_rescheduled_on_another_agent(alice, sent)
 
 def test_an_error_no_retry_can_fix_cancels_the_session(alice):
     session = make_session(alice, S.PULLING)
-    from sessions_app.lifecycle.agent_reports import handle_kernel_event
-
     handle_kernel_event(session.kernels.get().pk, "pull_failed",
                         {"error": "manifest unknown: manifest unknown"})
     session.refresh_from_db()
@@ -218,8 +216,6 @@ def test_main_keypair_policy_governs(alice):
 
 
 def test_a_report_for_a_malformed_kernel_id_is_ignored(db, caplog):
-    from sessions_app.lifecycle.agent_reports import handle_kernel_event
-
     assert handle_kernel_event("not-a-kernel\n", "kernel_started", {}) is None
     assert handle_kernel_event(None, "image_pulled", {}) is None
     assert "malformed kernel id" in caplog.text
@@ -227,8 +223,6 @@ def test_a_report_for_a_malformed_kernel_id_is_ignored(db, caplog):
 
 def test_the_schedule_task_places_and_prepares_in_one_write(
         alice, django_capture_on_commit_callbacks, sent):
-    from scheduling_app import tasks
-
     make_agent(slots={"cpu": "6", "mem": "4g"})
     session = make_session(alice, name="one", cluster_size=2, cluster_mode="multi-node")
     with django_capture_on_commit_callbacks(execute=True):

@@ -3,13 +3,17 @@
 import base64
 
 import pytest
+import time_machine
 from asgiref.sync import async_to_sync
 from django.test import Client
 
 from scheduling_app.models import ResourcePolicy
+from sessions_app.compat.views import creation_fields
+from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, Status
-from storage_app.models import Folder, Mount
+from storage_app.models import Folder, Mount, Upload
 from tests.factories import make_session
+from tests.signing import signed_call
 
 URL = "/api/v1/folders/"
 
@@ -190,16 +194,12 @@ def test_a_resumable_upload_in_parts(as_alice):
 
 def test_backendai_config_mounts_are_accepted(alice, alice_keypair, as_alice, client):
     make_folder(as_alice)
-    from sessions_app.compat.views import creation_fields
-
     fields = creation_fields({"name": "s", "image": "i", "config": {
         "mounts": ["data"], "mount_map": {"data": "inside"}}})
     assert fields["mounts"] == [{"name": "data", "path": "/home/work/inside"}]
 
 
 def test_backendai_folder_routes_signed_as_the_sdk_signs(client, alice, alice_keypair, bob):
-    from tests.signing import signed_call
-
     created = signed_call(client, alice_keypair, "POST", "/folders", {"name": "vf"})
     assert created.status_code == 201 and created.json()["name"] == "vf"
     assert created.json()["is_owner"] is True
@@ -225,17 +225,11 @@ def test_backendai_folder_routes_signed_as_the_sdk_signs(client, alice, alice_ke
                        {"files": ["a", "d"], "recursive": True}).status_code == 200
     assert signed_call(client, alice_keypair, "POST", "/folders/vf/request-upload",
                        {"path": "x", "size": 1}).status_code == 501
-    from sessions_app.keypairs import main_keypair
-
     assert signed_call(client, main_keypair(bob), "GET", "/folders/vf").status_code == 404
     assert signed_call(client, alice_keypair, "DELETE", "/folders/vf").status_code == 204
 
 
 def test_an_abandoned_upload_is_forgotten_after_a_day_and_with_its_folder(as_alice, storage):
-    import time_machine
-
-    from storage_app.models import Upload
-
     folder = make_folder(as_alice)
     staging = storage / ".uploads"
 

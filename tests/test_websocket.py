@@ -17,9 +17,10 @@ from scheduling_app.models import ScalingGroup
 from sessions_app.api.metrics import exposition
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
+from sessions_app.lifecycle import destroy_session
 from sessions_app.models import Session, SessionEvent
-from tests.conftest import IMAGE
 from tests.factories import make_agent, make_session
+from tests.support import IMAGE
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 S = Status
@@ -176,8 +177,6 @@ async def test_a_client_narrows_to_one_session(alice, bob, login):
 
 
 def cancel(session):
-    from sessions_app.lifecycle import destroy_session
-
     destroy_session(session)
 
 

@@ -9,7 +9,7 @@ from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
 from sessions_app.lifecycle import progress
 from sessions_app.models import Kernel, Session, SessionEvent
-from tests.conftest import IMAGE, beat_sweeping, wait_for
+from tests.support import IMAGE, beat_sweeping, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status

@@ -8,7 +8,7 @@ import sys
 import pytest
 from django.db import connection
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 PRINT = ("from django.conf import settings as s; import json; d = s.DATABASES['default']; "
          "print(json.dumps({'engine': d['ENGINE'], 'name': str(d['NAME']), "

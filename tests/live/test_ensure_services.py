@@ -4,12 +4,20 @@ the machine's own Docker engine is shared and must not be stopped to test this. 
 fresh machine runs the same script for real (`.ci/run`)."""
 
 import os
+import shutil
+import signal
 import subprocess
+import tempfile
+import time
+import uuid
 from pathlib import Path
 
+import docker
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import need
+
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "ensure_services.sh"
 
 FAKES = {
@@ -124,15 +132,7 @@ def test_it_brings_up_a_real_docker_engine_where_none_answered(tmp_path):
     """A second, real dockerd, started by the script, in a network namespace of its own:
     its bridge and iptables rules never touch the host's (a dockerd beside the machine's
     own, in the same namespace, would take over or delete docker0)."""
-    import shutil
-    import signal
-    import tempfile
-    import time
-    import uuid
 
-    import docker
-
-    from tests.conftest import need
 
     need("root, dockerd and nsenter", None if os.geteuid() == 0 and shutil.which("dockerd")
          and shutil.which("nsenter") else "the script starts dockerd only as root")

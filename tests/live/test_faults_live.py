@@ -21,8 +21,8 @@ from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import Kernel, Session, SessionEvent
-from tests.conftest import IMAGE, database_url_of_test_db, need, wait_for
 from tests.signing import SignedClient
+from tests.support import IMAGE, database_url_of_test_db, need, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status

@@ -17,7 +17,7 @@ from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
 from sessions_app.lifecycle import progress
 from sessions_app.models import Kernel, Session
-from tests.conftest import IMAGE, Process, wait_for
+from tests.support import IMAGE, Process, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status

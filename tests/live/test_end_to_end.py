@@ -9,8 +9,8 @@ import pytest
 from agents_app.models import Agent
 from sessions_app.enums import Status
 from sessions_app.models import KeyPair, Session, SessionEvent
-from tests.conftest import IMAGE, wait_for
 from tests.signing import signed_headers
+from tests.support import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker
 

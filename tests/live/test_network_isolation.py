@@ -10,9 +10,9 @@ import pytest
 
 from scheduling_app.models import ScalingGroup
 from sessions_app.models import Kernel
-from tests.conftest import free_port
-from tests.test_agent_docker import S, create, wait_status
-from tests.test_kernel_hardening import execute
+from tests.live.test_agent_docker import S, create, wait_status
+from tests.live.test_kernel_hardening import execute
+from tests.support import free_port
 
 pytestmark = pytest.mark.docker
 

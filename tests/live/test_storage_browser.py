@@ -7,11 +7,12 @@ import os
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 from scheduling_app.models import ScalingGroup
 from sessions_app.models import Session, Status
 from storage_app.models import Folder
-from tests.test_browser import (  # noqa: F401 (fixtures)
+from tests.live.test_browser import (  # noqa: F401 (fixtures)
     TIMEOUT_MS,
     browser_context,
     chromium,
@@ -35,8 +36,6 @@ DROP_FILE = """
 
 def test_folder_upload_mount_read_and_download_in_a_real_browser(
         live, alice, browser_context, tmp_path):  # noqa: F811 (the fixture imported above)
-    from playwright.sync_api import expect
-
     storage = tmp_path / "storage"
     ScalingGroup.objects.filter(name="default").update(storage_root=str(storage))
     page = browser_context.new_page()

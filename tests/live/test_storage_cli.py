@@ -2,18 +2,17 @@
 
 import pytest
 
+from scheduling_app.models import ScalingGroup
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, Status
 from storage_app.models import Mount
-from tests.conftest import IMAGE, wait_for
-from tests.test_compat_cli import backendai  # noqa: F401 (fixture)
+from tests.live.test_compat_cli import backendai  # noqa: F401 (fixture)
+from tests.support import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker
 
 
 def test_vfolder_commands_and_a_mount_from_the_cli(backendai, alice, tmp_path):  # noqa: F811
-    from scheduling_app.models import ScalingGroup
-
     ScalingGroup.objects.filter(name="default").update(storage_root=str(tmp_path / "storage"))
     keypair = main_keypair(alice)
     code, out = backendai(keypair, "vfolder", "create", "vf1", "default")

@@ -5,6 +5,7 @@ import os
 from urllib.parse import urlsplit
 
 import pytest
+import requests
 
 from bench.bench_storage import memory
 from scheduling_app.models import ScalingGroup
@@ -28,8 +29,6 @@ def test_a_200_mb_file_goes_up_and_down_with_the_web_process_memory_flat(
         signed = signed_headers(keypair.access_key, keypair.secret_key, method, path, host,
                                 content_type=content_type)
         return signed
-
-    import requests
 
     http = requests.Session()
     made = http.post(web_server.url + "/api/v1/folders/", json={"name": "big"},

@@ -9,7 +9,7 @@ from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
 from sessions_app.models import Session, Status
 from storage_app.models import Folder
-from tests.conftest import IMAGE, wait_for
+from tests.support import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status

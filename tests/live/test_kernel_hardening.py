@@ -8,7 +8,7 @@ from agents_app.runtime.docker_backend import KERNEL_CAPABILITIES
 from scheduling_app.models import ResourcePolicy
 from sessions_app.api.metrics import exposition
 from sessions_app.models import Kernel
-from tests.test_agent_docker import S, create, wait_status
+from tests.live.test_agent_docker import S, create, wait_status
 
 pytestmark = pytest.mark.docker
 

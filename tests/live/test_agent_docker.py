@@ -4,6 +4,7 @@ import contextlib
 import io
 import os
 import shutil
+import socket
 import subprocess
 import tarfile
 import time
@@ -14,7 +15,7 @@ from docker.errors import ImageNotFound
 from agents_app.models import Agent, Image
 from sessions_app.enums import Status
 from sessions_app.models import Kernel, Session, SessionEvent
-from tests.conftest import IMAGE, need, wait_for
+from tests.support import IMAGE, need, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status
@@ -180,8 +181,6 @@ def registry(docker_client, tmp_path_factory):
 
 
 def _answers(host, port):
-    import socket
-
     try:
         socket.create_connection((host, port), timeout=0.5).close()
         return True

@@ -11,7 +11,7 @@ import pytest
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, SessionEvent
-from tests.conftest import IMAGE, wait_for
+from tests.support import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker
 

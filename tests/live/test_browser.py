@@ -15,14 +15,17 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import transaction
+from playwright.sync_api import expect, sync_playwright
 
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, default_of
 from sessions_app import engine
 from sessions_app.enums import Status
+from sessions_app.keypairs import main_keypair
+from sessions_app.lifecycle.create import create_session
 from sessions_app.models import Session
-from tests.conftest import ROOT, LiveSystem, Process, need, wait_for
 from tests.factories import make_agent, make_session
+from tests.support import ROOT, LiveSystem, Process, need, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.docker]
 S = Status
@@ -74,8 +77,6 @@ def web(live_system):
 @pytest.fixture(scope="module")
 def chromium():
     need("Chromium", None if os.access(CHROMIUM, os.X_OK) else f"no executable {CHROMIUM}")
-    from playwright.sync_api import sync_playwright
-
     # Playwright's sync API keeps an event loop in this thread; the test's own database
     # calls are plain synchronous ones all the same, which Django must be told.
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
@@ -137,8 +138,6 @@ def wait_live(page):
 
 def test_log_in_create_watch_it_run_and_terminate_in_a_real_browser(live, alice,
                                                                     browser_context):
-    from playwright.sync_api import expect
-
     page = browser_context.new_page()
     page.goto("/")
     page.wait_for_url("**/accounts/login/?next=/sessions/")
@@ -199,8 +198,6 @@ def test_log_in_create_watch_it_run_and_terminate_in_a_real_browser(live, alice,
 
 
 def test_command_box_and_container_log_in_a_real_browser(live, alice, browser_context):
-    from playwright.sync_api import expect
-
     session = make_running_session_on_the_live_agent(alice)
     page = browser_context.new_page()
     log_in(page, "alice")
@@ -216,9 +213,6 @@ def test_command_box_and_container_log_in_a_real_browser(live, alice, browser_co
 
 
 def make_running_session_on_the_live_agent(user, name="browser-cmd"):
-    from sessions_app.keypairs import main_keypair
-    from sessions_app.lifecycle.create import create_session
-
     session = create_session(keypair=main_keypair(user), user=user, name=name,
                              image="bai-local/busybox:latest",
                              resources={"cpu": "0.5", "mem": "128m"},
@@ -230,8 +224,6 @@ def make_running_session_on_the_live_agent(user, name="browser-cmd"):
 
 def test_a_page_catches_up_after_the_server_was_away(live, web, alice, browser_context):
     """Changes made while the browser had no connection show up after it reconnects."""
-    from playwright.sync_api import expect
-
     with transaction.atomic():  # the live scheduler must not see it half-made
         agent = make_agent("elsewhere", schedulable=False)
         session = make_session(alice, S.RUNNING, name="drop", agent=agent)
@@ -258,8 +250,6 @@ def test_a_page_catches_up_after_the_server_was_away(live, web, alice, browser_c
 
 
 def test_operator_overview_shows_agents_and_sessions(live, carol, browser_context):
-    from playwright.sync_api import expect
-
     page = browser_context.new_page()
     log_in(page, "carol")
     page.goto("/sessions/overview/")
@@ -276,8 +266,6 @@ def countdown_seconds(text):
 
 def test_idle_countdown_ticks_then_warns_then_the_session_is_culled(live, alice, settings,
                                                                     browser_context):
-    from playwright.sync_api import expect
-
     settings.IDLE_WARNING_BEFORE = 300  # a 20 s limit is warned at half: 10 s before
     policy = default_of(ResourcePolicy)
     policy.idle_timeout = 20

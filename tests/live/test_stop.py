@@ -12,8 +12,8 @@ from django.test import Client
 
 from sessions_app.enums import Status
 from sessions_app.models import Kernel, Session, SessionEvent
-from tests.conftest import IMAGE, need, wait_for
-from tests.test_agent_docker import create, wait_status
+from tests.live.test_agent_docker import create, wait_status
+from tests.support import IMAGE, need, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status

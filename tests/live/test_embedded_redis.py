@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from backendai_web.embedded_redis import answers
-from tests.conftest import ROOT, wait_for
+from tests.support import ROOT, wait_for
 
 
 def embedded_redis(*args, cwd):

@@ -8,12 +8,12 @@ from datetime import timedelta
 
 import pytest
 
-from agents_app.models import Image
+from agents_app.models import Agent, Image
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
 from sessions_app.enums import Status
 from sessions_app.models import Kernel, Session, SessionEvent
-from tests.conftest import IMAGE, wait_for
+from tests.support import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status
@@ -203,8 +203,6 @@ HUGE_APP = (f"mkdir -p /www/api && head -c 1000000 /dev/zero | tr '\\0' ' ' > "
 
 def test_broken_apps_leave_the_heartbeat_on_time_and_the_other_sessions_probed(
         live, alice, client, policy, app_image):
-    from agents_app.models import Agent
-
     policy.idle_timeout = 3600
     policy.save()
     wait_for(lambda: Image.objects.filter(name=app_image).exists(), message="the image")

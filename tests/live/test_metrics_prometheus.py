@@ -1,0 +1,89 @@
+"""A real Prometheus (Debian's `prometheus`) scrapes a live daphne's /metrics."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from django.conf import settings
+
+from scheduling_app.models import ScalingGroup
+from tests.factories import make_session
+from tests.support import Process, database_url_of_test_db, free_port, need, wait_for
+
+TOKEN = "s3cret-metrics-token"
+
+
+# A real Prometheus (Debian's `prometheus`) scraping a live daphne.
+
+@pytest.fixture
+def daphne_with_token(transactional_db, redis_available, tmp_path):
+    port = free_port()
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+           "REDIS_URL": settings.REDIS_URL, "DATABASE_URL": database_url_of_test_db(),
+           "METRICS_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
+    daphne = str(Path(sys.executable).with_name("daphne"))
+    web = Process("web", [daphne, "-b", "127.0.0.1", "-p", str(port),
+                          "backendai_web.asgi:application"], env, tmp_path).start()
+    web.url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _get(web.url + "/") is not None, timeout=60, message="daphne")
+        yield web
+    finally:
+        web.stop()
+
+
+def _get(url, **kw):
+    try:
+        return requests.get(url, timeout=5, **kw)
+    except requests.RequestException:
+        return None
+
+
+def test_a_real_prometheus_scrapes_the_metrics_and_answers_a_query(daphne_with_token, alice,
+                                                                   tmp_path):
+    binary = "/usr/bin/prometheus"
+    need("Prometheus", None if Path(binary).exists()
+         else "no /usr/bin/prometheus (apt-get install prometheus)")
+    # A group without agents: a live system's scheduler in the same test run places none.
+    ScalingGroup.objects.create(name="prom-no-agents")
+    for i in range(3):
+        make_session(alice, name=f"queued-{i}", scaling_group="prom-no-agents")
+    web_port = daphne_with_token.url.rsplit(":", 1)[1]
+    (tmp_path / "prometheus.yml").write_text(f"""
+global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: backendai
+    metrics_path: /metrics
+    authorization:
+      credentials: {TOKEN}
+    static_configs:
+      - targets: ["127.0.0.1:{web_port}"]
+""")
+    port = free_port()
+    prometheus = Process("prometheus", [
+        binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+        f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+    ], os.environ, tmp_path).start()
+    api = f"http://127.0.0.1:{port}/api/v1/query"
+    try:
+        def queried(query):
+            response = _get(api, params={"query": query})
+            if response is None or not response.ok:
+                return None
+            result = response.json()["data"]["result"]
+            return result or None
+
+        result = wait_for(lambda: queried(
+            'backendai_sessions{status="PENDING",scaling_group="prom-no-agents"}'), timeout=60,
+            interval=0.5, message=f"Prometheus to have scraped:\n{prometheus.output()[-2000:]}")
+        assert float(result[0]["value"][1]) == 3
+        assert result[0]["metric"]["job"] == "backendai"
+        up = queried('up{job="backendai"}')
+        assert float(up[0]["value"][1]) == 1
+        # A scrape without the token is refused: Prometheus' target is down then.
+        assert _get(daphne_with_token.url + "/metrics").status_code == 401
+    finally:
+        prometheus.stop()

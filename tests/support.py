@@ -1,0 +1,195 @@
+"""What tests share besides fixtures: the services they need, waiting, real processes and
+the live system (a real manager worker and a real agent, as separate processes)."""
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+import redis
+from django.conf import settings
+from django.db import connections
+
+from agents_app.models import Agent, AgentStatus
+from sessions_app.lifecycle import progress
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGE = settings.DEFAULT_KERNEL_IMAGE
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def need(service, problem):
+    """Skip (or, in CI, fail) a test whose service is unavailable."""
+    if problem is None:
+        return
+    message = f"{service} unavailable: {problem}"
+    if IN_CI:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def docker_problem():
+    try:
+        docker.from_env(timeout=5).ping()
+    except Exception as exc:
+        return str(exc)
+    return None
+
+
+def redis_problem():
+    try:
+        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).ping()
+    except Exception as exc:
+        return str(exc)
+    return None
+
+
+def wait_for(predicate, timeout=30.0, interval=0.1, message="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+@contextlib.contextmanager
+def beat_sweeping(interval=0.1):
+    """The lost-agent sweep every `interval` s in a thread, as beat fires it all along
+    (so that the manager is listening when a fault starts); yields the agents it found."""
+    stop, found = threading.Event(), []
+
+    def run():
+        try:
+            while not stop.is_set():
+                found.extend(progress.sweep_lost_agents())
+                stop.wait(interval)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield found
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# The live system: a real manager worker and a real agent, as separate processes.
+
+def database_url_of_test_db():
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        return f"sqlite:///{db['NAME']}"
+    return (f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:"
+            f"{db['PORT'] or 5432}/{db['NAME']}")
+
+
+# Any attempt of the agent to reach a database fails: nothing listens on port 9.
+NO_DATABASE_URL = "postgres://agent-has-no-database@127.0.0.1:9/none"
+
+
+class Process:
+    def __init__(self, name, args, env, log_dir):
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self.log = open(self.log_path, "w")  # noqa: SIM115 (open for the process lifetime)
+        self.args, self.env = args, env
+        self.popen = None
+
+    def start(self):
+        self.popen = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=self.log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def kill(self, sig=9):
+        if self.popen and self.popen.poll() is None:
+            os.killpg(self.popen.pid, sig)
+            self.popen.wait(timeout=30)
+
+    def stop(self):
+        if self.popen and self.popen.poll() is None:
+            os.killpg(self.popen.pid, 15)
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def output(self):
+        return self.log_path.read_text()
+
+
+class LiveSystem:
+    def __init__(self, log_dir):
+        self.log_dir = log_dir
+        self.agent_id = f"test-{uuid.uuid4().hex[:8]}"
+        base_env = {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+                    "REDIS_URL": settings.REDIS_URL, "PYTHONUNBUFFERED": "1"}
+        self.manager_env = {**base_env, "DATABASE_URL": database_url_of_test_db()}
+        self.agent_env = {**base_env, "DATABASE_URL": NO_DATABASE_URL}
+        self.worker = self.worker_process(self.manager_env)
+        self.agent = self.agent_process()
+
+    def agent_process(self):
+        return Process("agent", [
+            sys.executable, "manage.py", "run_agent", "--id", self.agent_id,
+            "--scaling-group", "default", "--heartbeat-interval", "0.5",
+            "--slots", "cpu=2,mem=2g",
+        ], self.agent_env, self.log_dir)
+
+    def restart_agent(self):
+        self.agent.stop()
+        self.agent = self.agent_process().start()
+
+    def worker_process(self, env):
+        celery = str(Path(sys.executable).with_name("celery"))
+        self.workers_started = getattr(self, "workers_started", 0) + 1
+        name = "manager-worker" + (f"-{self.workers_started}" if self.workers_started > 1 else "")
+        return Process(name, [
+            celery, "-A", "backendai_web", "worker", "-Q", "manager", "--pool", "threads",
+            "-c", "4", "-n", f"manager-{self.agent_id}@%h", "--without-gossip",
+            "--without-mingle", "-l", "INFO",
+        ], env, self.log_dir)
+
+    def restart_worker(self, env):
+        """A new manager worker with `env`, once the one running has stopped."""
+        self.worker.stop()
+        self.worker = self.worker_process(env).start()
+        return self.worker
+
+    def wait_for_agent(self, timeout=60, since=None):
+        """The agent ALIVE, with a heartbeat after `since` (a restarted agent is up)."""
+        agents = Agent.objects.filter(pk=self.agent_id, status=AgentStatus.ALIVE)
+        if since is not None:
+            agents = agents.filter(last_heartbeat__gt=since)
+        return wait_for(agents.first, timeout=timeout,
+                        message=f"agent {self.agent_id} to heartbeat")
+
+
+def remove_kernels_of(docker_client, agent_id):
+    """The containers an agent left, and their sessions' networks."""
+    sessions = set()
+    for container in docker_client.containers.list(
+        all=True, filters={"label": f"ai.backend.agent-id={agent_id}"}
+    ):
+        sessions.add(container.labels.get("ai.backend.session-id"))
+        container.remove(force=True)
+    for session_id in sessions - {None}:
+        for network in docker_client.networks.list(names=[f"bai-session-{session_id}"]):
+            with contextlib.suppress(docker.errors.APIError):  # a sibling elsewhere uses it
+                network.remove()
