@@ -9,6 +9,7 @@ from django.conf import settings
 from agents_app.models import Agent, AgentStatus, swarm_key
 from backendai_web.celery import agent_queue, app, send_task_safely
 from sessions_app.models import Session
+from storage_app.folders import mount_specs
 
 
 def _send(agent_id, task, **kwargs):
@@ -49,6 +50,7 @@ def kernel_spec(kernel):
         "allow_outbound": outbound,
         "network_driver": "overlay" if spans_hosts(session) else "bridge",
         "cluster_hosts": cluster_hosts(session),
+        "mounts": mount_specs(session.pk),
     }
 
 

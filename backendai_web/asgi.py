@@ -9,11 +9,13 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from backendai_web.flow import DirectBody, StreamFlowControl  # noqa: E402
 from sessions_app.realtime.routing import websocket_urlpatterns  # noqa: E402
+from storage_app.api.views import DIRECT_BODY_PATHS  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": StreamFlowControl(DirectBody(django_asgi_app, DIRECT_BODY_PATHS)),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "scheduling_app",
     "agents_app",
     "sessions_app",
+    "storage_app",
 ]
 
 MIDDLEWARE = [
@@ -247,6 +248,12 @@ DEFAULT_KERNEL_IMAGE = env("DEFAULT_KERNEL_IMAGE", "bai-local/busybox:latest")
 KERNEL_NETWORK_POOL = env("KERNEL_NETWORK_POOL", "10.211.0.0/16")
 # The agent closes its host's own services to kernels with iptables (firewall.py).
 KERNEL_FIREWALL = env_bool("KERNEL_FIREWALL", True)
+
+# Storage folders (storage_app): the directory under which every folder's files live, for
+# scaling groups that name no storage_root of their own. With several agent hosts it is a
+# shared filesystem (NFS or similar) mounted at the same path on every host and the web host.
+STORAGE_ROOT = Path(env("STORAGE_ROOT", str(VAR_DIR / "storage")))
+STORAGE_CHUNK_SIZE = env_int("STORAGE_CHUNK_SIZE", 1024 * 1024)  # bytes per read/write
 
 # Scheduler
 DEFAULT_BATCH_TIMEOUT = env_int("DEFAULT_BATCH_TIMEOUT", 0)  # seconds; 0 = none

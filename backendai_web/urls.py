@@ -15,6 +15,8 @@ from sessions_app.api.metrics import metrics_view
 from sessions_app.api.views import SessionViewSet
 from sessions_app.compat import views as compat
 from sessions_app.realtime.streams import with_follow_up
+from storage_app.api.views import FolderViewSet
+from storage_app.compat import views as folders_compat
 
 API_VERSION = "v7.20230615"
 
@@ -25,6 +27,7 @@ router.register("agents", api_resources.AgentViewSet, basename="agent")
 router.register("images", api_resources.ImageViewSet, basename="image")
 router.register("keypairs", api_resources.KeyPairViewSet, basename="keypair")
 router.register("scaling-groups", api_resources.ScalingGroupViewSet, basename="scaling-group")
+router.register("folders", FolderViewSet, basename="folder")
 router.register("resource-policies", api_resources.ResourcePolicyViewSet,
                 basename="resource-policy")
 
@@ -54,6 +57,17 @@ compat_urls = [
     path("session/<str:ref>/logs", compat.SessionLogs.as_view()),
     path("session/<str:ref>/status-history", compat.StatusHistory.as_view()),
     path("events/session", with_follow_up(compat.SessionEvents.as_view())),
+    # Backend.AI's vfolder routes (storage_app.compat); /folders/ is the dashboard's.
+    path("folders", folders_compat.Folders.as_view()),
+    path("folders/<str:name>", folders_compat.FolderResource.as_view()),
+    path("folders/<str:name>/files", folders_compat.FolderFilesList.as_view()),
+    path("folders/<str:name>/mkdir", folders_compat.FolderMkdir.as_view()),
+    path("folders/<str:name>/rename-file", folders_compat.FolderRenameFile.as_view()),
+    path("folders/<str:name>/move-file", folders_compat.FolderMoveFile.as_view()),
+    path("folders/<str:name>/delete-files", folders_compat.FolderDeleteFiles.as_view()),
+    path("folders/<str:name>/request-upload", folders_compat.FolderTransferRefused.as_view()),
+    path("folders/<str:name>/request-download",
+         folders_compat.FolderTransferRefused.as_view()),
 ]
 
 urlpatterns = [
@@ -62,6 +76,7 @@ urlpatterns = [
          name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", include("sessions_app.web.urls")),
+    path("folders/", include("storage_app.web.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -25,6 +25,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.common import embedded_redis
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "var" / "bench"
 GOAL_P95_MS = 100.0
@@ -209,13 +211,14 @@ def main():
     env = {"DATABASE_URL": f"sqlite:///{WORK / 'db.sqlite3'}",
            "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "DEBUG": "false",
            "LOG_LEVEL": "WARNING"}
-    py = sys.executable
     server = os.environ.get("BENCH_SERVER", "daphne")
     command = [part.format(port=web_port) for part in SERVERS[server]]
-    command[0] = str(Path(py).with_name(command[0]))
-    subprocess.run([py, "-m", "backendai_web.embedded_redis", "--port", str(redis_port),
-                    "--dir", str(WORK / "redis"), "--daemonize"], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
+    command[0] = str(Path(sys.executable).with_name(command[0]))
+    with embedded_redis(redis_port, WORK / "redis"):
+        run_server(env, command, web_port, server)
+
+
+def run_server(env, command, web_port, server):
     web = None
     try:
         cookies = prepare(env)
@@ -231,9 +234,6 @@ def main():
         if web is not None:
             web.terminate()
             web.wait(timeout=15)
-        subprocess.run([py, "-m", "backendai_web.embedded_redis", "--dir",
-                        str(WORK / "redis"), "--stop"], cwd=ROOT, check=False,
-                       stdout=subprocess.DEVNULL)
 
 
 def measure(env, web_port, cookies, query, prefix):

@@ -55,6 +55,9 @@ class Project(models.Model):
     description = models.TextField(blank=True)
     is_active = models.BooleanField(default=True)
     total_resource_slots = SlotsField(help_text="Empty means unlimited.")
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, blank=True, related_name="member_projects",
+        help_text="Users who share the project's storage folders.")
 
     class Meta:
         constraints = [
@@ -143,6 +146,11 @@ class ScalingGroup(models.Model):
                   "(gracefully, reason preempted) when no agent has room for it.")
     preemption_min_runtime = models.PositiveIntegerField(
         default=600, help_text="Seconds a session runs before it may be preempted.")
+    storage_root = models.CharField(
+        max_length=1024, blank=True,
+        help_text="The directory (on every agent host of this group and the web host: a shared "
+                  "filesystem for several hosts) under which storage folders live; empty means "
+                  "the STORAGE_ROOT setting.")
     aging_interval = models.PositiveIntegerField(
         default=0,
         help_text="Every this many seconds of waiting raise a pending session's priority by "
@@ -181,6 +189,12 @@ class ResourcePolicy(models.Model):
     kernel_open_files_limit = models.PositiveIntegerField(
         default=8192, validators=[MinValueValidator(64)],
         help_text="Open files per process in a kernel container (RLIMIT_NOFILE).")
+
+    # Storage folders (storage_app).
+    max_folder_count = models.PositiveIntegerField(
+        default=10, help_text="Storage folders a user may own.")
+    max_folder_size = models.PositiveBigIntegerField(
+        default=0, help_text="Bytes one storage folder may hold; 0 means unlimited.")
 
     class Meta:
         verbose_name_plural = "resource policies"

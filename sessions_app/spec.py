@@ -14,6 +14,7 @@ from django.conf import settings
 from common.slots import ResourceSlots, SlotError
 from scheduling_app.models import Project, ScalingGroup, default_project
 from sessions_app.enums import ClusterMode, SessionType
+from storage_app.folders import FolderError, resolve_mounts
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEFAULT_RESOURCES = {"cpu": "1", "mem": "256m"}
@@ -123,6 +124,7 @@ class SessionSpec:
     pre_stop_command: str = ""
     preemptible: bool = False
     dependencies: tuple = field(default_factory=tuple)
+    mounts: tuple = field(default_factory=tuple)  # (folder, path in the kernels, mode)
 
     @classmethod
     def build(cls, *, keypair, may_raise_priority=False, name=None, image=None,
@@ -130,7 +132,7 @@ class SessionSpec:
               cluster_mode=ClusterMode.SINGLE_NODE, startup_command="",
               scaling_group="default", grace_period=None, batch_timeout=None, tag="",
               project=None, pre_stop_command="", dependencies=(), priority=None,
-              preemptible=False):
+              preemptible=False, mounts=None):
         """The spec of these fields for `keypair`, or one SessionRequestError naming every
         field that is wrong (`errors`; `field` is the first). `dependencies` are sessions,
         already found among those the requester sees; `may_raise_priority` is for admins."""
@@ -175,10 +177,15 @@ class SessionSpec:
         if errors:
             first = next(iter(errors))
             raise SessionRequestError(" ".join(errors.values()), first, errors=errors)
+        try:  # the owner's folders (another user's is not there: 404)
+            folders = resolve_mounts(mounts, user=keypair.user, scaling_group=group)
+        except FolderError as exc:
+            raise SessionRequestError(exc.message, "mounts", exc.status_code) from None
         return cls(
             name=name, image=image, scaling_group=group, project=project or default_project(),
             slots=slots, priority=priority, session_type=session_type,
             cluster_size=cluster_size, cluster_mode=cluster_mode,
             startup_command=startup_command, grace_period=grace_period,
             batch_timeout=batch_timeout, tag=tag, pre_stop_command=pre_stop_command,
-            preemptible=preemptible or policy.preemptible, dependencies=tuple(dependencies))
+            preemptible=preemptible or policy.preemptible, dependencies=tuple(dependencies),
+            mounts=tuple(folders))

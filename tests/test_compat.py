@@ -80,8 +80,10 @@ def test_create_without_enqueue_only_waits_and_says_timeout(client, kp):
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"name": "s1", "config": {"mounts": ["data"]}}, "Not supported by this server: "
-                                                      "config.mounts"),
+    ({"name": "s1", "config": {"mounts": ["data"]}}, "There is no folder 'data' you may "
+                                                      "mount."),
+    ({"name": "s1", "config": {"environ": {"A": "1"}}}, "Not supported by this server: "
+                                                         "config.environ"),
     ({"name": "s1", "clusterSize": "many"}, "clusterSize must be a whole number"),
     ({"name": "s1", "config": "x"}, "config must be an object"),
     ({"name": "s1", "config": {"resources": {"cpu": "lots"}}}, "cpu: 'lots' is not a number"),

@@ -129,11 +129,12 @@ def test_a_pulled_image_starts_a_single_kernel_session_in_one_write(
         session.status_history)
     assert [name for name, _ in sent] == ["agent.create_kernel"]
     # read, lock and write the kernel; lock and write the session; one INSERT of events;
-    # after commit, one read of the container's limits for the agent's spec
+    # after commit, one read of the container's limits and one of the session's storage
+    # folder mounts, for the agent's spec
     writes = [q["sql"].split()[0] for q in captured.captured_queries
               if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))]
     assert writes == ["SELECT", "SELECT", "UPDATE", "SELECT", "UPDATE", "INSERT",
-                      "SELECT"], writes
+                      "SELECT", "SELECT"], writes
 
 
 def test_a_cluster_session_starts_when_its_last_kernel_is_pulled(

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("common", "backendai_web", "sessions_app", "agents_app", "scheduling_app")
+APPS = ("sessions_app", "agents_app", "scheduling_app", "storage_app")
+PACKAGES = ("common", "backendai_web", *APPS)
 INTERFACES = ("api", "compat", "web", "realtime")
 RANK = {"common": 0, "project": 1, "domain": 2, "interface": 3, "top": 4}
 # compat answers in the API's error form and streams with realtime; realtime's SSE errors
@@ -35,7 +36,7 @@ def layer_of(module):
         return "common", None
     if parts[0] == "backendai_web":
         return ("top", None) if parts[1:2] in (["urls"], ["asgi"]) else ("project", None)
-    if parts[0] == "sessions_app" and len(parts) > 1 and parts[1] in INTERFACES:
+    if parts[0] in APPS and len(parts) > 1 and parts[1] in INTERFACES:
         return "interface", parts[1]
     if parts[-1] == "admin" or module == "sessions_app.admin_actions":
         return "interface", "admin"
@@ -111,6 +112,8 @@ def _relative_imports():
     ("sessions_app.web.views", "sessions_app.compat.views"),     # interface → interface
     ("sessions_app.api.views", "sessions_app.realtime.streams"),  # against the edges
     ("sessions_app.lifecycle.destroy", "backendai_web.urls"),    # domain → top
+    ("storage_app.folders", "storage_app.api.views"),           # storage's domain → its API
+    ("storage_app.web.views", "storage_app.compat.views"),      # its interfaces
 ])
 def test_the_rules_refuse_what_they_should(importer, imported):
     assert violation(importer, imported)

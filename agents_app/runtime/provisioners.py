@@ -8,7 +8,10 @@ container's labels, so a runner can be rebuilt from a container alone after a re
 
 import contextlib
 import io
+import json
 import logging
+import os
+import stat
 import tarfile
 import threading
 import time
@@ -17,12 +20,14 @@ from docker.errors import APIError, NotFound
 from docker.types import EndpointConfig
 
 from agents_app.runtime import docker_backend as backend
+from storage_app.files import give_back
 
 log = logging.getLogger(__name__)
 
 SCRATCH_VOLUME = "ai.backend.scratch-volume"
 NETWORK = "ai.backend.network"
 PRE_STOP = "ai.backend.pre-stop"
+MOUNTS = "ai.backend.mounts"
 MIN_GRACE_AFTER_HOOK = 2  # seconds: a pre-stop hook never leaves less than this for SIGTERM
 
 
@@ -39,6 +44,42 @@ class ScratchVolume:
     def teardown(self, name):
         with contextlib.suppress(NotFound):  # already gone
             self.client.volumes.get(name).remove(force=True)
+
+
+class FolderMounts:
+    """Storage folders bind-mounted into the kernel (read-only ones with Docker's `ro`).
+    Each host directory must be a real directory, not a link: Docker would follow one.
+    When the kernel ends, what it wrote (as root) in a read-write folder is given back to
+    the owner of the folder's directory, so that the web process can read and delete it."""
+
+    def setup(self, mounts):
+        for mount in mounts:
+            try:
+                info = os.lstat(mount["host_path"])
+            except OSError as exc:
+                raise RuntimeError(f"storage folder {mount['folder']!r} is not on this host "
+                                   f"({mount['host_path']}: {exc.strerror})") from None
+            if not stat.S_ISDIR(info.st_mode):
+                raise RuntimeError(f"storage folder {mount['folder']!r}: "
+                                   f"{mount['host_path']} is not a directory")
+        return list(mounts)
+
+    def teardown(self, mounts):
+        if os.geteuid() != 0:
+            return  # an agent not running as root makes no files of another owner
+        for mount in mounts:
+            if mount["mode"] != "rw":
+                continue
+            try:
+                owner = os.lstat(mount["host_path"])
+                give_back(mount["host_path"], owner.st_uid, owner.st_gid)
+            except OSError as exc:
+                log.warning("ownership of %s not given back: %s", mount["host_path"], exc)
+
+
+def bind_mounts(mounts):
+    return {m["host_path"]: {"bind": m["path"], "mode": "ro" if m["mode"] == "ro" else "rw"}
+            for m in mounts}
 
 
 class ClusterNetwork:
@@ -92,17 +133,19 @@ class KernelContainer:
     def __init__(self, client, agent_id):
         self.client, self.agent_id = client, agent_id
 
-    def setup(self, spec, volume, network):
+    def setup(self, spec, volume, network, mounts=()):
         overlay = spec.get("network_driver") == "overlay"
         labels = {**backend.kernel_labels(self.agent_id, spec), SCRATCH_VOLUME: volume,
                   NETWORK: network or "", PRE_STOP: spec.get("pre_stop_command") or "",
                   backend.NETWORK_DRIVER: "overlay" if overlay else "bridge"}
+        if mounts:
+            labels[MOUNTS] = json.dumps(list(mounts))
         container = self.client.containers.create(
             spec["image"], command=backend.kernel_command(spec),
             name=backend.container_name(spec["image"], spec["kernel_id"]),
             hostname=spec["cluster_hostname"], labels=labels,
             environment=backend.kernel_environment(spec), init=True, detach=True,
-            volumes={volume: {"bind": "/home/work", "mode": "rw"}},
+            volumes={volume: {"bind": "/home/work", "mode": "rw"}, **bind_mounts(mounts)},
             network=network, **backend.resource_limits(spec["slots"]),
             **backend.hardening(spec),
             **overlay_endpoint(spec, network, self.client.api.api_version),
@@ -226,11 +269,13 @@ class KernelRunner:
         and raise."""
         runner = cls()
         try:
+            mounts = runner.setup(FolderMounts(), spec.get("mounts") or [])
             volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
             network = runner.setup(ClusterNetwork(client), spec["session_id"],
                                    spec["cluster_size"], spec.get("allow_outbound", True),
                                    spec.get("network_driver") or "bridge")
-            container = runner.setup(KernelContainer(client, agent_id), spec, volume, network)
+            container = runner.setup(KernelContainer(client, agent_id), spec, volume, network,
+                                     mounts)
         except Exception:
             runner.teardown()
             raise
@@ -241,7 +286,8 @@ class KernelRunner:
         """The runner of a container this agent may never have seen start: its labels
         name every resource."""
         runner = cls()
-        runner.held = [(ScratchVolume(client), container.labels.get(SCRATCH_VOLUME, "")),
+        runner.held = [(FolderMounts(), json.loads(container.labels.get(MOUNTS) or "[]")),
+                       (ScratchVolume(client), container.labels.get(SCRATCH_VOLUME, "")),
                        (ClusterNetwork(client), container.labels.get(NETWORK, "")),
                        (KernelContainer(client, agent_id), container)]
         runner.held = [(p, r) for p, r in runner.held if r]

@@ -128,6 +128,7 @@ class SessionSerializer(serializers.ModelSerializer):
         child=serializers.CharField(), read_only=True,
         help_text="Agents of its live kernels that stopped reporting; empty normally.")
     kernels = KernelSerializer(many=True)
+    mounts = serializers.SerializerMethodField()
 
     class Meta:
         model = Session
@@ -137,7 +138,11 @@ class SessionSerializer(serializers.ModelSerializer):
                   "owner_access_key", "startup_command", "grace_period", "batch_timeout", "tag",
                   "created_at", "starts_at", "terminated_at", "result", "last_activity",
                   "idle_exempt", "idle_checks", "priority", "preemptible", "queue",
-                  "unreachable_agents", "kernels"]
+                  "unreachable_agents", "kernels", "mounts"]
+
+    def get_mounts(self, session) -> list[dict]:
+        return [{"folder": m.folder.name, "path": m.path, "mode": m.mode}
+                for m in session.mounts.select_related("folder").order_by("path")]
 
     @extend_schema_field(QUEUE_SCHEMA)
     def get_queue(self, session):
@@ -185,6 +190,10 @@ class SessionCreateSerializer(serializers.Serializer):
         required=False, allow_null=True,
         help_text="Higher goes first; default: the resource policy's. Users may ask for less "
                   "than the default, admins up to the policy's maximum.")
+    mounts = serializers.ListField(
+        child=serializers.JSONField(), required=False, default=list,
+        help_text="Storage folders to mount in every kernel: names (at /home/work/NAME, "
+                  "read-write) or {\"name\", \"path\", \"mode\": \"rw\"|\"ro\"}.")
     preemptible = serializers.BooleanField(
         required=False, default=False,
         help_text="May be ended gracefully (reason preempted) for a waiting session of higher "

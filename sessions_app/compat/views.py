@@ -125,8 +125,7 @@ def creation_fields(data):
     if not isinstance(config, dict):
         raise RequestFailed("config must be an object.", data={"config": ["must be an object"]})
     unsupported = [name for name, value in (
-        ("config.mounts", config.get("mounts")), ("config.environ", config.get("environ")),
-        ("config.mount_map", config.get("mount_map")),
+        ("config.environ", config.get("environ")),
         ("config.preopen_ports", config.get("preopen_ports")),
         ("config.agentList", config.get("agentList")),
         ("bootstrap_script", data.get("bootstrap_script")),
@@ -140,6 +139,7 @@ def creation_fields(data):
                             data={"dependencies": ["must be a list of strings"]})
     resources = first_of(config, "resources", default={}) or None
     return {
+        "mounts": sdk_mounts(config.get("mounts"), config.get("mount_map")),
         "name": text(first_of(data, "name", "session_name", "clientSessionToken"), "name"),
         "image": text(first_of(data, "image", "lang"), "image"),
         "session_type": text(first_of(data, "type", "sessionType", default=SessionType.INTERACTIVE),
@@ -160,6 +160,29 @@ def creation_fields(data):
         "priority": None if data.get("priority") is None else whole_number(
             data["priority"], "priority", 0),
     }
+
+
+def sdk_mounts(names, mount_map):
+    """The SDK's config.mounts (folder names) and config.mount_map ({name: path}; a
+    relative path is under /home/work) as create_session's mounts."""
+    names = names or []
+    mount_map = mount_map or {}
+    if not isinstance(names, list) or not isinstance(mount_map, dict):
+        raise RequestFailed("config.mounts is a list of folder names and config.mount_map "
+                            "an object of folder name to path.",
+                            data={"config.mounts": ["must be a list"]})
+    mounts = []
+    for name in names:
+        path = mount_map.get(name)
+        if isinstance(path, str) and path and not path.startswith("/"):
+            path = f"/home/work/{path}"
+        mounts.append({"name": name} if path is None else {"name": name, "path": path})
+    extra = set(mount_map) - set(names)
+    if extra:
+        raise RequestFailed(f"config.mount_map names folders not in config.mounts: "
+                            f"{', '.join(sorted(map(str, extra)))}.",
+                            data={"config.mount_map": ["unknown folders"]})
+    return mounts
 
 
 def creation_answer(session, created, status_text=None):

@@ -13,6 +13,7 @@ from sessions_app import engine
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.models import Kernel, Session
 from sessions_app.spec import SessionRequestError, SessionSpec, validate_name
+from storage_app.folders import add_mounts
 
 
 def create_session(*, keypair, user, actor=None, may_raise_priority=False, **fields) -> Session:
@@ -65,6 +66,7 @@ def create_from_spec(spec, *, keypair, user, actor=None) -> Session:
         )
         if spec.dependencies:
             session.dependencies.set(spec.dependencies)
+        add_mounts(session, spec.mounts)
         engine.record_enqueued(session, actor=actor or user.get_username())
         group_name = spec.scaling_group.name
         transaction.on_commit(lambda: kick_scheduler(group_name))

@@ -13,6 +13,7 @@ from sessions_app.enums import SessionType
 from sessions_app.lifecycle.create import create_from_spec
 from sessions_app.quota import quota_of
 from sessions_app.spec import DomainError, Limits, SessionSpec
+from storage_app.folders import visible_folders
 
 MIB = 2**20
 
@@ -48,6 +49,10 @@ class SessionForm(forms.Form):
         required=False, min_value=0,
         help_text="Higher goes first in the queue; empty for your policy's default.")
 
+    mounts = forms.MultipleChoiceField(
+        required=False, widget=forms.CheckboxSelectMultiple, label="Folders",
+        help_text="Storage folders to mount read-write at /home/work/NAME; they keep their "
+                  "files after the session ends.")
     preemptible = forms.BooleanField(
         required=False, help_text="May be ended for a waiting session of higher priority "
                                   "(where the scaling group allows it).")
@@ -68,6 +73,8 @@ class SessionForm(forms.Form):
         limits = Limits.current()  # SessionSpec's, checked early for the browser too
         self._bound("cluster_size", limits.max_cluster_size, "the most kernels allowed")
         self._bound("grace_period", limits.max_grace_period, "the longest grace period allowed")
+        self.fields["mounts"].choices = [
+            (f.name, f.name) for f in visible_folders(keypair.user)]
         remaining = self.quota.remaining
         if remaining is not None:
             self._bound("cpu", remaining.get("cpu"))
@@ -130,7 +137,8 @@ class SessionForm(forms.Form):
                 "cluster_size": data.get("cluster_size"),
                 "startup_command": data.get("startup_command", ""),
                 "grace_period": data.get("grace_period"), "priority": data.get("priority"),
-                "preemptible": data.get("preemptible", False)}
+                "preemptible": data.get("preemptible", False),
+                "mounts": data.get("mounts") or None}
 
     def save(self, user):
         """Create the session, or add the refusal to the form and return None."""

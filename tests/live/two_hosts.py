@@ -18,7 +18,7 @@ from pathlib import Path
 
 import docker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NETNS = "h2"
 HOST1_ADDR, HOST2_ADDR = "10.200.0.1", "10.200.0.2"
 VETH1, VETH2 = "veth-h1", "veth-h2"

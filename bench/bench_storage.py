@@ -1,0 +1,179 @@
+"""Storage folders: a 1 GB file uploaded and downloaded through the files API of one daphne
+process, beside a plain `cp` of the same file on the same disk in the same run, and the
+web process's peak memory growth (VmHWM from /proc, against its RSS after a warm-up).
+
+Everything is private to the run: a fresh SQLite database and storage root under
+var/bench-storage/, the embedded redis-server on a free port, one daphne process.
+Uploads go in tus parts (storage_app.client, 16 MiB each); downloads stream.
+
+    python -m bench storage            # or: make bench BENCH=storage
+    BENCH_STORAGE_MB=1024 BENCH_STORAGE_PART_MB=16 BENCH_WEB_PORT=8270 python -m bench storage
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import requests
+
+from bench.bench_websocket import free_port, setup_django, wait_for_port
+from bench.common import embedded_redis
+from storage_app import client as transfer
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "var" / "bench-storage"
+SIZE_MB = int(os.environ.get("BENCH_STORAGE_MB", 1024))
+PART_MB = int(os.environ.get("BENCH_STORAGE_PART_MB", 16))
+GOAL_RATIO = 0.6
+GOAL_RSS_MB = 50
+
+
+def prepare(env, storage):
+    setup_django(env)
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from scheduling_app.models import ScalingGroup, ensure_defaults
+    from sessions_app.keypairs import main_keypair
+    from storage_app.folders import create_folder
+
+    call_command("migrate", verbosity=0)
+    ensure_defaults()
+    ScalingGroup.objects.filter(name="default").update(storage_root=str(storage))
+    user = get_user_model().objects.create_user("bench-storage", password="x")
+    keypair = main_keypair(user)
+    create_folder(user=user, name="bench", policy=keypair.resource_policy)
+    return keypair.access_key, keypair.secret_key
+
+
+def signer(access_key, secret_key, base_url):
+    from sessions_app.api.authentication import sign
+
+    host = urlsplit(base_url).netloc
+    version = "v7.20230615"
+
+    def headers(method, path, content_type):
+        date = datetime.now(UTC).isoformat()
+        signature = sign(secret_key, method=method, path=path, date=date, host=host,
+                         content_type=content_type, version=version)
+        return {"Date": date, "Content-Type": content_type, "X-BackendAI-Version": version,
+                "Authorization": f"BackendAI signMethod=HMAC-SHA256, "
+                                 f"credential={access_key}:{signature}"}
+    return headers
+
+
+def memory(pid):
+    """(VmRSS, VmHWM) in bytes."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) * 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def make_file(path, size_mb):
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as out:
+        for i in range(size_mb):
+            # Every MiB differs (a counter in front), so a misplaced part would show.
+            out.write(i.to_bytes(8, "big") + block[8:])
+
+
+def timed(function):
+    started = time.monotonic()
+    function()
+    return time.monotonic() - started
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+    storage = WORK / "storage"
+    redis_port = free_port()
+    web_port = int(os.environ.get("BENCH_WEB_PORT") or free_port())
+    env = {"DATABASE_URL": f"sqlite:///{WORK / 'db.sqlite3'}",
+           "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "DEBUG": "false",
+           "LOG_LEVEL": "WARNING"}
+    with embedded_redis(redis_port, WORK / "redis"):
+        serve_and_measure(env, storage, web_port)
+
+
+def serve_and_measure(env, storage, web_port):
+    py = sys.executable
+    web = None
+    try:
+        access_key, secret_key = prepare(env, storage)
+        web_log = open(WORK / "web.log", "w")  # noqa: SIM115 (open while the server runs)
+        web = subprocess.Popen([str(Path(py).with_name("daphne")), "-b", "127.0.0.1", "-p",
+                                str(web_port), "backendai_web.asgi:application"],
+                               cwd=ROOT, env={**os.environ, **env}, stdout=web_log,
+                               stderr=subprocess.STDOUT)
+        wait_for_port(web_port)
+        base = f"http://127.0.0.1:{web_port}"
+        headers = signer(access_key, secret_key, base)
+        run(transfer, base, headers, web.pid, storage)
+    finally:
+        if web is not None:
+            web.terminate()
+            web.wait(timeout=15)
+        shutil.rmtree(WORK / "storage", ignore_errors=True)
+        for name in ("source.bin", "back.bin", "cp-copy.bin"):
+            (WORK / name).unlink(missing_ok=True)
+
+
+def run(transfer, base, headers, pid, storage):
+    http = requests.Session()
+    source, back, copy = WORK / "source.bin", WORK / "back.bin", WORK / "cp-copy.bin"
+    make_file(source, SIZE_MB)
+    warm = WORK / "warm.bin"
+    warm.write_bytes(os.urandom(3 * PART_MB << 20))
+    transfer.upload(base, "bench", "warm.bin", warm, headers=headers, http=http,
+                    part_size=PART_MB << 20)
+    transfer.download(base, "bench", "warm.bin", WORK / "warm.out", headers=headers, http=http)
+    baseline, _ = memory(pid)
+    peak = [baseline]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], memory(pid)[0])
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    size = SIZE_MB << 20
+    print(f"one daphne process; a {SIZE_MB} MiB file; uploads in {PART_MB} MiB parts; "
+          f"storage {storage} (same disk as the source)", flush=True)
+    cp_in = timed(lambda: subprocess.run(["cp", str(source), str(copy)], check=True))
+    up = timed(lambda: transfer.upload(base, "bench", "big.bin", source, headers=headers,
+                                       http=http, part_size=PART_MB << 20))
+    down = timed(lambda: transfer.download(base, "bench", "big.bin", back, headers=headers,
+                                           http=http))
+    cp_out = timed(lambda: subprocess.run(["cp", str(copy), str(WORK / "cp-back.bin")],
+                                          check=True))
+    stop.set()
+    sampler.join()
+    _, hwm = memory(pid)
+    (WORK / "cp-back.bin").unlink(missing_ok=True)
+    same = transfer.sha256_of(back) == transfer.sha256_of(source)
+    mb = size / 1e6
+    growth = (max(hwm, peak[0]) - baseline) / 2**20
+    print(f"cp (source -> disk):       {mb / cp_in:8.1f} MB/s ({cp_in:.2f} s)")
+    print(f"upload through the API:    {mb / up:8.1f} MB/s ({up:.2f} s), "
+          f"{cp_in / up:.2f} x cp (goal >= {GOAL_RATIO})")
+    print(f"cp (disk -> disk):         {mb / cp_out:8.1f} MB/s ({cp_out:.2f} s)")
+    print(f"download through the API:  {mb / down:8.1f} MB/s ({down:.2f} s), "
+          f"{cp_out / down:.2f} x cp (goal >= {GOAL_RATIO})")
+    print(f"bytes back match: {same}")
+    print(f"web process RSS: {baseline / 2**20:.0f} MiB after warm-up, peak growth "
+          f"{growth:.1f} MiB (goal <= {GOAL_RSS_MB})", flush=True)
+    if not same:
+        sys.exit(1)
