@@ -77,12 +77,16 @@ def load_snapshot(group, pending):
         snap.keypair_limits[pk] = Limit(parse(total))
         snap.concurrency_used[pk] = used
         snap.max_concurrency[pk] = allowed
+    # Only projects and domains with a limit: the occupancy of the others is never read,
+    # and keeping it would cost two additions per placement (the keypair's is read by DRF).
     for pk, total in Project.objects.filter(pk__in=projects).values_list(
             "id", "total_resource_slots"):
-        snap.project_limits[pk] = Limit(parse(total))
+        if total:
+            snap.project_limits[pk] = Limit(parse(total))
     for pk, total in Domain.objects.filter(pk__in=domains).values_list(
             "id", "total_resource_slots"):
-        snap.domain_limits[pk] = Limit(parse(total))
+        if total:
+            snap.domain_limits[pk] = Limit(parse(total))
 
     # One query: every occupying session of a pending session's keypair, project or domain.
     for kp, project, domain, slots in Session.objects.filter(
