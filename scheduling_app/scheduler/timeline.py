@@ -342,10 +342,14 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
     validators = [v for v in validators if v not in PERMANENT]
     result = {}
     remaining = []
+    # When a dependency starts or ends is not known, nor the size of an agent whose slots
+    # are not reported yet (the only agent-capacity failure that is not permanent).
+    unknowable = [v for v in validators if v.name == "dependencies"]
+    if any(not agent.capacity for agent in snap.agents.values()):
+        unknowable += [v for v in PERMANENT if v.name == "agent-capacity"]
     for session in queue:
-        failures, _ = evaluate(session, snap, [v for v in validators
-                                               if v.name == "dependencies"])
-        if failures:  # when a dependency starts or ends is not known
+        failures, _ = evaluate(session, snap, unknowable)
+        if failures:
             result[session.id] = Prediction(None, failures[0].msg)
         else:
             remaining.append(session)
