@@ -143,6 +143,11 @@ class ScalingGroup(models.Model):
                   "(gracefully, reason preempted) when no agent has room for it.")
     preemption_min_runtime = models.PositiveIntegerField(
         default=600, help_text="Seconds a session runs before it may be preempted.")
+    requeue_preempted_batch = models.BooleanField(
+        default=False,
+        help_text="A preempted batch session goes back to PENDING once its kernels have "
+                  "stopped (gracefully, as any preempted session), in its place in the queue, "
+                  "and runs again later; off: it ends (TERMINATED, reason preempted).")
     aging_interval = models.PositiveIntegerField(
         default=0,
         help_text="Every this many seconds of waiting raise a pending session's priority by "

@@ -25,7 +25,8 @@ S = Status
 _ALLOCATED = {S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING}
 
 # Allowed transitions, for kernels and (derived from them) sessions.
-# PENDING is reachable again from the allocated states: a retry reschedules elsewhere.
+# PENDING is reachable again from the allocated states (a retry reschedules elsewhere) and
+# from TERMINATING (a preempted batch session is re-queued).
 TRANSITIONS = {
     S.PENDING: {S.SCHEDULED, S.CANCELLED, S.ERROR},
     S.SCHEDULED: {S.PREPARING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
@@ -35,7 +36,8 @@ TRANSITIONS = {
     S.PREPARED: {S.CREATING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
     S.CREATING: {S.RUNNING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
     S.RUNNING: {S.TERMINATING, S.TERMINATED, S.ERROR},
-    S.TERMINATING: {S.TERMINATED, S.ERROR},
+    # PENDING again: a preempted batch session re-queued once its container is gone.
+    S.TERMINATING: {S.TERMINATED, S.PENDING, S.ERROR},
     S.ERROR: {S.TERMINATING, S.TERMINATED},
     S.TERMINATED: set(),
     S.CANCELLED: set(),

@@ -123,18 +123,20 @@ def _preempt(group, snap, queue, waiting, now, timeline):
         chosen = preemptor.victims_for(session)
         if chosen:
             victims[session.id] = chosen
-    done = preempt(victims, {s.id: s for s in short})
+    done = preempt(victims, {s.id: s for s in short},
+                   requeue_batch=group.requeue_preempted_batch)
     if done and timeline.timeline is not None:
         timeline.timeline.end_now({v.id for chosen in victims.values() for v in chosen})
     return done
 
 
 def rank(pending, now, aging_interval):
-    """Each session's rank: its priority, plus one per `aging_interval` seconds waited."""
+    """Each session's rank: its priority, plus one per `aging_interval` seconds waited
+    (since its re-queue, for a preempted session re-queued: not the time it ran)."""
     for session in pending:
         session.rank = session.priority
         if aging_interval:
-            waited = (now - session.created_at).total_seconds()
+            waited = (now - (session.queued_at or session.created_at)).total_seconds()
             session.rank += max(0, int(waited // aging_interval))
 
 

@@ -3,6 +3,7 @@
 from django.db.models import Q
 
 from agents_app.models import Agent, AgentStatus, Image
+from sessions_app import clock
 from sessions_app.engine import CONCURRENCY_HOLDING
 from sessions_app.models import Kernel, KeyPair, Session, Status
 
@@ -40,6 +41,7 @@ def load_pending(group, limit=None):
             kernels=[], status_data=data, batch_timeout=timeout, priority=priority,
             rank=priority, max_lifetime=lifetime or 0,
             excluded_agents=frozenset(data.get("scheduler", {}).get("excluded_agents", [])),
+            queued_at=_requeued_at(data),
         )
     for pk, session_id, slots in (Kernel.objects.filter(session_id__in=sessions,
                                                         status=Status.PENDING)
@@ -51,6 +53,11 @@ def load_pending(group, limit=None):
             "from_session_id", "to_session_id"):
         sessions[from_id].dependencies.append(to_id)
     return [s for s in sessions.values() if s.kernels]
+
+
+def _requeued_at(status_data):
+    when = status_data.get("scheduler", {}).get("requeued_at")
+    return when and clock.parse(when)
 
 
 def load_snapshot(group, pending):

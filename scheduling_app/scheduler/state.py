@@ -36,6 +36,7 @@ class PendingSession:
     priority: int = 10
     rank: int = 10  # the priority the sequencers order by: with aging added
     max_lifetime: int = 0  # seconds, from the owner's resource policy; 0 = none
+    queued_at: datetime | None = None  # when it was re-queued (None: at its creation)
 
     def lifetime(self) -> int | None:
         """Seconds the session may run at most once started (None: no bound known)."""

@@ -18,6 +18,7 @@ from ..bulk import update_rows
 from ..models import FINISHED_STATUSES, Kernel, Status
 from ..services import kick_scheduler
 from .agent_reports import handle_kernel_event
+from .progress import requeue_stopped_kernel
 
 log = logging.getLogger(__name__)
 S = Status
@@ -131,6 +132,9 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
         status_changed__lt=snapshot_at - SNAPSHOT_MARGIN,
     ).exclude(pk__in=[k for k in [*by_kernel, *stopping] if is_uuid(k)])
     for kernel in gone:
+        if kernel.status == S.TERMINATING and kernel.status_data.get("requeue"):
+            requeue_stopped_kernel(kernel, actor=actor)  # its report was lost on the way
+            continue
         reason = kernel.status_info if kernel.status == S.TERMINATING else "container-gone"
         engine.mark_kernel_terminated(kernel, reason=reason, actor=actor)
 

@@ -17,7 +17,7 @@ from backendai_web.celery import send_task_safely
 from scheduling_app.models import ScalingGroup
 
 from .. import clock, engine
-from ..models import FINISHED_STATUSES, Kernel, Status
+from ..models import FINISHED_STATUSES, Kernel, SessionResult, Status
 
 log = logging.getLogger(__name__)
 S = Status
@@ -321,20 +321,57 @@ def reschedule_elsewhere(session, agent_id, reason):
     if any(k.status in (S.RUNNING, S.TERMINATING) for k in kernels):
         return fail_session(next(k for k in kernels if k.agent_id == agent_id), reason,
                             "scheduler")
+    _back_to_pending(session, kernels, reason, actor="scheduler",
+                     record=lambda data: {**data, "excluded_agents": sorted(
+                         set(data.get("excluded_agents", [])) | {agent_id})})
+    return "rescheduled"
+
+
+def _back_to_pending(session, kernels, reason, *, actor, record, drop=(), **session_fields):
+    """`kernels` back to PENDING, off their agent (their slots freed by the engine). Once
+    the session is PENDING again (all its kernels are), `record` makes its scheduler
+    record from the last one, the `drop` keys leave its status_data, `session_fields` are
+    written with it, and the scheduler is asked for a pass. Returns whether the session
+    is PENDING."""
     for kernel in kernels:
         if kernel.status != S.PENDING:
-            engine.transition_kernel(kernel, S.PENDING, reason=reason, actor="scheduler",
+            engine.transition_kernel(kernel, S.PENDING, reason=reason, actor=actor,
                                      status_data={}, agent=None, agent_addr="",
                                      container_id="")
     session.refresh_from_db()
-    scheduler_data = session.status_data.get("scheduler", {})
-    excluded = sorted(set(scheduler_data.get("excluded_agents", [])) | {agent_id})
+    if session.status != S.PENDING:
+        return False
+    data = {k: v for k, v in session.status_data.items() if k not in drop}
     engine.set_session_data(session, status_data={
-        **session.status_data, "scheduler": {**scheduler_data, "excluded_agents": excluded}})
+        **data, "scheduler": record(data.get("scheduler", {}))}, **session_fields)
     group = session.scaling_group.name
     transaction.on_commit(lambda: send_task_safely("scheduling.schedule", queue="manager",
                                                    kwargs={"scaling_group_name": group}))
-    return "rescheduled"
+    return True
+
+
+@transaction.atomic
+def requeue_stopped_kernel(kernel, *, actor):
+    """A kernel of a session preempted to be re-queued has stopped (its container is
+    gone): back to PENDING. With the last one the session is PENDING again, in the queue
+    by its creation time and priority as before; it starts afresh (its start time, idle
+    records and batch timeout count from its next start) and its owner sees
+    session_requeued. Aging counts from the re-queue: the wait before its run is spent."""
+    kernel = Kernel.objects.select_for_update().select_related("session").get(pk=kernel.pk)
+    if kernel.status != S.TERMINATING or not kernel.status_data.get("requeue"):
+        return None  # moved on meanwhile
+    session = kernel.session
+    now = clock.now()
+    if not _back_to_pending(session, [kernel], "re-queued after preemption", actor=actor,
+                            record=lambda data: {**data, "requeued_at": now.isoformat(),
+                                                 "requeues": data.get("requeues", 0) + 1},
+                            drop=("idle_checks",), starts_at=None,
+                            result=SessionResult.UNDEFINED):
+        return "stopped"  # the session's other kernels are still stopping
+    engine.record_event(session, "session_requeued", actor=actor,
+                        reason="re-queued after preemption: it runs again when there is room",
+                        data={"requeues": session.status_data["scheduler"]["requeues"]})
+    return "requeued"
 
 
 # Maintenance
@@ -347,6 +384,9 @@ def sweep_pending():
         cutoff = now - timedelta(seconds=group.pending_timeout)
         for kernel in _kernels(S.PENDING, session__scaling_group=group,
                                session__created_at__lt=cutoff):
+            requeued = kernel.session.status_data.get("scheduler", {}).get("requeued_at")
+            if requeued and clock.parse(requeued) >= cutoff:
+                continue  # a re-queued session waits from its re-queue
             if engine.mark_kernel_cancelled(kernel, reason="pending-timeout"):
                 cancelled += 1
     return cancelled
