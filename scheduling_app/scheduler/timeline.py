@@ -353,6 +353,8 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
             result[session.id] = Prediction(None, failures[0].msg)
         else:
             remaining.append(session)
+    # The sessions left have their dependencies met, and nothing simulated changes that.
+    validators = [v for v in validators if v.name != "dependencies"]
     t = now
 
     def kind(session):  # sessions of one kind are placed, or blocked, alike in a scan
@@ -371,13 +373,13 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
         placer = Placer(snap, index, validators, t, validate_first=False)
         for session_id, reservation in held.items():
             placer.hold(session_id, reservation)
-        left = []
+        left, scanned = [], len(remaining)
         for position, session in enumerate(remaining):
             placement, _, _ = placer.try_place(session)
             if placement is None:
                 left.append(session)
                 if placer.blocked_everywhere(kinds):  # nothing further can fit now
-                    left.extend(remaining[position + 1:])
+                    scanned = position + 1
                     break
                 continue
             result[session.id] = Prediction(t, agents=tuple(sorted(set(placement.values()))))
@@ -387,7 +389,7 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
             kinds[placed_kind] -= 1
             if not kinds[placed_kind]:
                 del kinds[placed_kind]
-        remaining = left
+        remaining[:scanned] = left  # the part not scanned stays as it is, not copied
     if remaining:
         why = _unknown_reason(timeline, t, now)
         for session in remaining:
