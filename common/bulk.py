@@ -142,15 +142,15 @@ def insert_rows(model, fields, rows, batch_size=1000, returning=None):
 
 
 class MergedJSON(Func):
-    """A JSON object column with the top-level keys of `changes` set and its other keys as
-    they are, computed by the database in the UPDATE itself: no read-modify-write, so a
-    writer cannot undo a key another writer set meanwhile. `.update(data=MergedJSON("data",
-    {"key": value}))`."""
+    """A JSON object column with the top-level keys of `changes` set, those of `remove`
+    taken out and its other keys as they are, computed by the database in the UPDATE
+    itself: no read-modify-write, so a writer cannot undo a key another writer set
+    meanwhile. `.update(data=MergedJSON("data", {"key": value}))`."""
 
     output_field = JSONField()
 
-    def __init__(self, field, changes):
-        self.changes = dict(changes)
+    def __init__(self, field, changes, remove=()):
+        self.changes, self.remove = dict(changes), list(remove)
         super().__init__(F(field))
 
     def _column(self, compiler):
@@ -158,14 +158,22 @@ class MergedJSON(Func):
 
     def as_postgresql(self, compiler, connection, **extra):
         column, params = self._column(compiler)
-        return (f"(COALESCE({column}, '{{}}'::jsonb) || %s::jsonb)",
-                [*params, json.dumps(self.changes, cls=DjangoJSONEncoder)])
+        sql = f"(COALESCE({column}, '{{}}'::jsonb) || %s::jsonb)"
+        params = [*params, json.dumps(self.changes, cls=DjangoJSONEncoder)]
+        if self.remove:
+            sql, params = f"({sql} - %s::text[])", [*params, self.remove]
+        return sql, params
 
     def as_sql(self, compiler, connection, **extra):  # SQLite: json_set keeps JSON nulls
-        column, params = self._column(compiler)
-        if not self.changes:
-            return column, params
-        pairs = ", ".join("%s, json(%s)" for _ in self.changes)
-        values = [item for key, value in self.changes.items()
-                  for item in (f'$."{key}"', json.dumps(value, cls=DjangoJSONEncoder))]
-        return f"json_set(COALESCE({column}, '{{}}'), {pairs})", [*params, *values]
+        sql, params = self._column(compiler)
+        sql = f"COALESCE({sql}, '{{}}')"
+        if self.changes:
+            pairs = ", ".join("%s, json(%s)" for _ in self.changes)
+            sql = f"json_set({sql}, {pairs})"
+            params = [*params, *(item for key, value in self.changes.items()
+                                 for item in (f'$."{key}"', json.dumps(value,
+                                                                        cls=DjangoJSONEncoder)))]
+        if self.remove:
+            sql = f"json_remove({sql}, {', '.join('%s' for _ in self.remove)})"
+            params = [*params, *(f'$."{key}"' for key in self.remove)]
+        return sql, params

@@ -79,20 +79,28 @@ class ResourceSlots(dict):
 
     # Arithmetic keeps exact Decimals and normalizes only in to_json: the scheduler adds
     # and subtracts slots hundreds of thousands of times a pass.
+    # A copy and a loop over the other's few keys: no set of keys, no generator.
     def __add__(self, other):
         other = _coerce(other)
-        return ResourceSlots({k: self.get(k, 0) + other.get(k, 0)
-                              for k in self.keys() | other.keys()})
+        result = ResourceSlots(self)
+        for k, v in other.items():
+            result[k] = result.get(k, 0) + v
+        return result
 
     def __sub__(self, other):
         other = _coerce(other)
-        return ResourceSlots({k: self.get(k, 0) - other.get(k, 0)
-                              for k in self.keys() | other.keys()})
+        result = ResourceSlots(self)
+        for k, v in other.items():
+            result[k] = result.get(k, 0) - v
+        return result
 
     def fits_in(self, capacity) -> bool:
         """True when every requested slot is at most what capacity offers (missing = 0)."""
-        capacity = _coerce(capacity)
-        return all(value <= capacity.get(name, 0) for name, value in self.items() if value)
+        available = _coerce(capacity).get
+        for name, value in self.items():  # noqa: SIM110 (a loop: no generator per call)
+            if value and value > available(name, 0):
+                return False
+        return True
 
     def shortfall(self, capacity) -> list[str]:
         """Names of the slots that do not fit, for messages such as "not enough cpu"."""

@@ -151,6 +151,11 @@ class ScalingGroup(models.Model):
         help_text="The directory (on every agent host of this group and the web host: a shared "
                   "filesystem for several hosts) under which storage folders live; empty means "
                   "the STORAGE_ROOT setting.")
+    requeue_preempted_batch = models.BooleanField(
+        default=False,
+        help_text="A preempted batch session goes back to PENDING once its kernels have "
+                  "stopped (gracefully, as any preempted session), in its place in the queue, "
+                  "and runs again later; off: it ends (TERMINATED, reason preempted).")
     aging_interval = models.PositiveIntegerField(
         default=0,
         help_text="Every this many seconds of waiting raise a pending session's priority by "

@@ -28,7 +28,8 @@ S = Status
 _ALLOCATED = {S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING}
 
 # Allowed transitions, for kernels and (derived from them) sessions.
-# PENDING is reachable again from the allocated states: a retry reschedules elsewhere.
+# PENDING is reachable again from the allocated states (a retry reschedules elsewhere) and
+# from TERMINATING (a preempted batch session is re-queued).
 TRANSITIONS = {
     S.PENDING: {S.SCHEDULED, S.CANCELLED, S.ERROR},
     S.SCHEDULED: {S.PREPARING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
@@ -38,7 +39,8 @@ TRANSITIONS = {
     S.PREPARED: {S.CREATING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
     S.CREATING: {S.RUNNING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
     S.RUNNING: {S.TERMINATING, S.TERMINATED, S.ERROR},
-    S.TERMINATING: {S.TERMINATED, S.ERROR},
+    # PENDING again: a preempted batch session re-queued once its container is gone.
+    S.TERMINATING: {S.TERMINATED, S.PENDING, S.ERROR},
     S.ERROR: {S.TERMINATING, S.TERMINATED},
     S.TERMINATED: set(),
     S.CANCELLED: set(),
@@ -299,13 +301,15 @@ def _named(changes):
     return {Key(key).value: value for key, value in changes.items()}
 
 
-def merge_status_data(row, changes):
-    """Set the keys of `changes` (status_data.Key) in a kernel's or session's status_data
-    and keep the rest as the database has it, in one UPDATE: a writer whose copy is old
-    cannot undo a key set meanwhile (no read-modify-write)."""
-    changes = _named(changes)
-    type(row).objects.filter(pk=row.pk).update(status_data=MergedJSON("status_data", changes))
-    row.status_data = {**row.status_data, **changes}
+def merge_status_data(row, changes, remove=()):
+    """Set the keys of `changes` (status_data.Key) in a kernel's or session's status_data,
+    take the `remove` keys out, and keep the rest as the database has it, in one UPDATE: a
+    writer whose copy is old cannot undo a key set meanwhile (no read-modify-write)."""
+    changes, remove = _named(changes), list(_named(dict.fromkeys(remove)))
+    type(row).objects.filter(pk=row.pk).update(
+        status_data=MergedJSON("status_data", changes, remove))
+    row.status_data = {key: value for key, value in {**row.status_data, **changes}.items()
+                       if key not in remove}
 
 
 @transaction.atomic

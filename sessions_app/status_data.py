@@ -27,6 +27,7 @@ class Key(StrEnum):
     TEARDOWN_ERROR = "teardown_error"    # what failed while removing it: agent_reports
     KERNEL = "kernel"                    # Backend.AI's {"exit_code": …}: destroy
     SESSION = "session"                  # Backend.AI's {"status": …}: destroy
+    REQUEUE = "requeue"                  # preempted, to be re-queued once stopped: destroy
     # Sessions
     SCHEDULER = "scheduler"              # the scheduler's record of a pass: scheduler.core
     EXCLUDED_AGENTS = "excluded_agents"  # agents a retry gave up on: progress.reschedule

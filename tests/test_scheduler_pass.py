@@ -244,3 +244,24 @@ def test_the_schedule_task_places_and_prepares_in_one_write(
     assert sorted(sent, key=lambda call: call[1]["kernel_id"]) == [
         ("agent.check_and_pull", {"kernel_id": str(k.pk), "image": "bai-local/busybox:latest"})
         for k in sorted(kernels, key=lambda k: str(k.pk))]
+
+
+def test_an_agent_without_reported_slots_keeps_a_session_pending_with_a_reason(alice):
+    """Its row exists (an agent that has just joined) but no heartbeat has told its slots:
+    the session waits, and starts once they are known."""
+    agent = make_agent(slots={"cpu": "1", "mem": "1g"})
+    Agent.objects.filter(pk=agent.pk).update(available_slots={})
+    session = make_session(alice, name="waits", resources={"cpu": "2", "mem": "1g"})
+    schedule("default")
+    session.refresh_from_db()
+    assert session.status == S.PENDING
+    record = session.status_data["scheduler"]
+    assert record["failed_predicates"] == [{
+        "name": "agent-capacity",
+        "msg": "no agent of scaling group default known to be big enough; waiting for the "
+               "slots of agent-1 (not reported yet)"}]
+    assert record["predicted_start"] is None
+    assert record["prediction_unknown"] == record["failed_predicates"][0]["msg"]
+    Agent.objects.filter(pk=agent.pk).update(available_slots={"cpu": "4", "mem": "8g"})
+    schedule("default")
+    assert Session.objects.get(pk=session.pk).status == S.SCHEDULED

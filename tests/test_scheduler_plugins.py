@@ -219,3 +219,16 @@ def test_single_node_keeps_kernels_together_multi_node_spreads_them():
     assert place(snap, "concentrated",
                  session("m", cpu=1, kernels=3, mode="multi-node")) == [["a", "b"]]
     assert snap.agents["a"].free["cpu"] + snap.agents["b"].free["cpu"] == 1
+
+
+def test_an_agent_whose_slots_are_not_known_yet_makes_a_session_wait_not_cancelled():
+    """An agent row made before its heartbeat reported slots (capacity empty) may be big
+    enough: no agent known to be is a reason to wait."""
+    unknown = AgentState("new", ResourceSlots(), ResourceSlots())
+    check = predicates.FitsSomeAgent().check
+    failure = check(session("s", cpu=8), snapshot(agent("a", cpu=4), unknown))
+    assert failure is not None and not failure.permanent
+    assert failure.msg == ("no agent of scaling group g known to be big enough; waiting for "
+                           "the slots of new (not reported yet)")
+    assert check(session("s", cpu=4), snapshot(agent("a", cpu=4), unknown)) is None
+    assert check(session("s", cpu=8), snapshot(agent("a", cpu=4))).permanent

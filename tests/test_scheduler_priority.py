@@ -11,8 +11,10 @@ from django.core.management import call_command
 
 from scheduling_app.models import ResourcePolicy, ScalingGroup
 from scheduling_app.scheduler import schedule
+from sessions_app.engine import mark_kernel_running, mark_kernel_terminated, transition_kernel
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
+from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.models import Session, SessionEvent
 from sessions_app.web.templatetags import ordinal
 from tests.factories import make_agent, make_session
@@ -261,3 +263,82 @@ def test_the_dry_run_command(alice, capsys):
     answer = json.loads(capsys.readouterr().out)
     assert answer["dry_run"] is True and answer["agents"] == ["agent-1"]
     assert Session.objects.count() == 0
+
+
+def test_a_preempted_batch_session_is_requeued_and_runs_again_after_the_waiting_one(
+        alice, sent, django_capture_on_commit_callbacks):
+    """Stopped as any preempted session (TERMINATING, reason preempted), then PENDING again
+    once its agent reports the container gone; the waiting session starts first; the
+    re-queued one runs later from the start, to completion."""
+    ScalingGroup.objects.filter(name="default").update(
+        allow_preemption=True, requeue_preempted_batch=True, preemption_min_runtime=600,
+        aging_interval=300)
+    agent = make_agent(slots={"cpu": "2", "mem": "4g"})
+    with time_machine.travel(T0, tick=False):
+        victim = make_session(alice, S.RUNNING, agent=agent, name="victim", priority=1,
+                              preemptible=True, session_type="batch",
+                              startup_command="sleep 60", resources={"cpu": "2", "mem": "1g"})
+    with time_machine.travel(T0 + timedelta(minutes=25), tick=False):
+        make_session(alice, name="urgent", resources={"cpu": "2", "mem": "1g"})
+    with time_machine.travel(T0 + timedelta(minutes=30), tick=False):
+        schedule("default")
+    victim.refresh_from_db()
+    kernel = victim.kernels.get()
+    assert (victim.status, kernel.status_info, kernel.status_data["requeue"]) == (
+        S.TERMINATING, "preempted", True)
+    assert victim.events.get(name="session_preempted").reason == (  # 10, aged 5 minutes
+        "preempted for urgent (priority 11); re-queued once stopped")
+
+    sent.clear()
+    with time_machine.travel(T0 + timedelta(minutes=31), tick=False), \
+            django_capture_on_commit_callbacks(execute=True):  # the grace is over
+        assert handle_kernel_event(kernel.pk, "kernel_terminated",
+                                   {"exit_code": 143, "reason": "preempted"}) == "requeued"
+    victim.refresh_from_db()
+    kernel.refresh_from_db()
+    assert (victim.status, victim.status_info) == (S.PENDING, "re-queued after preemption")
+    assert (victim.starts_at, victim.result, victim.terminated_at) == (None, "undefined", None)
+    assert victim.status_data["scheduler"]["requeued_at"] == "2026-03-02T13:31:00+00:00"
+    assert (kernel.status, kernel.agent_id, kernel.container_id) == (S.PENDING, None, "")
+    assert agent.__class__.objects.get(pk=agent.pk).occupied_slots == {"cpu": "0", "mem": "0"}
+    history = list(victim.events.filter(kernel=None).values_list("name", "reason"))
+    assert history[-4:] == [
+        ("session_terminating", "preempted"),
+        ("session_preempted", "preempted for urgent (priority 11); re-queued once stopped"),
+        ("session_enqueued", "re-queued after preemption"),
+        ("session_requeued", "re-queued after preemption: it runs again when there is room")]
+    assert ("scheduling.schedule", {"scaling_group_name": "default"}) in sent
+
+    with time_machine.travel(T0 + timedelta(minutes=32), tick=False):
+        schedule("default")  # the waiting session first: it ranks higher
+    urgent = Session.objects.get(name="urgent")
+    victim.refresh_from_db()
+    assert (urgent.status, victim.status) == (S.SCHEDULED, S.PENDING)
+    # Aged from its re-queue a minute ago (rank 1), not from its creation (1 + 6).
+    assert victim.status_data["scheduler"]["rank"] == 1
+    assert victim.status_data["scheduler"]["queue_position"] == 1
+
+    with time_machine.travel(T0 + timedelta(minutes=40), tick=False):
+        mark_kernel_terminated(urgent.kernels.get(), reason="user-requested")
+        schedule("default")
+    kernel = victim.kernels.get()
+    assert kernel.status == S.SCHEDULED
+    with time_machine.travel(T0 + timedelta(minutes=41), tick=False):
+        for step in (S.PREPARING, S.PREPARED, S.CREATING):
+            kernel = transition_kernel(kernel, step)
+        mark_kernel_running(kernel, {"container_id": "c-again"})
+    with time_machine.travel(T0 + timedelta(minutes=42), tick=False):
+        handle_kernel_event(kernel.pk, "kernel_terminated", {"exit_code": 0})
+    victim.refresh_from_db()
+    assert (victim.status, victim.result) == (S.TERMINATED, "success")
+    assert victim.starts_at == T0 + timedelta(minutes=41)
+
+
+def test_with_requeue_on_a_preempted_interactive_session_still_ends(alice):
+    preemption_case(alice, preemption_min_runtime=600, requeue_preempted_batch=True)
+    victim = Session.objects.get(name="victim")
+    assert handle_kernel_event(victim.kernels.get().pk, "kernel_terminated",
+                               {"exit_code": 143}) is not None
+    victim.refresh_from_db()
+    assert (victim.status, victim.status_info) == (S.TERMINATED, "preempted")
+    assert not victim.events.filter(name="session_requeued").exists()

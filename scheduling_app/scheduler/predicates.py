@@ -124,7 +124,9 @@ class KnownImage:
 
 
 class FitsSomeAgent:
-    """Permanent: no agent of the group could ever hold the session, even empty."""
+    """Permanent: no agent of the group could ever hold the session, even empty. An agent
+    whose slots are not known yet (its row made before a heartbeat reported them) may hold
+    it: the session waits for it, saying so, rather than being cancelled."""
 
     name = "agent-capacity"
 
@@ -137,6 +139,13 @@ class FitsSomeAgent:
             needs = [k.slots for k in session.kernels]
         for need in needs:
             if not any(need.fits_in(a.capacity) for a in snap.agents.values()):
+                unknown = sorted(a.id for a in snap.agents.values() if not a.capacity)
+                if unknown:
+                    shown = ", ".join(unknown[:3]) + (
+                        f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+                    return Failure(self.name, f"no agent of scaling group {snap.group} known "
+                                              f"to be big enough; waiting for the slots of "
+                                              f"{shown} (not reported yet)")
                 short = sorted({n for a in snap.agents.values()
                                 for n in need.shortfall(a.capacity)})
                 return Failure(self.name, f"asks for more {_slots(short)} than any agent of "

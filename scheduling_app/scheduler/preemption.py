@@ -120,9 +120,11 @@ class Preemptor:
         return taken
 
 
-def preempt(victims_by_session, pending_by_id):
+def preempt(victims_by_session, pending_by_id, *, requeue_batch=False):
     """End each victim gracefully, reason `preempted`, with an event naming the session
-    it makes room for; returns {waiting session id: [victim names]}."""
+    it makes room for; returns {waiting session id: [victim names]}. With
+    `requeue_batch`, a batch victim is stopped the same way and then re-queued
+    (progress.requeue_stopped_kernel) instead of ended."""
     done = defaultdict(list)
     for session_id, victims in victims_by_session.items():
         waiting = pending_by_id[session_id]
@@ -130,14 +132,17 @@ def preempt(victims_by_session, pending_by_id):
             session = Session.objects.filter(pk=victim.id, status=Status.RUNNING).first()
             if session is None:
                 continue
+            requeue = requeue_batch and session.session_type == "batch"
             try:
-                destroy_session(session, reason="preempted")
+                destroy_session(session, reason="preempted", requeue=requeue)
             except DestroyRefused as exc:
                 log.info("could not preempt %s: %s", victim.name, exc.message)
                 continue
             engine.record_event(session, "session_preempted", actor="scheduler",
                                 reason=f"preempted for {waiting.name} (priority "
-                                       f"{waiting.rank})",
-                                data={"for": str(waiting.id), "priority": waiting.rank})
+                                       f"{waiting.rank})"
+                                       + ("; re-queued once stopped" if requeue else ""),
+                                data={"for": str(waiting.id), "priority": waiting.rank,
+                                      "requeue": requeue})
             done[session_id].append(victim.name)
     return done

@@ -93,9 +93,12 @@ class AgentIndex:
             return
         old, new = self.keys[agent_id], self.key(self.snap.agents[agent_id])
         self.keys[agent_id] = new
+        if old == new:
+            return
         for keys in self.by_shape.values():
-            if old in keys:
-                keys.remove(old)
+            count = len(keys)
+            keys.discard(old)
+            if len(keys) < count:  # in this shape's list: back in at its new place
                 keys.add(new)
 
 

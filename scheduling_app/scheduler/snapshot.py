@@ -3,6 +3,7 @@
 from django.db.models import Q
 
 from agents_app.models import Agent, AgentStatus, Image, swarm_key
+from common import clock
 from common.slots import SlotsCache
 from scheduling_app.models import Domain, Project
 from scheduling_app.scheduler.state import (
@@ -41,6 +42,7 @@ def load_pending(group, limit=None):
             kernels=[], status_data=data, batch_timeout=timeout, priority=priority,
             rank=priority, max_lifetime=lifetime or 0,
             excluded_agents=StatusData(data).excluded_agents,
+            queued_at=_requeued_at(data),
         )
     for pk, session_id, slots in (Kernel.objects.filter(session_id__in=sessions,
                                                         status=Status.PENDING)
@@ -52,6 +54,11 @@ def load_pending(group, limit=None):
             "from_session_id", "to_session_id"):
         sessions[from_id].dependencies.append(to_id)
     return [s for s in sessions.values() if s.kernels]
+
+
+def _requeued_at(status_data):
+    when = status_data.get("scheduler", {}).get("requeued_at")
+    return when and clock.parse(when)
 
 
 def load_snapshot(group, pending):
@@ -79,12 +86,16 @@ def load_snapshot(group, pending):
         snap.keypair_limits[pk] = Limit(parse(total))
         snap.concurrency_used[pk] = used
         snap.max_concurrency[pk] = allowed
+    # Only projects and domains with a limit: the occupancy of the others is never read,
+    # and keeping it would cost two additions per placement (the keypair's is read by DRF).
     for pk, total in Project.objects.filter(pk__in=projects).values_list(
             "id", "total_resource_slots"):
-        snap.project_limits[pk] = Limit(parse(total))
+        if total:
+            snap.project_limits[pk] = Limit(parse(total))
     for pk, total in Domain.objects.filter(pk__in=domains).values_list(
             "id", "total_resource_slots"):
-        snap.domain_limits[pk] = Limit(parse(total))
+        if total:
+            snap.domain_limits[pk] = Limit(parse(total))
 
     # One query: every occupying session of a pending session's keypair, project or domain.
     for kp, project, domain, slots in Session.objects.filter(

@@ -36,9 +36,14 @@ class PendingSession:
     priority: int = 10
     rank: int = 10  # the priority the sequencers order by: with aging added
     max_lifetime: int = 0  # seconds, from the owner's resource policy; 0 = none
+    queued_at: datetime | None = None  # when it was re-queued (None: at its creation)
 
     def lifetime(self) -> int | None:
         """Seconds the session may run at most once started (None: no bound known)."""
+        return self._lifetime
+
+    @cached_property
+    def _lifetime(self):
         bounds = [b for b in (self.max_lifetime,
                               self.batch_timeout if self.session_type == "batch" else None)
                   if b]
@@ -64,12 +69,25 @@ class AgentState:
 
     def __init__(self, id, capacity, occupied, addr="", architecture="x86_64",
                  schedulable=True, swarm_key=None, swarm_manager=False):
-        self.id, self.capacity, self.addr = id, capacity, addr
+        self.id, self.addr = id, addr
         self.architecture = architecture
         self.schedulable = schedulable  # ALIVE and schedulable
         self.swarm_key = swarm_key  # agents_app.models.swarm_key: None when in no swarm
         self.swarm_manager = swarm_manager
+        self.capacity = capacity
         self.occupied = occupied
+
+    @property
+    def capacity(self) -> ResourceSlots:
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, value):
+        # Read at every re-ordering of the selectors: what follows from it, computed once.
+        self._capacity = value
+        self._shares = [(k, float(v)) for k, v in value.items() if v > 0]
+        # For tie-breaks: the sum of the agent's shares of cpu and mem.
+        self.size = float(value.get("cpu", 0)) + float(value.get("mem", 0)) / 2**30
 
     @property
     def occupied(self) -> ResourceSlots:
@@ -86,13 +104,10 @@ class AgentState:
     @property
     def utilization(self) -> float:
         """Mean of occupied/capacity over the agent's resource types."""
-        shares = [float(self.occupied.get(k, 0) / v) for k, v in self.capacity.items() if v > 0]
-        return sum(shares) / len(shares) if shares else 1.0
-
-    @property
-    def size(self) -> float:
-        """Capacity, for tie-breaks: the sum of the agent's shares of cpu and mem."""
-        return float(self.capacity.get("cpu", 0)) + float(self.capacity.get("mem", 0)) / 2**30
+        if not self._shares:
+            return 1.0
+        occupied = self._occupied.get
+        return sum(float(occupied(k, 0)) / v for k, v in self._shares) / len(self._shares)
 
 
 @dataclass

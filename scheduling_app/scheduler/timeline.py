@@ -243,11 +243,18 @@ class Placer:
         (all of them when nothing bounds its end)."""
         if not self.reserved:
             return frozenset()
-        lifetime = session.lifetime()
-        if session.id in self.reservations:  # a holder may use its own agents
+        return self.kept_out_of(session.lifetime(),
+                                session.id if session.id in self.reservations else None)
+
+    def kept_out_of(self, lifetime, holder=None):
+        """kept_out of a session of this lifetime that holds the reservation of `holder`
+        (None: holds none)."""
+        if not self.reserved:
+            return frozenset()
+        if holder is not None:  # a holder may use its own agents
             end = None if lifetime is None else self.t + timedelta(seconds=lifetime)
             return frozenset(a for a, due in self.reserved.items()
-                             if self.holders[a] != session.id
+                             if self.holders[a] != holder
                              and (end is None or due is None or end > due))
         kept = self.kept_by_lifetime.get(lifetime)
         if kept is None:
@@ -284,8 +291,14 @@ class Placer:
             self.index.placed(agent_id)
         return placement, [], passed
 
-    def blocked_everywhere(self, shapes):
-        return all((shape, frozenset()) in self.blocked for shape in shapes)
+    def blocked_everywhere(self, kinds):
+        """True when no session of these kinds, (shape, lifetime, reservation held or
+        None), can be placed any more in this scan: each kind's shape found no room on
+        the agents such a session may use."""
+        blocked = self.blocked
+        return all((shape, frozenset()) in blocked
+                   or (shape, self.kept_out_of(lifetime, holder)) in blocked
+                   for shape, lifetime, holder in kinds)
 
     def _reserve(self, session):
         if (not self.reservation_after or self.timeline is None
@@ -329,15 +342,27 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
     validators = [v for v in validators if v not in PERMANENT]
     result = {}
     remaining = []
+    # When a dependency starts or ends is not known, nor the size of an agent whose slots
+    # are not reported yet (the only agent-capacity failure that is not permanent).
+    unknowable = [v for v in validators if v.name == "dependencies"]
+    if any(not agent.capacity for agent in snap.agents.values()):
+        unknowable += [v for v in PERMANENT if v.name == "agent-capacity"]
     for session in queue:
-        failures, _ = evaluate(session, snap, [v for v in validators
-                                               if v.name == "dependencies"])
-        if failures:  # when a dependency starts or ends is not known
+        failures, _ = evaluate(session, snap, unknowable)
+        if failures:
             result[session.id] = Prediction(None, failures[0].msg)
         else:
             remaining.append(session)
+    # The sessions left have their dependencies met, and nothing simulated changes that.
+    validators = [v for v in validators if v.name != "dependencies"]
     t = now
-    shapes = Counter(s.shape for s in remaining)
+
+    def kind(session):  # sessions of one kind are placed, or blocked, alike in a scan
+        return (session.shape, session.lifetime(), session.id if session.id in held else None)
+
+    # A scan stops once every kind left is blocked: not only when every shape is blocked
+    # on all agents, which reserved agents kept out of reach prevent while they are held.
+    kinds = Counter(kind(s) for s in remaining)
     while remaining:
         t = timeline.next_time()
         if t is None or t - now > HORIZON:
@@ -348,22 +373,23 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
         placer = Placer(snap, index, validators, t, validate_first=False)
         for session_id, reservation in held.items():
             placer.hold(session_id, reservation)
-        left = []
+        left, scanned = [], len(remaining)
         for position, session in enumerate(remaining):
             placement, _, _ = placer.try_place(session)
             if placement is None:
                 left.append(session)
-                if placer.blocked_everywhere(shapes):  # nothing further can fit now
-                    left.extend(remaining[position + 1:])
+                if placer.blocked_everywhere(kinds):  # nothing further can fit now
+                    scanned = position + 1
                     break
                 continue
             result[session.id] = Prediction(t, agents=tuple(sorted(set(placement.values()))))
             timeline.add(occupant_of(session, placement, t))
+            placed_kind = kind(session)
             held.pop(session.id, None)
-            shapes[session.shape] -= 1
-            if not shapes[session.shape]:
-                del shapes[session.shape]
-        remaining = left
+            kinds[placed_kind] -= 1
+            if not kinds[placed_kind]:
+                del kinds[placed_kind]
+        remaining[:scanned] = left  # the part not scanned stays as it is, not copied
     if remaining:
         why = _unknown_reason(timeline, t, now)
         for session in remaining:

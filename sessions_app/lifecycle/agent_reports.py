@@ -18,6 +18,7 @@ from sessions_app.enums import SessionResult, SessionType, Status, StatusGroup
 from sessions_app.lifecycle.create import kick_scheduler
 from sessions_app.lifecycle.progress import (
     end_with_kernel,
+    requeue_stopped_kernel,
     retry_stage,
     start_session,
     start_single_kernel,
@@ -101,6 +102,13 @@ def _terminated(kernel, data, actor):
     exit_code = data.get("exit_code")
     if data.get("log_tail"):
         engine.set_kernel_data(kernel, log_tail=data["log_tail"][-65536:])
+    if kernel.status == S.TERMINATING and kernel.status_data.get(Key.REQUEUE):
+        # Preempted to be re-queued: stopped, not ended (no batch result from this run).
+        # Its slots are free either way; the session's re-queue asks for a pass itself.
+        moved = requeue_stopped_kernel(kernel, actor=actor)
+        if moved == "stopped":
+            transaction.on_commit(lambda: kick_scheduler(kernel.session.scaling_group.name))
+        return moved
     # A quick command can end before its kernel_started report is handled: CREATING too.
     # A main kernel stopped because another kernel ended still gives the batch result.
     batch = kernel.session.session_type == SessionType.BATCH

@@ -78,21 +78,23 @@ def run_hooks(setting_name, *args):
 
 
 def destroy_session(session, *, forced=False, reason="user-requested", actor=None,
-                    keypair=None) -> DestroyResult:
+                    keypair=None, requeue=False) -> DestroyResult:
     """Destroy every kernel of `session` by the rules of its status.
 
     `actor` is the user asking, or None for the system (handlers, culling).
+    `requeue`: each RUNNING kernel, once stopped as usual, goes back to PENDING instead of
+    ending (progress.requeue_stopped_kernel), and with the last one the session.
     Raises DestroyRefused with the message and HTTP status when the rules refuse.
     """
     try:
         return _destroy_session(session, forced=forced, reason=reason, actor=actor,
-                                keypair=keypair)
+                                keypair=keypair, requeue=requeue)
     except DestroyRefused:
         metrics.count("destroy_refusals", status=session.status)
         raise
 
 
-def _destroy_session(session, *, forced, reason, actor, keypair):
+def _destroy_session(session, *, forced, reason, actor, keypair, requeue):
     if actor is not None:
         admin = is_admin(actor, keypair)
         if forced and not admin:
@@ -113,7 +115,8 @@ def _destroy_session(session, *, forced, reason, actor, keypair):
             if refusal:
                 raise DestroyRefused(refusal + _times_out(kernel), rule=refusal)
         for kernel in kernels:
-            outcome = _destroy_kernel(kernel, forced=forced, reason=reason, actor=actor_name)
+            outcome = _destroy_kernel(kernel, forced=forced, reason=reason, actor=actor_name,
+                                      requeue=requeue)
             if outcome:
                 to_notify.append(outcome)
         session.refresh_from_db()
@@ -128,7 +131,7 @@ def _destroy_session(session, *, forced, reason, actor, keypair):
     return result
 
 
-def _destroy_kernel(kernel, *, forced, reason, actor):
+def _destroy_kernel(kernel, *, forced, reason, actor, requeue=False):
     """Apply the rule for one kernel; return it when its agent must stop a container."""
     status = kernel.status
     if status in (S.TERMINATED, S.CANCELLED):
@@ -147,7 +150,8 @@ def _destroy_kernel(kernel, *, forced, reason, actor):
         engine.mark_kernel_terminating(
             kernel, reason=reason, actor=actor,
             status_data={Key.KERNEL: {"exit_code": None},
-                         Key.SESSION: {"status": "terminating"}, Key.FORCED: forced},
+                         Key.SESSION: {"status": "terminating"}, Key.FORCED: forced,
+                         **({Key.REQUEUE: True} if requeue else {})},
         )
         return kernel
     log.warning("force-terminating kernel %s of session %s in %s", kernel.pk,

@@ -18,8 +18,9 @@ from sessions_app import engine
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.create import kick_scheduler
-from sessions_app.lifecycle.progress import end_with_kernel
+from sessions_app.lifecycle.progress import end_with_kernel, requeue_stopped_kernel
 from sessions_app.models import Kernel, Session
+from sessions_app.status_data import Key
 
 log = logging.getLogger(__name__)
 S = Status
@@ -211,6 +212,9 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
         status_changed__lt=snapshot_at - SNAPSHOT_MARGIN,
     ).exclude(pk__in=[k for k in [*by_kernel, *stopping] if is_uuid(k)])
     for kernel in gone:
+        if kernel.status == S.TERMINATING and kernel.status_data.get(Key.REQUEUE):
+            requeue_stopped_kernel(kernel, actor=actor)  # its report was lost on the way
+            continue
         reason = kernel.status_info if kernel.status == S.TERMINATING else "container-gone"
         engine.mark_kernel_terminated(kernel, reason=reason, actor=actor)
 

@@ -17,7 +17,7 @@ from backendai_web.celery import send_task_safely
 from common import clock
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine
-from sessions_app.enums import Status, StatusGroup
+from sessions_app.enums import SessionResult, Status, StatusGroup
 from sessions_app.models import Kernel, Session
 from sessions_app.status_data import Key, StatusData
 
@@ -327,18 +327,61 @@ def reschedule_elsewhere(session, agent_id, reason):
     if any(k.status in (S.RUNNING, S.TERMINATING) for k in kernels):
         return fail_session(next(k for k in kernels if k.agent_id == agent_id), reason,
                             "scheduler")
+    _back_to_pending(session, kernels, reason, actor="scheduler",
+                     changes=lambda data: {Key.EXCLUDED_AGENTS: sorted(
+                         StatusData(data).excluded_agents | {agent_id})})
+    return "rescheduled"
+
+
+def _back_to_pending(session, kernels, reason, *, actor, changes, drop=(), **session_fields):
+    """`kernels` back to PENDING, off their agent (their slots freed by the engine). Once
+    the session is PENDING again (all its kernels are), `changes(status_data)` gives the
+    status_data keys to set (from the row read under its lock), the `drop` keys leave it,
+    `session_fields` are written with it, and the scheduler is asked for a pass. Returns
+    the session when it is PENDING, else None."""
     for kernel in kernels:
         if kernel.status != S.PENDING:
-            engine.transition_kernel(kernel, S.PENDING, reason=reason, actor="scheduler",
+            engine.transition_kernel(kernel, S.PENDING, reason=reason, actor=actor,
                                      clear_status_data=True, agent=None, agent_addr="",
                                      container_id="")
     session = Session.objects.select_for_update().get(pk=session.pk)
-    excluded = sorted(StatusData(session.status_data).excluded_agents | {agent_id})
-    engine.merge_status_data(session, {Key.EXCLUDED_AGENTS: excluded})
+    if session.status != S.PENDING:
+        return None
+    engine.merge_status_data(session, changes(session.status_data), remove=drop)
+    if session_fields:
+        engine.set_session_data(session, **session_fields)
     group = session.scaling_group.name
     transaction.on_commit(lambda: send_task_safely("scheduling.schedule", queue="manager",
                                                    kwargs={"scaling_group_name": group}))
-    return "rescheduled"
+    return session
+
+
+@transaction.atomic
+def requeue_stopped_kernel(kernel, *, actor):
+    """A kernel of a session preempted to be re-queued has stopped (its container is
+    gone): back to PENDING. With the last one the session is PENDING again, in the queue
+    by its creation time and priority as before; it starts afresh (its start time, idle
+    records and batch timeout count from its next start) and its owner sees
+    session_requeued. Aging counts from the re-queue: the wait before its run is spent."""
+    kernel = Kernel.objects.select_for_update().select_related("session").get(pk=kernel.pk)
+    if kernel.status != S.TERMINATING or not kernel.status_data.get(Key.REQUEUE):
+        return None  # moved on meanwhile
+    now = clock.now()
+
+    def requeued(data):
+        record = StatusData(data).scheduler
+        return {Key.SCHEDULER: {**record, "requeued_at": now.isoformat(),
+                                "requeues": record.get("requeues", 0) + 1}}
+
+    session = _back_to_pending(kernel.session, [kernel], "re-queued after preemption",
+                               actor=actor, changes=requeued, drop=(Key.IDLE_CHECKS,),
+                               starts_at=None, result=SessionResult.UNDEFINED)
+    if session is None:
+        return "stopped"  # the session's other kernels are still stopping
+    engine.record_event(session, "session_requeued", actor=actor,
+                        reason="re-queued after preemption: it runs again when there is room",
+                        data={"requeues": session.status_data[Key.SCHEDULER]["requeues"]})
+    return "requeued"
 
 
 # Maintenance
@@ -351,6 +394,9 @@ def sweep_pending():
         cutoff = now - timedelta(seconds=group.pending_timeout)
         for kernel in _kernels(S.PENDING, session__scaling_group=group,
                                session__created_at__lt=cutoff):
+            requeued = kernel.session.status_data.get("scheduler", {}).get("requeued_at")
+            if requeued and clock.parse(requeued) >= cutoff:
+                continue  # a re-queued session waits from its re-queue
             if engine.mark_kernel_cancelled(kernel, reason="pending-timeout"):
                 cancelled += 1
     return cancelled

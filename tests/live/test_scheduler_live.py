@@ -118,3 +118,46 @@ def test_a_preempted_session_ends_gracefully_and_the_waiting_one_starts(live, al
     assert Session.objects.get(pk=urgent).status_data["scheduler"]["preempting"] == ["lowly"]
     client.delete(f"/api/v1/sessions/{urgent}/")
     wait_for(lambda: status_of(urgent) == S.TERMINATED, message="TERMINATED")
+
+
+def test_a_preempted_batch_session_is_requeued_and_later_runs_to_completion(live, alice,
+                                                                           client):
+    ScalingGroup.objects.filter(name="default").update(
+        allow_preemption=True, preemption_min_runtime=0, requeue_preempted_batch=True)
+    client.force_login(alice)
+    response = client.post("/api/v1/sessions/", {
+        "name": "chores", "image": IMAGE, "session_type": "batch",
+        "startup_command": "sleep 15", "resources": {"cpu": "2", "mem": "128m"},
+        "priority": 1, "preemptible": True, "grace_period": 1,
+    }, content_type="application/json")
+    assert response.status_code == 201, response.content
+    victim = response.json()["id"]
+    wait_for(lambda: status_of(victim) == S.RUNNING, message="the batch session RUNNING")
+    first_container = Kernel.objects.get(session_id=victim).container_id
+    urgent = create(client, "urgent", cpu="2")  # the agent has 2 cpu: no room beside it
+    wait_for(lambda: status_of(urgent) == S.RUNNING, timeout=90,
+             message="the waiting session RUNNING")
+    requeued = Session.objects.get(pk=victim)
+    assert requeued.status == S.PENDING  # stopped, then back in the queue
+    names = list(SessionEvent.objects.filter(session_id=victim, kernel=None)
+                 .order_by("created_at", "pk").values_list("name", "reason"))
+    assert ("session_terminating", "preempted") in names
+    assert names.index(("session_enqueued", "re-queued after preemption")) > names.index(
+        ("session_terminating", "preempted"))
+    assert ("session_requeued", "re-queued after preemption: it runs again when there is "
+                                "room") in names
+    assert not SessionEvent.objects.filter(session_id=victim, name="session_terminated")
+    assert SessionEvent.objects.get(session_id=victim, name="session_preempted").reason == (
+        "preempted for urgent (priority 10); re-queued once stopped")
+    assert requeued.status_data["scheduler"]["queue_position"] == 1
+    client.delete(f"/api/v1/sessions/{urgent}/")
+    wait_for(lambda: status_of(urgent) == S.TERMINATED, message="urgent TERMINATED")
+    # Its second run: a new container, the command from the start, to its end.
+    wait_for(lambda: status_of(victim) == S.RUNNING, timeout=90,
+             message="the re-queued session RUNNING again")
+    assert Kernel.objects.get(session_id=victim).container_id not in ("", first_container)
+    wait_for(lambda: status_of(victim) == S.TERMINATED, timeout=90,
+             message="the re-queued session to run to completion")
+    done = Session.objects.get(pk=victim)
+    assert (done.result, done.status_info) == ("success", "self-terminated")
+    assert Kernel.objects.get(session_id=victim).exit_code == 0

@@ -54,7 +54,8 @@ class Command(BaseCommand):
         parser.add_argument("--sessions", type=int, default=10000)
         parser.add_argument("--owners", type=int, default=50)
         parser.add_argument("--repeat", type=int, default=2, help="Runs per combination.")
-        parser.add_argument("--sequencers", default="fifo,lifo,drf")
+        parser.add_argument("--sequencers", default="fifo,lifo,drf",
+                            help="Empty: no scheduling passes, the prediction pass only.")
         parser.add_argument("--selectors", default="concentrated,dispersed,roundrobin")
         parser.add_argument("--seed", type=int, default=1)
         parser.add_argument("--plain", action="store_true",
@@ -89,7 +90,7 @@ class Command(BaseCommand):
              for i in range(opts["agents"])], batch_size=2000)
         passes, fanouts, by_combo = [], [], {}
         try:
-            for sequencer in opts["sequencers"].split(","):
+            for sequencer in filter(None, opts["sequencers"].split(",")):
                 for selector in opts["selectors"].split(","):
                     ScalingGroup.objects.filter(pk=group.pk).update(
                         scheduler=sequencer, agent_selection_strategy=selector,
@@ -131,10 +132,11 @@ class Command(BaseCommand):
         total = len(passes) * opts["sessions"]
         self.stdout.write(json.dumps({
             "agents": opts["agents"], "sessions": opts["sessions"], "passes": len(passes),
-            "sessions_per_second": round(total / sum(passes)),
-            "pass_p50_ms": round(percentile(passes, 0.5) * 1000),
-            "pass_p99_ms": round(percentile(passes, 0.99) * 1000),
-            "fanout_after_commit_p50_ms": round(percentile(fanouts, 0.5) * 1000),
+            "sessions_per_second": round(total / sum(passes)) if passes else None,
+            "pass_p50_ms": round(percentile(passes, 0.5) * 1000) if passes else None,
+            "pass_p99_ms": round(percentile(passes, 0.99) * 1000) if passes else None,
+            "fanout_after_commit_p50_ms": (round(percentile(fanouts, 0.5) * 1000)
+                                           if fanouts else None),
             "by_combination": by_combo, "plain": self.plain, "prediction": prediction,
         }))
 
