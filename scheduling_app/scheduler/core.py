@@ -30,7 +30,7 @@ from scheduling_app.scheduler.timeline import (
 )
 from scheduling_app.session_types import hook_for
 from sessions_app import engine
-from sessions_app.enums import Status
+from sessions_app.enums import ClusterMode, Status
 from sessions_app.models import Kernel, Session
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ class _NoRoomReason:
                 for name, value in agent.free.items():
                     self.max_free[name] = max(self.max_free.get(name, 0), value)
             self.stale = False
-        need = session.total if session.cluster_mode == "single-node" else max(
+        need = session.total if session.cluster_mode == ClusterMode.SINGLE_NODE else max(
             (k.slots for k in session.kernels), key=lambda s: sorted(s.items()))
         short = need.shortfall(self.max_free) or sorted(k for k, v in need.items() if v)
         return Failure("agent-resources",

@@ -7,6 +7,7 @@ session PENDING (and tells its owner why); a permanent one cancels it.
 from dataclasses import dataclass
 
 from scheduling_app.scheduler.state import PendingSession, Snapshot
+from sessions_app.enums import ClusterMode, SessionResult, SessionType, Status, StatusGroup
 
 
 @dataclass(frozen=True)
@@ -88,15 +89,15 @@ class Dependencies:
             dep = snap.dependencies.get(dep_id)
             if dep is None:
                 return Failure(self.name, f"dependency {dep_id} does not exist", permanent=True)
-            if dep.session_type == "batch":
-                if dep.status == "TERMINATED" and dep.result == "success":
+            if dep.session_type == SessionType.BATCH:
+                if dep.status == Status.TERMINATED and dep.result == SessionResult.SUCCESS:
                     continue
-                if dep.status in ("TERMINATED", "CANCELLED"):
+                if dep.status in StatusGroup.FINISHED:
                     return Failure(self.name, f"dependency {dep_id} did not succeed",
                                    permanent=True)
-            elif dep.status == "RUNNING":
+            elif dep.status == Status.RUNNING:
                 continue
-            elif dep.status in ("TERMINATED", "CANCELLED", "TERMINATING"):
+            elif dep.status in StatusGroup.FINISHED | {Status.TERMINATING}:
                 return Failure(self.name, f"dependency {dep_id} has ended", permanent=True)
             waiting.append(str(dep_id))
         if waiting:
@@ -133,7 +134,7 @@ class FitsSomeAgent:
     def check(self, session: PendingSession, snap: Snapshot):
         if not snap.agents:
             return None  # no agent yet is temporary: the selector says so
-        if session.cluster_mode == "single-node":
+        if session.cluster_mode == ClusterMode.SINGLE_NODE:
             needs = [session.total]
         else:
             needs = [k.slots for k in session.kernels]

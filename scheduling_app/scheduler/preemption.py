@@ -14,12 +14,11 @@ from datetime import datetime, timedelta
 from common.slots import ResourceSlots, SlotsCache
 from scheduling_app.scheduler.state import PendingSession, Snapshot
 from sessions_app import engine
-from sessions_app.enums import Status
+from sessions_app.enums import ClusterMode, SessionType, Status, StatusGroup
 from sessions_app.lifecycle.destroy import DestroyRefused, destroy_session
 from sessions_app.models import Kernel, Session
 
 log = logging.getLogger(__name__)
-FINISHED = {Status.TERMINATED, Status.CANCELLED}
 
 
 @dataclass
@@ -53,7 +52,7 @@ def load_candidates(group, now, min_runtime):
     for session_id, agent_id, status, occupied, requested in (
             Kernel.objects.filter(session__scaling_group=group, agent_id__isnull=False)
             .filter(status=Status.TERMINATING) | Kernel.objects.filter(session_id__in=candidates)
-    ).exclude(status__in=FINISHED).values_list("session_id", "agent_id", "status",
+    ).exclude(status__in=StatusGroup.FINISHED).values_list("session_id", "agent_id", "status",
                                                "occupied_slots", "requested_slots"):
         slots = parse(occupied or requested)
         if status == Status.TERMINATING:
@@ -80,7 +79,7 @@ class Preemptor:
     def victims_for(self, session: PendingSession):
         """The sessions to end so that `session` fits: [] when what is already ending
         makes room; None when preemption cannot (multi-node sessions are not handled)."""
-        if session.cluster_mode != "single-node":
+        if session.cluster_mode != ClusterMode.SINGLE_NODE:
             return None
         need = session.total
         best = None
@@ -132,7 +131,7 @@ def preempt(victims_by_session, pending_by_id, *, requeue_batch=False):
             session = Session.objects.filter(pk=victim.id, status=Status.RUNNING).first()
             if session is None:
                 continue
-            requeue = requeue_batch and session.session_type == "batch"
+            requeue = requeue_batch and session.session_type == SessionType.BATCH
             try:
                 destroy_session(session, reason="preempted", requeue=requeue)
             except DestroyRefused as exc:

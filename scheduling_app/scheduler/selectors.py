@@ -12,6 +12,7 @@ from sortedcontainers import SortedList
 
 from common.slots import ResourceSlots
 from scheduling_app.scheduler.state import AgentState, PendingSession, Snapshot
+from sessions_app.enums import ClusterMode
 
 
 def concentrated_key(agent: AgentState):
@@ -110,7 +111,7 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
     """
     if excluded is None:
         excluded = session.excluded_agents
-    if session.cluster_mode == "single-node":
+    if session.cluster_mode == ClusterMode.SINGLE_NODE:
         agent = index.first_fit(session.total, excluded)
         return None if agent is None else {k.id: agent.id for k in session.kernels}
     placement = _spread(session, index, excluded)

@@ -9,6 +9,7 @@ from datetime import datetime
 from functools import cached_property
 
 from common.slots import ResourceSlots
+from sessions_app.enums import ClusterMode, SessionType
 
 
 @dataclass
@@ -27,8 +28,8 @@ class PendingSession:
     created_at: datetime
     image: str
     kernels: list[PendingKernel]
-    session_type: str = "interactive"
-    cluster_mode: str = "single-node"
+    session_type: str = SessionType.INTERACTIVE
+    cluster_mode: str = ClusterMode.SINGLE_NODE
     batch_timeout: int | None = None
     dependencies: list = field(default_factory=list)
     excluded_agents: frozenset = frozenset()
@@ -44,15 +45,14 @@ class PendingSession:
 
     @cached_property
     def _lifetime(self):
-        bounds = [b for b in (self.max_lifetime,
-                              self.batch_timeout if self.session_type == "batch" else None)
-                  if b]
+        batch = self.batch_timeout if self.session_type == SessionType.BATCH else None
+        bounds = [b for b in (self.max_lifetime, batch) if b]
         return min(bounds) if bounds else None
 
     @cached_property
     def shape(self):
         """What the selectors see of a request: equal shapes fit in the same places."""
-        if self.cluster_mode == "single-node":
+        if self.cluster_mode == ClusterMode.SINGLE_NODE:
             return ("single", tuple(sorted(self.total.items())))
         return ("multi", tuple(tuple(sorted(k.slots.items())) for k in self.kernels))
 

@@ -21,7 +21,7 @@ from scheduling_app.scheduler.predicates import PERMANENT, Failure, evaluate
 from scheduling_app.scheduler.selectors import select
 from scheduling_app.scheduler.snapshot import OCCUPYING
 from scheduling_app.scheduler.state import PendingSession, Snapshot
-from sessions_app.enums import Status
+from sessions_app.enums import ClusterMode, SessionType, Status, StatusGroup
 from sessions_app.models import Kernel, Session
 
 # Reservations made per scan at most (Slurm bounds its backfill work likewise).
@@ -29,7 +29,6 @@ MAX_RESERVATIONS = 16
 # A prediction looks this far ahead; a session that would start later is "unknown".
 HORIZON = timedelta(days=7)
 FAR = datetime.max.replace(tzinfo=UTC)  # behind a session with no end bound
-FINISHED = {Status.TERMINATED, Status.CANCELLED}
 
 
 @dataclass
@@ -54,7 +53,7 @@ def latest_end(*, status, starts_at, now, session_type, batch_timeout, max_lifet
         return now
     start = starts_at or now
     bounds = []
-    if session_type == "batch" and batch_timeout:
+    if session_type == SessionType.BATCH and batch_timeout:
         bounds.append(start + timedelta(seconds=batch_timeout))
     if not exempt:
         if max_lifetime:
@@ -83,7 +82,7 @@ def load_occupants(group, now):
                        exempt=exempt))
     for session_id, agent_id, occupied, requested in (
             Kernel.objects.filter(session_id__in=sessions, agent_id__isnull=False)
-            .exclude(status__in=FINISHED)
+            .exclude(status__in=StatusGroup.FINISHED)
             .values_list("session_id", "agent_id", "occupied_slots", "requested_slots")):
         sessions[session_id].parts.append((agent_id, parse(occupied or requested)))
     return [o for o in sessions.values() if o.parts]
@@ -167,7 +166,7 @@ class Timeline:
         One heap of agents by fit time per request shape, kept while nothing is released:
         within a pass agents only fill up, so a fit time only grows, and an entry is
         re-checked when it comes to the top (a lazy heap), not every agent per call."""
-        if session.cluster_mode == "single-node":
+        if session.cluster_mode == ClusterMode.SINGLE_NODE:
             need, count = session.total, 1
         else:
             need = max((k.slots for k in session.kernels), key=lambda s: sorted(s.items()))
