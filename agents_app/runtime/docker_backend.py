@@ -342,3 +342,30 @@ def _kernels_report(kernels):
         raise ValueError("last_activity without a time zone")
     last = max(times).isoformat() if times else None
     return {"busy": busy, "last_activity": last, "kernels": len(kernels)}
+
+
+def start_service(client, container_id, name, command):
+    """Start a service the image declares (its ai.backend.service-start.<name> label) in
+    the background of the container."""
+    log.info("starting service %s in %s", name, container_id[:12])
+    exec_id = client.api.exec_create(container_id, ["/bin/sh", "-c", command])["Id"]
+    client.api.exec_start(exec_id, detach=True)
+
+
+def start_services(client, container):
+    """Every service of the container's image that has a start command."""
+    from agents_app.stream_tokens import SERVICE_START_LABEL, service_ports
+
+    for service in service_ports(container.labels):
+        command = container.labels.get(SERVICE_START_LABEL + service.name)
+        if command and service.protocol != "tcp":
+            start_service(client, container.id, service.name, command)
+
+
+def signal_process(api, container_id, pid):
+    """SIGHUP to a process of the container, SIGKILL a second later if it is still there."""
+    pid = int(pid)
+    exec_id = api.exec_create(container_id, [
+        "/bin/sh", "-c", f"kill -HUP {pid} 2>/dev/null; sleep 1; kill -KILL {pid} 2>/dev/null; true"
+    ])["Id"]
+    api.exec_start(exec_id, detach=True)
