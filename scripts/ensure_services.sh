@@ -19,7 +19,10 @@ ci=false
 [ "${1:-}" = "--ci" ] && ci=true
 
 packages=(docker.io busybox-static)
-$ci && packages+=(postgresql redis-server docker-registry chromium prometheus)
+$ci && packages+=(postgresql redis-server docker-registry chromium prometheus debootstrap)
+# npm installs the dashboard's front-end libraries (package.json); a node that came from
+# elsewhere (nodesource) brings its own npm, and Debian's would fight it.
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 say() { echo "ensure_services: $*"; }
 

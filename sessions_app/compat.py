@@ -20,7 +20,7 @@ from agents_app.models import Image
 from scheduling_app.idle import checks_of as idle_checks_of
 from scheduling_app.models import Domain, Project, default_project
 
-from . import activity, clock
+from . import activity, clock, service_ports
 from .api import (
     create_for,
     destroy_for,
@@ -164,7 +164,14 @@ def creation_fields(data):
 
 def creation_answer(session, created, status_text=None):
     return {"sessionId": str(session.pk), "sessionName": session.name,
-            "status": status_text or session.status, "servicePorts": [], "created": created}
+            "status": status_text or session.status, "servicePorts": service_ports_of(session),
+            "created": created}
+
+
+def service_ports_of(session):
+    """The services its image declares (ai.backend.service-ports), in the SDK's shape;
+    each is opened through /sessions/<id>/apps/<name>/."""
+    return [s.as_backendai() for s in service_ports.of_image(session.image)]
 
 
 class CreateSession(CompatView):
@@ -220,7 +227,7 @@ def session_info(session):
         else None, "numQueriesExecuted": 0, "lastStat": main.last_stat,
         "idleChecks": idle_checks_of(session, clock.now()),
         "priority": session.priority, "preemptible": session.preemptible,
-        "queue": session.queue,
+        "queue": session.queue, "servicePorts": service_ports_of(session),
     }
 
 

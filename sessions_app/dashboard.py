@@ -18,7 +18,7 @@ from django.views.decorators.http import require_POST
 from agents_app.models import Agent, AgentStatus
 from scheduling_app.slots import ResourceSlots, format_bytes
 
-from . import clock, timeline
+from . import clock, service_ports, timeline
 from .forms import SessionForm
 from .keypairs import is_admin, main_keypair
 from .lifecycle import DestroyRefused, destroy_session
@@ -93,6 +93,7 @@ def session_detail(request, pk):
         "idle_warning": min((c for c in idle_checks if c.warned and c.remaining is not None),
                             key=lambda c: c.remaining, default=None),
         "idle_check_interval": settings.IDLE_CHECK_INTERVAL,
+        "services": service_ports.of_image(session.image),
     })
 
 

@@ -14,7 +14,8 @@ import pytest
 from agents_app import stream_tokens
 from agents_app.runtime import docker_backend as backend
 from agents_app.runtime.agent import Agent
-from agents_app.runtime.streams import TOKEN_HEADER, StreamServer
+from agents_app.runtime.streams import StreamServer
+from agents_app.stream_tokens import TOKEN_HEADER
 from tests.conftest import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker

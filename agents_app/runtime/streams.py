@@ -44,7 +44,7 @@ from .. import stream_tokens
 from . import docker_backend as backend
 
 log = logging.getLogger("agent.streams")
-TOKEN_HEADER = "X-Stream-Token"
+TOKEN_HEADER = stream_tokens.TOKEN_HEADER
 CONTAINER_CACHE_SECONDS = 3.0
 TERMINAL_BACKLOG = 256 * 1024  # bytes of output kept while no connection is attached
 SERVICE_START_WAIT = 60.0  # seconds a just-started service has to take connections
@@ -129,7 +129,7 @@ class StreamServer:
 
     # Who may open what.
     def authorize(self, request, kind):
-        token = request.headers.get(TOKEN_HEADER) or request.query.get("token", "")
+        token = request.headers.get(TOKEN_HEADER, "")
         try:
             payload = stream_tokens.verify(token, agent_id=self.agent.id)
         except stream_tokens.InvalidToken as exc:
