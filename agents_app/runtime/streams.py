@@ -40,7 +40,7 @@ from aiohttp import (
 from django.conf import settings
 from docker.errors import DockerException, NotFound
 
-from .. import stream_tokens
+from .. import stream_io, stream_tokens
 from . import docker_backend as backend
 
 log = logging.getLogger("agent.streams")
@@ -111,6 +111,7 @@ class StreamServer:
     async def _serve(self):
         # No cookies kept: the proxy's requests are of many users.
         self.http = ClientSession(auto_decompress=False, cookie_jar=DummyCookieJar(),
+                                  read_bufsize=1024 * 1024,
                                   connector=TCPConnector(limit=0, force_close=False),
                                   timeout=ClientTimeout(total=None, connect=5,
                                                         sock_connect=5))
@@ -238,7 +239,7 @@ class StreamServer:
                 if key.lower() not in HOP_BY_HOP:
                     response.headers.add(key, value)
             await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
+            async for chunk in stream_io.chunks(upstream.content):
                 await response.write(chunk)
             await response.write_eof()
             return response

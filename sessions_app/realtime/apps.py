@@ -15,15 +15,18 @@ import asyncio
 import contextlib
 import json
 import re
+import time
 
 from aiohttp import ClientError, WSMsgType, WSServerHandshakeError
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.http import parse_cookie
 from django.utils.http import urlencode
 from yarl import URL
 
+from agents_app import stream_io
 from agents_app.stream_tokens import TOKEN_HEADER
 
 from ..api_errors import error_body
@@ -87,7 +90,10 @@ class AppProxy:
         self.authenticated = AuthMiddlewareStack(self.proxy)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and APP_PATH.match(scope["path"]):
+        if scope["type"] == "http" and (match := APP_PATH.match(scope["path"])):
+            known = recent_grant(scope, match)
+            if known is not None:  # no database at all for the burst of an app's page
+                return await self.forward(scope, receive, send, *known)
             return await self.authenticated(scope, receive, send)
         return await self.fallback(scope, receive, send)
 
@@ -107,6 +113,10 @@ class AppProxy:
                 login = settings.LOGIN_URL + "?" + urlencode({"next": scope["path"]})
                 return await respond(send, 302, b"", [(b"location", login.encode())])
             return await respond_error(send, refusal.status, refusal.message)
+        remember_grant(scope, match, grant, user)
+        return await self.forward(scope, receive, send, grant, user)
+
+    async def forward(self, scope, receive, send, grant, user):
         if access.activity_due(grant.session_id):
             await database_sync_to_async(access.record_activity)(grant, user)
         headers = app_request_headers(scope)
@@ -126,7 +136,7 @@ class AppProxy:
                         "headers": [(k.encode("latin-1"), v.encode("latin-1"))
                                     for k, v in upstream.headers.items()
                                     if k.lower().encode() not in HOP_BY_HOP]})
-            async for chunk in upstream.content.iter_any():
+            async for chunk in stream_io.chunks(upstream.content):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (TimeoutError, ClientError, OSError):
@@ -134,6 +144,37 @@ class AppProxy:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             upstream.release()
+
+
+_recent = {}  # (session cookie, session id, service) → (monotonic time, grant, user)
+
+
+def _recent_key(scope, match):
+    for key, value in scope.get("headers", []):
+        if key.lower() == b"cookie":
+            login = parse_cookie(value.decode("latin-1")).get(settings.SESSION_COOKIE_NAME)
+            if login:
+                return login, match["session_id"].lower(), match["name"]
+    return None
+
+
+def recent_grant(scope, match):
+    """The grant made for this login cookie, session and service in the last
+    access.GRANT_CACHE_SECONDS (a logout or a changed status counts from then on; the
+    agent checks the container at every request all the same)."""
+    key = _recent_key(scope, match)
+    found = _recent.get(key) if key else None
+    if found and time.monotonic() - found[0] < access.GRANT_CACHE_SECONDS:
+        return found[1], found[2]
+    return None
+
+
+def remember_grant(scope, match, grant, user):
+    key = _recent_key(scope, match)
+    if key:
+        if len(_recent) > 10000:
+            _recent.clear()
+        _recent[key] = (time.monotonic(), grant, user)
 
 
 async def request_body(receive):
