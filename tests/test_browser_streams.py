@@ -212,3 +212,8 @@ def test_jupyter_opens_through_the_proxy_and_runs_a_cell(live, alice, browser_co
     screenshot(app, "24-jupyter-cell")
     kernels = app.request.get(f"{base}api/kernels").json()
     assert len(kernels) == 1 and kernels[0]["last_activity"]
+    # The agent reads the same /api/kernels for the app-activity idle checker.
+    kernel = session.main_kernel
+    wait_for(lambda: (type(kernel).objects.get(pk=kernel.pk).last_stat or {}).get(
+        "app", {}).get("kernels") == 1, timeout=60,
+        message="the agent's app probe to report the notebook's kernel")

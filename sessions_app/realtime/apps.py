@@ -74,6 +74,22 @@ def strip_site_cookies(header):
     return "; ".join(kept)
 
 
+def app_response_headers(headers):
+    """The app's answer headers, less hop-by-hop ones and any cookie it would set under
+    this site's own session or CSRF cookie names (an app must not log its user in or out
+    of the dashboard)."""
+    own = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME}
+    kept = []
+    for key, value in headers.items():
+        lower = key.lower()
+        if lower.encode() in HOP_BY_HOP:
+            continue
+        if lower == "set-cookie" and value.split("=", 1)[0].strip() in own:
+            continue
+        kept.append((key.encode("latin-1"), value.encode("latin-1")))
+    return kept
+
+
 def agent_url(grant, scope):
     path = scope.get("raw_path") or scope["path"].encode()
     query = scope.get("query_string", b"")
@@ -133,9 +149,7 @@ class AppProxy:
                 send, 502, f"The session's agent does not answer ({type(exc).__name__}).")
         try:
             await send({"type": "http.response.start", "status": upstream.status,
-                        "headers": [(k.encode("latin-1"), v.encode("latin-1"))
-                                    for k, v in upstream.headers.items()
-                                    if k.lower().encode() not in HOP_BY_HOP]})
+                        "headers": app_response_headers(upstream.headers)})
             async for chunk in stream_io.chunks(upstream.content):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
