@@ -24,6 +24,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import socket
 import threading
 import time
 
@@ -317,7 +319,11 @@ class Terminal:
             return exec_id, holder
 
         exec_id, holder = await asyncio.to_thread(start)
-        sock = getattr(holder, "_sock", holder)
+        # docker-py keeps its HTTP response alive through an attribute it cannot set on a
+        # unix socket: when the response is collected, it closes the socket under us. A
+        # descriptor of our own keeps the connection open until the terminal closes it.
+        raw = getattr(holder, "_sock", holder)
+        sock = socket.socket(fileno=os.dup(raw.fileno()))
         sock.setblocking(False)
         terminal = cls(server, key, api, exec_id, holder, sock)
         terminal.container_id = info["id"]
@@ -397,6 +403,8 @@ class Terminal:
         if self.ended:
             return
         self.ended = True
+        with contextlib.suppress(OSError):
+            self.holder.close()
         if self.expiry is not None:
             self.expiry.cancel()
         if self.server.terminals.get(self.key) is self:
