@@ -70,7 +70,8 @@ def test_terminal_types_reads_resizes_resumes_and_closing_ends_the_shell(
     log_in(page, "alice")
     page.goto(f"/sessions/{session.pk}/")
     page.click("#terminal-new")
-    expect(page.locator(".terminal-tab").first).to_have_attribute("data-state", "connected")
+    expect(page.locator(".terminal-tab").first).to_have_attribute("data-state", "connected",
+                                                                 timeout=TIMEOUT_MS)
     type_in(page, "echo $((40+2))-typed; A=kept; stty size")
     wait_text(page, r"42-typed")
     wait_for(lambda: Session.objects.get(pk=session.pk).last_activity is not None,
@@ -89,22 +90,24 @@ def test_terminal_types_reads_resizes_resumes_and_closing_ends_the_shell(
 
     # A dropped connection resumes the same shell: its variable is still there.
     page.evaluate("window.sessionTerminals[0].ws.close()")
-    expect(page.locator(".terminal-tab").first).to_have_attribute("data-state", "connected")
+    expect(page.locator(".terminal-tab").first).to_have_attribute("data-state", "connected",
+                                                                 timeout=TIMEOUT_MS)
     type_in(page, 'echo "A=$A"-resumed; echo pid-"$$"-end')
     wait_text(page, r"A=kept-resumed")
     pid = wait_text(page, r"pid-(\d+)-end").group(1)
 
     # A second terminal is another shell; closing the first one's tab ends that shell.
     page.click("#terminal-new")
-    expect(page.locator(".terminal-tab")).to_have_count(2)
-    expect(page.locator(".terminal-tab").nth(1)).to_have_attribute("data-state", "connected")
+    expect(page.locator(".terminal-tab")).to_have_count(2, timeout=TIMEOUT_MS)
+    expect(page.locator(".terminal-tab").nth(1)).to_have_attribute("data-state", "connected",
+                                                                  timeout=TIMEOUT_MS)
     type_in(page, 'echo second-"$$"-end', index=1)
     second = wait_text(page, r"second-(\d+)-end", index=1).group(1)
     assert second != pid
     container = docker_client.containers.get(session.main_kernel.container_id)
     assert container.exec_run(["kill", "-0", pid]).exit_code == 0
     page.locator(".terminal-tab").first.locator(".terminal-close").click()
-    expect(page.locator(".terminal-tab")).to_have_count(1)
+    expect(page.locator(".terminal-tab")).to_have_count(1, timeout=TIMEOUT_MS)
     wait_for(lambda: container.exec_run(["kill", "-0", pid]).exit_code != 0, timeout=15,
              message=f"the closed terminal's shell {pid} to end")
     assert container.exec_run(["kill", "-0", second]).exit_code == 0
@@ -187,13 +190,13 @@ def test_jupyter_opens_through_the_proxy_and_runs_a_cell(live, alice, browser_co
     page = browser_context.new_page()
     log_in(page, "alice")
     page.goto(f"/sessions/{session.pk}/")
-    expect(page.locator("#app-jupyter")).to_contain_text("http port 8888")
+    expect(page.locator("#app-jupyter")).to_contain_text("http port 8888", timeout=TIMEOUT_MS)
     with page.expect_popup() as popup:
         page.click("#open-jupyter")
     app = popup.value
     base = f"/sessions/{session.pk}/apps/jupyter/"
     app.wait_for_url(f"**{base}tree*", timeout=TIMEOUT_MS)
-    expect(app.locator("#notebook_list")).to_be_visible()
+    expect(app.locator("#notebook_list")).to_be_visible(timeout=TIMEOUT_MS)
     screenshot(app, "23-jupyter-tree")
 
     xsrf = next(c["value"] for c in browser_context.cookies() if c["name"] == "_xsrf")
