@@ -177,7 +177,7 @@ async def http_times(http, url, count, headers=None):
         started = time.perf_counter()
         async with http.get(url, headers=headers or {}) as response:
             await response.read()
-            assert response.status == 200, response.status
+            assert response.status == 200, (response.status, (await response.read())[:300])
         times.append((time.perf_counter() - started) * 1000)
     return times
 
@@ -266,6 +266,8 @@ async def measure(web_port, cookie, session_id, container_ip):
             sockets += await asyncio.gather(*(
                 open_terminal(http, terminal_url + f"many{index}/", origin, cookie)
                 for index in range(batch, min(batch + 20, TERMINALS))))
+            print(f"  {len(sockets)} terminals open after {time.monotonic() - started:.1f} s",
+                  flush=True)
         opened = time.monotonic() - started
         results = await asyncio.gather(*(echoes(ws, ECHOES_EACH, pause=PAUSE)
                                          for ws in sockets))
