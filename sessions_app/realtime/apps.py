@@ -215,6 +215,10 @@ async def respond_error(send, status, message):
 
 class AppWebsocketConsumer(AsyncWebsocketConsumer):
     """A websocket of the app (Jupyter's kernel channels), relayed through the agent."""
+    # No channel-layer channel: nothing is ever sent to it, and each one would be a
+    # Redis receive loop per websocket.
+    channel_layer_alias = None
+
 
     async def connect(self):
         self.upstream = self.pump = None

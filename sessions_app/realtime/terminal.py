@@ -28,6 +28,10 @@ CONTROL_KEYS = ("resize", "close", "data")
 
 
 class TerminalConsumer(AsyncWebsocketConsumer):
+    # No channel-layer channel: nothing is ever sent to it, and each one would be a
+    # Redis receive loop per websocket.
+    channel_layer_alias = None
+
     async def connect(self):
         self.upstream = self.pump = self.grant = None
         # Accepted first, so that a refusal can be said in the terminal itself.
