@@ -283,8 +283,12 @@ async def measure(web_port, cookie, session_id, container_ip):
 
 
 def main():
+    import signal
+
     import docker
 
+    # A stopped run (timeout, Ctrl-C) still removes its container and stops its processes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     py = sys.executable
