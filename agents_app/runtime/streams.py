@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -47,6 +48,7 @@ from . import docker_backend as backend
 
 log = logging.getLogger("agent.streams")
 TOKEN_HEADER = stream_tokens.TOKEN_HEADER
+PID_LINE = re.compile(rb"(?:^|\n)[\r\s]*(\d+)\r?\n")
 CONTAINER_CACHE_SECONDS = 3.0
 TERMINAL_BACKLOG = 256 * 1024  # bytes of output kept while no connection is attached
 SERVICE_START_WAIT = 60.0  # seconds a just-started service has to take connections
@@ -56,9 +58,11 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
               "sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
               "sec-websocket-accept", "sec-websocket-protocol"}
 # The shell prints its process id first (read and kept back by the agent, to end it later),
-# then becomes the image's shell.
-SHELL = ('echo "$$"; for s in /bin/bash /bin/sh; do [ -x "$s" ] && exec "$s"; done; '
-         "exec /bin/busybox sh")
+# then becomes the image's shell. It waits for a line from the agent before it says
+# anything: docker-py reads the answer to exec_start with a buffered reader, which would
+# swallow bytes that came with the upgrade's headers.
+SHELL = ('read -r _; echo "$$"; for s in /bin/bash /bin/sh; do [ -x "$s" ] && exec "$s"; '
+         "done; exec /bin/busybox sh")
 
 
 class Refused(web.HTTPException):
@@ -325,6 +329,7 @@ class Terminal:
         raw = getattr(holder, "_sock", holder)
         sock = socket.socket(fileno=os.dup(raw.fileno()))
         sock.setblocking(False)
+        await asyncio.get_running_loop().sock_sendall(sock, b"\n")  # go on (SHELL)
         terminal = cls(server, key, api, exec_id, holder, sock)
         terminal.container_id = info["id"]
         terminal.reader = asyncio.create_task(terminal.read())
@@ -338,16 +343,19 @@ class Terminal:
                 data = await loop.sock_recv(self.sock, 65536)
                 if not data:
                     break
-                if self.pid is None:  # the first line is the shell's process id
+                if self.pid is None:  # a line of digits first: the process id
                     head += data
-                    if b"\n" not in head:
+                    found = PID_LINE.search(head)
+                    if found is None and len(head) < 4096:
                         continue
-                    line, _, data = head.partition(b"\n")
-                    self.pid = int(line.strip() or b"0") or None
+                    self.pid = int(found.group(1)) if found else 0
+                    if not self.pid:
+                        log.warning("terminal %s: no process id in %r", self.key[1], head[:200])
+                    data = head[found.end():] if found else head
                     if not data:
                         continue
                 await self.deliver(data)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             log.debug("terminal %s: %s", self.key, exc)
         await self.end()
 
