@@ -306,6 +306,7 @@ class Terminal:
         self.pid = None
         self.ws = None
         self.backlog = bytearray()
+        self.held = bytearray()  # input that came before the shell's process id
         self.ended = False
         self.expiry = None
         self.reader = None
@@ -352,6 +353,9 @@ class Terminal:
                     if not self.pid:
                         log.warning("terminal %s: no process id in %r", self.key[1], head[:200])
                     data = head[found.end():] if found else head
+                    held, self.held = bytes(self.held), bytearray()
+                    if held:  # typed before the shell was ready: it gets it now
+                        await loop.sock_sendall(self.sock, held)
                     if not data:
                         continue
                 await self.deliver(data)
@@ -390,8 +394,12 @@ class Terminal:
                 settings.TERMINAL_RESUME_SECONDS, lambda: asyncio.ensure_future(self.close()))
 
     async def write(self, data):
-        if not self.ended:
-            await asyncio.get_running_loop().sock_sendall(self.sock, data)
+        if self.ended:
+            return
+        if self.pid is None:  # the shell has not said its id yet: hold keys back from it
+            self.held += data
+            return
+        await asyncio.get_running_loop().sock_sendall(self.sock, data)
 
     async def resize(self, cols, rows):
         await asyncio.to_thread(self.api.exec_resize, self.exec_id, height=_size(rows, 24),
