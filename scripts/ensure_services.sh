@@ -19,8 +19,13 @@ ci=false
 [ "${1:-}" = "--ci" ] && ci=true
 
 packages=(docker.io busybox-static)
-# iproute2 and util-linux (nsenter): the second Docker host of tests/two_hosts.py.
-$ci && packages+=(postgresql redis-server docker-registry chromium prometheus iproute2 util-linux)
+# iproute2 and util-linux (nsenter): the second Docker host of tests/live/two_hosts.py;
+# debootstrap: the Jupyter kernel image (scripts/build_jupyter_image.sh).
+$ci && packages+=(postgresql redis-server docker-registry chromium prometheus iproute2 util-linux
+                  debootstrap)
+# npm installs the dashboard's front-end libraries (package.json); a node that came from
+# elsewhere (nodesource) brings its own npm, and Debian's would fight it.
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 say() { echo "ensure_services: $*"; }
 

@@ -38,6 +38,7 @@ class Agent:
         self.heartbeat_interval = heartbeat_interval
         self.addr = addr or socket.gethostname()
         self.region = region
+        self.stream_addr = ""  # set once its stream endpoint listens (streams.py)
         self._client = None
         self._docker_error = None
         self._lock = threading.Lock()
@@ -128,8 +129,9 @@ class Agent:
 
     def heartbeat_info(self):
         info = {"id": self.id, "addr": self.addr, "scaling_group": self.scaling_group,
-                "region": self.region, "architecture": platform.machine(),
-                "version": __version__, "taken_at": time.time()}
+                "stream_addr": self.stream_addr, "region": self.region,
+                "architecture": platform.machine(), "version": __version__,
+                "taken_at": time.time()}
         if not self.docker_available():
             # Still alive, but without Docker: no slots, no kernel list to reconcile.
             return {**info, "docker_error": self._docker_error, "slots": {}, "images": []}
@@ -231,8 +233,8 @@ class Agent:
         except (DockerException, OSError) as exc:
             log.warning("heartbeat without Docker details: %s", exc)
             info = {"id": self.id, "addr": self.addr, "scaling_group": self.scaling_group,
-                    "docker_error": str(exc)[:500], "slots": self.fixed_slots or {},
-                    "images": [], "taken_at": time.time()}
+                    "stream_addr": self.stream_addr, "docker_error": str(exc)[:500],
+                    "slots": self.fixed_slots or {}, "images": [], "taken_at": time.time()}
         return self._send("manager.heartbeat", {"info": info}) and \
             info.get("docker_error") is None
 
@@ -344,6 +346,10 @@ class Agent:
             return
         metrics.count("agent_container_starts", agent=self.id, outcome="started")
         self.report(kernel_id, "kernel_started", container_id=container.id)
+        try:  # the image's apps (Jupyter…) start with the kernel; opening one starts it too
+            backend.start_services(self.docker, container)
+        except (DockerException, OSError) as exc:
+            log.warning("kernel %s: its services did not start: %s", kernel_id, exc)
 
     def destroy_kernel(self, kernel_id, container_id="", reason="", forced=False):
         """Stop and remove the kernel's container: gracefully (pre-stop hook, SIGTERM to

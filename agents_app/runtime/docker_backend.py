@@ -17,6 +17,7 @@ from django.conf import settings
 from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import IPAMConfig, IPAMPool, Ulimit
 
+from agents_app.stream_tokens import SERVICE_START_LABEL, service_ports
 from sessions_app.enums import SessionType
 
 log = logging.getLogger(__name__)
@@ -435,8 +436,16 @@ def app_activity(container, deadline=APP_PROBE_DEADLINE):
     address = next((n.get("IPAddress") for n in networks.values() if n.get("IPAddress")), "")
     if not address:
         return None
+    # An app behind the stream proxy serves under its path there (the Jupyter image's
+    # base_url); one that serves at its root is asked there.
+    name = next(s.name for s in service_ports(container.labels) if s.port == port)
+    prefixed = f"/sessions/{container.labels.get(SESSION_ID)}/apps/{name}/api/kernels"
     try:
-        body = _bounded_get(address, port, "/api/kernels", deadline)
+        ends = time.monotonic() + deadline
+        try:
+            body = _bounded_get(address, port, prefixed, deadline)
+        except NotOk:
+            body = _bounded_get(address, port, "/api/kernels", max(ends - time.monotonic(), 0.01))
         return _kernels_report(json.loads(body or b"[]"))
     except (OSError, TimeoutError) as exc:  # not answering (yet): no report
         log.debug("app probe of %s: %s", container.name, exc)
@@ -444,6 +453,10 @@ def app_activity(container, deadline=APP_PROBE_DEADLINE):
         log.warning("app probe of %s: malformed /api/kernels ignored: %s", container.name,
                     str(exc)[:200])
     return None
+
+
+class NotOk(ValueError):
+    """An answer that is not a 200."""
 
 
 def _bounded_get(address, port, path, deadline):
@@ -468,7 +481,7 @@ def _bounded_get(address, port, path, deadline):
     head, separator, body = bytes(received).partition(b"\r\n\r\n")
     status = head.split(b"\r\n", 1)[0].split()
     if not separator or len(status) < 2 or status[1] != b"200":
-        raise ValueError(f"not a 200 answer: {head[:80]!r}")
+        raise NotOk(f"not a 200 answer: {head[:80]!r}")
     return body
 
 
@@ -482,3 +495,28 @@ def _kernels_report(kernels):
         raise ValueError("last_activity without a time zone")
     last = max(times).isoformat() if times else None
     return {"busy": busy, "last_activity": last, "kernels": len(kernels)}
+
+
+def start_service(client, container_id, name, command):
+    """Start a service the image declares (its ai.backend.service-start.<name> label) in
+    the background of the container."""
+    log.info("starting service %s in %s", name, container_id[:12])
+    exec_id = client.api.exec_create(container_id, ["/bin/sh", "-c", command])["Id"]
+    client.api.exec_start(exec_id, detach=True)
+
+
+def start_services(client, container):
+    """Every service of the container's image that has a start command."""
+    for service in service_ports(container.labels):
+        command = container.labels.get(SERVICE_START_LABEL + service.name)
+        if command and service.protocol != "tcp":
+            start_service(client, container.id, service.name, command)
+
+
+def signal_process(api, container_id, pid):
+    """SIGHUP to a process of the container, SIGKILL a second later if it is still there."""
+    pid = int(pid)
+    exec_id = api.exec_create(container_id, [
+        "/bin/sh", "-c", f"kill -HUP {pid} 2>/dev/null; sleep 1; kill -KILL {pid} 2>/dev/null; true"
+    ])["Id"]
+    api.exec_start(exec_id, detach=True)

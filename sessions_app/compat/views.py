@@ -20,7 +20,7 @@ from agents_app.models import Image
 from common import clock
 from scheduling_app.idle import checks_of as idle_checks_of
 from scheduling_app.models import Domain, Project, default_project
-from sessions_app import activity
+from sessions_app import activity, service_ports
 from sessions_app.api.errors import RequestFailed
 from sessions_app.api.permissions import owner_keypair, request_is_admin
 from sessions_app.api.views import (
@@ -187,7 +187,14 @@ def sdk_mounts(names, mount_map):
 
 def creation_answer(session, created, status_text=None):
     return {"sessionId": str(session.pk), "sessionName": session.name,
-            "status": status_text or session.status, "servicePorts": [], "created": created}
+            "status": status_text or session.status, "servicePorts": service_ports_of(session),
+            "created": created}
+
+
+def service_ports_of(session):
+    """The services its image declares (ai.backend.service-ports), in the SDK's shape;
+    each is opened through /sessions/<id>/apps/<name>/."""
+    return [s.as_backendai() for s in service_ports.of_image(session.image)]
 
 
 class CreateSession(CompatView):
@@ -242,7 +249,7 @@ def session_info(session):
         else None, "numQueriesExecuted": 0, "lastStat": main.last_stat,
         "idleChecks": idle_checks_of(session, clock.now()),
         "priority": session.priority, "preemptible": session.preemptible,
-        "queue": session.queue,
+        "queue": session.queue, "servicePorts": service_ports_of(session),
     }
 
 

@@ -41,6 +41,7 @@ def handle_heartbeat(info):
     fields = {
         "scaling_group": group,
         "addr": info.get("addr", ""),
+        "stream_addr": (info.get("stream_addr") or "")[:128],
         "region": info.get("region", ""),
         "architecture": info.get("architecture", "x86_64"),
         "version": info.get("version", ""),

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST
 from agents_app.models import Agent, AgentStatus
 from common import clock
 from common.slots import ResourceSlots, format_bytes
+from sessions_app import service_ports
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import DestroyRefused, destroy_session
@@ -93,6 +94,7 @@ def session_detail(request, pk):
         "idle_warning": min((c for c in idle_checks if c.warned and c.remaining is not None),
                             key=lambda c: c.remaining, default=None),
         "idle_check_interval": settings.IDLE_CHECK_INTERVAL,
+        "services": service_ports.of_image(session.image),
     })
 
 

@@ -7,6 +7,7 @@ from django.db.backends.signals import connection_created
 
 from agents_app.runtime import firewall
 from agents_app.runtime.agent import Agent, install
+from agents_app.runtime.streams import StreamServer
 from backendai_web.celery import agent_queue, app
 from common.slots import ResourceSlots, SlotError
 
@@ -37,6 +38,9 @@ class Command(BaseCommand):
         parser.add_argument("--heartbeat-interval", type=float,
                             default=settings.AGENT_HEARTBEAT_INTERVAL)
         parser.add_argument("--addr", default=socket.gethostname())
+        parser.add_argument("--stream-bind", default=settings.AGENT_STREAM_BIND,
+                            help="HOST:PORT of the stream endpoint (terminals, apps); "
+                                 "port 0: any free one.")
         parser.add_argument("--concurrency", type=int, default=8,
                             help="Kernel operations run at once (threads).")
 
@@ -49,6 +53,7 @@ class Command(BaseCommand):
         agent.docker_available()  # says in one line when Docker is unreachable
         if settings.KERNEL_FIREWALL:
             firewall.install()
+        agent.stream_addr = StreamServer(agent, options["stream_bind"]).start().address
         threading.Thread(target=agent.heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=agent.watch_events, name="docker-events", daemon=True).start()
         worker = app.Worker(

@@ -1,0 +1,476 @@
+"""The agent's stream endpoint: terminals and app traffic of its kernels, for the web process.
+
+An aiohttp server on AGENT_STREAM_BIND, in a thread of the agent process with an event
+loop of its own; the address it listens on goes out in every heartbeat. Nothing is opened
+without a token the web process minted (agents_app.stream_tokens) for this agent, naming
+the kernel, its container and what may be opened:
+
+- `GET /v1/pty?cols=&rows=` (websocket), token `pty:<terminal id>`: a shell in the container
+  (`docker exec` with a TTY). Binary frames are the terminal's bytes both ways; text frames
+  are JSON: `{"resize": [cols, rows]}` and `{"close": true}` (ends the shell) from the
+  client, `{"exited": true}` when the shell ended. A connection that drops leaves the shell
+  running TERMINAL_RESUME_SECONDS, its output kept, for the same terminal id to resume.
+- `/v1/app/<path>` (any method, or a websocket), token `service:<name>`: HTTP or a websocket
+  to that service port of the container, at its address on the session's own network,
+  streamed both ways. The path is the one the browser asked for (apps serve under
+  /sessions/<id>/apps/<name>/).
+
+Refusals are JSON `{"error": ...}`: 403 for a token that is missing, forged, altered,
+expired, for another agent or for another thing; 404 for a kernel whose container is not
+here or not running, or a service the image does not declare.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+
+from aiohttp import (
+    ClientConnectorError,
+    ClientError,
+    ClientSession,
+    ClientTimeout,
+    DummyCookieJar,
+    TCPConnector,
+    WSMsgType,
+    web,
+)
+from django.conf import settings
+from docker.errors import DockerException, NotFound
+
+from agents_app import stream_io, stream_tokens
+from agents_app.runtime import docker_backend as backend
+
+log = logging.getLogger("agent.streams")
+TOKEN_HEADER = stream_tokens.TOKEN_HEADER
+PID_LINE = re.compile(rb"(?:^|\n)[\r\s]*(\d+)\r?\n")
+CONTAINER_CACHE_SECONDS = 3.0
+TERMINAL_BACKLOG = 256 * 1024  # bytes of output kept while no connection is attached
+SERVICE_START_WAIT = 60.0  # seconds a just-started service has to take connections
+# Headers of one hop (RFC 9110 7.6.1), and what only the proxy may say.
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+              "trailer", "transfer-encoding", "upgrade", "host", TOKEN_HEADER.lower(),
+              "sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
+              "sec-websocket-accept", "sec-websocket-protocol"}
+# The shell prints its process id first (read and kept back by the agent, to end it later),
+# then becomes the image's shell. It waits for a line from the agent before it says
+# anything: docker-py reads the answer to exec_start with a buffered reader, which would
+# swallow bytes that came with the upgrade's headers.
+SHELL = ('read -r _; echo "$$"; for s in /bin/bash /bin/sh; do [ -x "$s" ] && exec "$s"; '
+         "done; exec /bin/busybox sh")
+
+
+class Refused(web.HTTPException):
+    def __init__(self, status, message):
+        self.status_code = status
+        super().__init__(text=json.dumps({"error": message}), content_type="application/json")
+
+
+def parse_bind(text):
+    host, _, port = text.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port or 0)
+
+
+class StreamServer:
+    def __init__(self, agent, bind=None):
+        self.agent = agent
+        self.host, self.port = parse_bind(bind or settings.AGENT_STREAM_BIND)
+        self.loop = None
+        self.http = None
+        self.terminals = {}  # (kernel id, terminal id) → Terminal
+        self._containers = {}  # container id → (monotonic time, what _inspect found)
+        self._services_started = {}  # (container id, service) → monotonic time
+        self._ready = threading.Event()
+        self._error = None
+
+    @property
+    def address(self):
+        """host:port as the web process should dial it."""
+        host = self.agent.addr if self.host in ("0.0.0.0", "::") else self.host
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    def start(self, timeout=30):
+        threading.Thread(target=self._run, name="streams", daemon=True).start()
+        if not self._ready.wait(timeout) or self._error:
+            raise RuntimeError(f"stream endpoint did not start on {self.host}:{self.port}: "
+                               f"{self._error}")
+        log.info("stream endpoint on %s", self.address)
+        return self
+
+    def _run(self):
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._serve())
+        except Exception as exc:  # reported to start()
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _serve(self):
+        # No cookies kept: the proxy's requests are of many users.
+        self.http = ClientSession(auto_decompress=False, cookie_jar=DummyCookieJar(),
+                                  read_bufsize=1024 * 1024,
+                                  connector=TCPConnector(limit=0, force_close=False),
+                                  timeout=ClientTimeout(total=None, connect=5,
+                                                        sock_connect=5))
+        app = web.Application(client_max_size=1024 ** 4)
+        app.router.add_get("/v1/health", self.health)
+        app.router.add_get("/v1/pty", self.pty)
+        app.router.add_route("*", "/v1/app/{path:.*}", self.app_proxy)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        self.port = runner.addresses[0][1]
+
+    async def health(self, request):
+        return web.json_response({"agent": self.agent.id, "terminals": len(self.terminals)})
+
+    # Who may open what.
+    def authorize(self, request, kind):
+        token = request.headers.get(TOKEN_HEADER, "")
+        try:
+            payload = stream_tokens.verify(token, agent_id=self.agent.id)
+        except stream_tokens.InvalidToken as exc:
+            raise Refused(403, f"token refused: {exc}") from None
+        target = payload["t"]
+        if not target.startswith(kind + ":"):
+            raise Refused(403, "token refused: for something else")
+        return payload, target[len(kind) + 1:]
+
+    async def container_of(self, payload):
+        """The token's container, if it is this agent's, the token's kernel's and running."""
+        now = time.monotonic()
+        cached = self._containers.get(payload["c"])
+        if cached is None or now - cached[0] > CONTAINER_CACHE_SECONDS:
+            cached = (now, await asyncio.to_thread(self._inspect, payload["c"]))
+            self._containers[payload["c"]] = cached
+            if len(self._containers) > 4096:
+                self._containers = {k: v for k, v in self._containers.items()
+                                    if now - v[0] <= CONTAINER_CACHE_SECONDS}
+        info = cached[1]
+        if info is None or info["kernel_id"] != payload["k"]:
+            raise Refused(404, "the kernel has no container on this agent")
+        if info["status"] != "running":
+            raise Refused(409, f"the kernel's container is {info['status']}")
+        return info
+
+    def _inspect(self, container_id):
+        try:
+            container = self.agent.docker.containers.get(container_id)
+        except NotFound:
+            return None
+        except (DockerException, OSError) as exc:
+            raise Refused(502, f"Docker did not answer: {exc}") from None
+        labels = container.labels
+        if labels.get(backend.AGENT_ID) != self.agent.id:
+            return None
+        networks = container.attrs.get("NetworkSettings", {}).get("Networks", {})
+        address = next((n.get("IPAddress") for n in networks.values() if n.get("IPAddress")),
+                       "")
+        return {"id": container.id, "kernel_id": labels.get(backend.KERNEL_ID),
+                "labels": labels, "status": container.status, "address": address}
+
+    # Terminals.
+    async def pty(self, request):
+        payload, terminal_id = self.authorize(request, "pty")
+        if not stream_tokens.TERMINAL_ID.match(terminal_id):
+            raise Refused(403, "token refused: not a terminal id")
+        info = await self.container_of(payload)
+        cols, rows = _size(request.query.get("cols"), 80), _size(request.query.get("rows"), 24)
+        key = (payload["k"], terminal_id)
+        terminal = self.terminals.get(key)
+        if terminal is None or terminal.ended:
+            try:
+                terminal = await Terminal.open(self, key, info, cols, rows)
+            except (DockerException, OSError) as exc:
+                raise Refused(502, f"could not start a shell: {exc}") from None
+            self.terminals[key] = terminal
+        ws = web.WebSocketResponse(max_msg_size=4 * 1024 * 1024)
+        await ws.prepare(request)
+        await terminal.attach(ws)
+        try:
+            async for message in ws:
+                if message.type == WSMsgType.BINARY:
+                    await terminal.write(message.data)
+                elif message.type == WSMsgType.TEXT:
+                    control = _json(message.data)
+                    if "resize" in control:
+                        await terminal.resize(*control["resize"][:2])
+                    if control.get("close"):
+                        await terminal.close()
+                        break
+                    if "data" in control:  # text typed, as a string
+                        await terminal.write(str(control["data"]).encode())
+        finally:
+            terminal.detach(ws)
+        return ws
+
+    # Apps.
+    async def app_proxy(self, request):
+        payload, name = self.authorize(request, "service")
+        info = await self.container_of(payload)
+        service = stream_tokens.service_port(info["labels"], name)
+        if service is None:
+            raise Refused(404, f"the image declares no service {name!r}")
+        if service.protocol == "tcp":
+            raise Refused(400, f"service {name!r} is plain TCP, not HTTP")
+        if not info["address"]:
+            raise Refused(502, "the container has no address")
+        url = f"http://{info['address']}:{service.port}/{request.match_info['path']}"
+        if request.query_string:
+            url += "?" + request.query_string
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+        forwarded_host = request.headers.get("X-Forwarded-Host")
+        if forwarded_host:
+            headers.append(("Host", forwarded_host))
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return await self.app_websocket(request, url, headers, info, name)
+        body = _body(request) if request.body_exists else None
+        upstream = await self._connect_app(
+            lambda: self.http.request(request.method, url, headers=headers, data=body,
+                                      allow_redirects=False, compress=None),
+            info, name, retry=body is None)
+        try:
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for key, value in upstream.headers.items():
+                if key.lower() not in HOP_BY_HOP:
+                    response.headers.add(key, value)
+            await response.prepare(request)
+            async for chunk in stream_io.chunks(upstream.content):
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+        finally:
+            upstream.release()
+
+    async def app_websocket(self, request, url, headers, info, name):
+        protocols = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "")
+                     .split(",") if p.strip()]
+        upstream = await self._connect_app(
+            lambda: self.http.ws_connect(url, headers=headers, protocols=protocols,
+                                         max_msg_size=0, autoping=True),
+            info, name, retry=True)
+        ws = web.WebSocketResponse(protocols=[upstream.protocol] if upstream.protocol else (),
+                                   max_msg_size=0)
+        await ws.prepare(request)
+        await _pump_websockets(ws, upstream)
+        return ws
+
+    async def _connect_app(self, connect, info, name, retry):
+        """Connect to the app; when nothing listens and the image says how to start the
+        service, start it and try again for up to SERVICE_START_WAIT seconds."""
+        started, deadline = False, None
+        while True:
+            try:
+                return await connect()
+            except ClientConnectorError as exc:
+                command = info["labels"].get(stream_tokens.SERVICE_START_LABEL + name)
+                if not retry or not command:
+                    raise Refused(502, f"service {name!r} does not answer: {exc}") from None
+                if not started:
+                    started = True
+                    deadline = time.monotonic() + SERVICE_START_WAIT
+                    await asyncio.to_thread(self.start_service, info["id"], name, command)
+                if time.monotonic() > deadline:
+                    raise Refused(502, f"service {name!r} did not start: {exc}") from None
+                await asyncio.sleep(0.5)
+            except ClientError as exc:
+                raise Refused(502, f"service {name!r} failed: {exc}") from None
+
+    def start_service(self, container_id, name, command):
+        """Run the service's start command in the container, unless it was started a
+        moment ago (it may be starting still)."""
+        key = (container_id, name)
+        if time.monotonic() - self._services_started.get(key, -1e9) < SERVICE_START_WAIT:
+            return
+        self._services_started[key] = time.monotonic()
+        backend.start_service(self.agent.docker, container_id, name, command)
+
+
+class Terminal:
+    """One shell in a container, outliving its websocket by TERMINAL_RESUME_SECONDS."""
+
+    def __init__(self, server, key, api, exec_id, holder, sock):
+        self.server, self.key, self.api, self.exec_id = server, key, api, exec_id
+        self.container_id = None
+        self.holder, self.sock = holder, sock  # holder keeps docker-py's response alive
+        self.pid = None
+        self.ws = None
+        self.backlog = bytearray()
+        self.held = bytearray()  # input that came before the shell's process id
+        self.ended = False
+        self.expiry = None
+        self.reader = None
+
+    @classmethod
+    async def open(cls, server, key, info, cols, rows):
+        api = server.agent.docker.api
+
+        def start():
+            exec_id = api.exec_create(info["id"], ["/bin/sh", "-c", SHELL], tty=True,
+                                      stdin=True, environment={"TERM": "xterm-256color"})["Id"]
+            holder = api.exec_start(exec_id, tty=True, socket=True)
+            with contextlib.suppress(DockerException):
+                api.exec_resize(exec_id, height=rows, width=cols)
+            return exec_id, holder
+
+        exec_id, holder = await asyncio.to_thread(start)
+        # docker-py keeps its HTTP response alive through an attribute it cannot set on a
+        # unix socket: when the response is collected, it closes the socket under us. A
+        # descriptor of our own keeps the connection open until the terminal closes it.
+        raw = getattr(holder, "_sock", holder)
+        sock = socket.socket(fileno=os.dup(raw.fileno()))
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_sendall(sock, b"\n")  # go on (SHELL)
+        terminal = cls(server, key, api, exec_id, holder, sock)
+        terminal.container_id = info["id"]
+        terminal.reader = asyncio.create_task(terminal.read())
+        return terminal
+
+    async def read(self):
+        loop = asyncio.get_running_loop()
+        head = b""
+        try:
+            while True:
+                data = await loop.sock_recv(self.sock, 65536)
+                if not data:
+                    break
+                if self.pid is None:  # a line of digits first: the process id
+                    head += data
+                    found = PID_LINE.search(head)
+                    if found is None and len(head) < 4096:
+                        continue
+                    self.pid = int(found.group(1)) if found else 0
+                    if not self.pid:
+                        log.warning("terminal %s: no process id in %r", self.key[1], head[:200])
+                    data = head[found.end():] if found else head
+                    held, self.held = bytes(self.held), bytearray()
+                    if held:  # typed before the shell was ready: it gets it now
+                        await loop.sock_sendall(self.sock, held)
+                    if not data:
+                        continue
+                await self.deliver(data)
+        except OSError as exc:
+            log.debug("terminal %s: %s", self.key, exc)
+        await self.end()
+
+    async def deliver(self, data):
+        ws = self.ws
+        if ws is not None and not ws.closed:
+            try:
+                await ws.send_bytes(data)
+                return
+            except (ConnectionError, RuntimeError):
+                pass
+        self.backlog += data
+        del self.backlog[:-TERMINAL_BACKLOG]
+
+    async def attach(self, ws):
+        if self.expiry is not None:
+            self.expiry.cancel()
+            self.expiry = None
+        previous, self.ws = self.ws, ws
+        if previous is not None and not previous.closed:  # taken over by a new connection
+            await previous.close(code=4000, message=b"resumed elsewhere")
+        if self.backlog:
+            backlog, self.backlog = bytes(self.backlog), bytearray()
+            await ws.send_bytes(backlog)
+
+    def detach(self, ws):
+        if self.ws is not ws:
+            return
+        self.ws = None
+        if not self.ended:
+            self.expiry = asyncio.get_running_loop().call_later(
+                settings.TERMINAL_RESUME_SECONDS, lambda: asyncio.ensure_future(self.close()))
+
+    async def write(self, data):
+        if self.ended:
+            return
+        if self.pid is None:  # the shell has not said its id yet: hold keys back from it
+            self.held += data
+            return
+        await asyncio.get_running_loop().sock_sendall(self.sock, data)
+
+    async def resize(self, cols, rows):
+        await asyncio.to_thread(self.api.exec_resize, self.exec_id, height=_size(rows, 24),
+                                width=_size(cols, 80))
+
+    async def close(self):
+        """End the shell (SIGHUP, as a closed terminal does; SIGKILL a second later)."""
+        if self.pid and not self.ended:
+            with contextlib.suppress(DockerException, OSError):
+                await asyncio.to_thread(backend.signal_process, self.api, self.container_id,
+                                        self.pid)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        await self.end()
+
+    async def end(self):
+        if self.ended:
+            return
+        self.ended = True
+        with contextlib.suppress(OSError):
+            self.holder.close()
+        if self.expiry is not None:
+            self.expiry.cancel()
+        if self.server.terminals.get(self.key) is self:
+            del self.server.terminals[self.key]
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        ws = self.ws
+        if ws is not None and not ws.closed:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await ws.send_str(json.dumps({"exited": True}))
+                await ws.close()
+
+
+async def _pump_websockets(a, b):
+    """Messages both ways between two aiohttp websockets until either closes."""
+    async def one_way(source, sink):
+        async for message in source:
+            if message.type == WSMsgType.TEXT:
+                await sink.send_str(message.data)
+            elif message.type == WSMsgType.BINARY:
+                await sink.send_bytes(message.data)
+            else:
+                break
+        await sink.close()
+
+    tasks = [asyncio.ensure_future(one_way(a, b)), asyncio.ensure_future(one_way(b, a))]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await a.close()
+        await b.close()
+
+
+async def _body(request):
+    async for chunk in request.content.iter_any():
+        yield chunk
+
+
+def _json(text):
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _size(value, default):
+    try:
+        return max(1, min(int(value), 1000))
+    except (TypeError, ValueError):
+        return default
