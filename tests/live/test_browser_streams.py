@@ -18,10 +18,14 @@ from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle.create import create_session
 from sessions_app.models import Session
-from tests.live.test_browser import (
+from tests.live.test_browser import (  # noqa: F401 (fixtures)
     TIMEOUT_MS,
+    browser_context,
+    chromium,
     log_in,
+    passwords_the_server_can_check,
     screenshot,
+    web,
 )
 from tests.support import ROOT, wait_for
 

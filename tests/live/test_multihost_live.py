@@ -13,6 +13,7 @@ from scheduling_app.models import ScalingGroup
 from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import Kernel, Session
 from tests.live.test_agent_docker import S, create, wait_status
+from tests.live.test_network_isolation import host_listener  # noqa: F401 (a fixture)
 from tests.live.two_hosts import HOST2_ADDR, NETNS, SecondHost, tools_problem
 from tests.support import IMAGE, Process, need, wait_for
 
