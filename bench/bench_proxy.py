@@ -31,6 +31,8 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.common import free_port, wait_for_port
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "var" / "bench-proxy"
 IMAGE = os.environ.get("DEFAULT_KERNEL_IMAGE", "bai-local/busybox:latest")
@@ -44,27 +46,6 @@ DOWNLOAD_MB = 100
 GOAL_ECHO_P95_MS = 25.0
 GOAL_ADDED_P50_MS = 5.0
 GOAL_RATE_RATIO = 0.5
-
-
-def free_port():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port, timeout=60):
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing answers on port {port}")
 
 
 def percentile(values, q):

@@ -17,7 +17,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.common import embedded_redis
+from bench.common import embedded_redis, free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "var" / "bench"
@@ -36,23 +35,6 @@ CHANGES = int(os.environ.get("BENCH_CHANGES", 100))
 INTERVAL = float(os.environ.get("BENCH_INTERVAL", 0.5))
 # Each session walks these statuses: one kernel transition and one session change each.
 WALK = ["SCHEDULED", "PREPARING", "PREPARED", "CREATING", "RUNNING"]
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing answers on port {port}")
 
 
 # Django is set up here, with the run's own database and Redis in the environment, after

@@ -6,9 +6,7 @@ The checkers are plain functions of an IdleSession (plain data) and the time; th
 report in bulk, and only a culled session costs more queries.
 """
 
-import gc
 import logging
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -18,6 +16,7 @@ from django.db import transaction
 from backendai_web import metrics
 from common import clock
 from common.bulk import insert_rows
+from common.collector import collector_paused
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine
 from sessions_app.enums import SessionType, Status
@@ -270,24 +269,9 @@ def load_running():
 def check_idle():
     """One pass: reports for every RUNNING session, warnings, culls. Returns the culled
     session ids."""
-    with gc_paused():
+    with collector_paused():
         culls = _check_all(clock.now())
     return [s.id for s, report in culls if _cull(s, report)]
-
-
-@contextmanager
-def gc_paused():
-    """A pass allocates some 100,000 acyclic objects (decoded reports, new ones) and
-    holds them to its end: the cyclic collector, triggered by the count, would walk them
-    over and over for nothing (a fifth of a pass over 10,000 sessions). Reference
-    counting still frees everything; the collector runs again after the pass."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _check_all(now):

@@ -3,9 +3,7 @@
 bulk and re-checks them under row locks.
 """
 
-import gc
 import logging
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -13,6 +11,7 @@ from django.db import transaction
 
 from backendai_web import metrics
 from common import clock
+from common.collector import collector_paused
 from common.slots import ResourceSlots
 from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler.predicates import Failure, validators_for
@@ -63,22 +62,6 @@ def schedule(scaling_group_name=None, *, check_image=None):
         if scheduled:
             metrics.count("scheduler_sessions_placed", len(scheduled), scaling_group=group.name)
     return placed
-
-
-@contextmanager
-def collector_paused():
-    """No cyclic garbage collection during a pass. A pass holds some 10^5 objects (its
-    snapshot, queue and timeline) and makes as many more, short-lived (slots, placements,
-    predictions): each collection of the oldest generation walks them all, a fifth of a
-    10,000-session prediction. Reference counting still frees what the pass drops; the
-    collector runs again after it."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def run_pass(group, *, check_image=None) -> PassResult:
