@@ -57,9 +57,10 @@ endef
 test: services $(STAMP) $(NPM_STAMP)
 	$(call with_test_redis, $(VENV)/bin/ruff check .; $(PY) manage.py makemigrations --check --dry-run -v 0; $(VENV)/bin/pytest $(PYTEST_ARGS))
 
-# The fast half: no Docker, no browser, no live processes (tests/live/ is left out).
+# The fast half: no Docker, no browser, no live processes (tests/live/ is left out), on every
+# core (pytest-xdist; each worker its own test database and Redis database).
 test-fast: $(STAMP) $(NPM_STAMP)
-	$(call with_test_redis, $(VENV)/bin/pytest -m "not live" --ignore=tests/live $(PYTEST_ARGS))
+	$(call with_test_redis, PYTHONPATH=. $(VENV)/bin/pytest -p tests.xdist_isolation -n auto -m "not live" --ignore=tests/live $(PYTEST_ARGS))
 
 # Figures that issues ask for; record them with the command in BENCHMARKS.md.
 bench: $(STAMP) $(NPM_STAMP)
