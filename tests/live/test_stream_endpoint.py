@@ -47,6 +47,11 @@ def kernel(agent_and_server, docker_client):
         IMAGE, ["/bin/sh", "-c", HTTPD], detach=True,
         labels={backend.AGENT_ID: agent.id, backend.KERNEL_ID: kernel_id,
                 stream_tokens.SERVICE_PORTS_LABEL: "web:http:8080,raw:tcp:9000"})
+    # The app is up once its httpd answers inside the container (the tests are about the
+    # endpoint, not about how fast busybox starts; seen: a first request answered 502).
+    wait_for(lambda: container.exec_run(
+        ["wget", "-q", "-O", "/dev/null", "http://127.0.0.1:8080/index.html"]).exit_code == 0,
+        timeout=30, message="the app's httpd to answer")
     container.reload()
     return kernel_id, container
 
