@@ -72,7 +72,7 @@ class Command(BaseCommand):
                              cwd=ROOT, env=env, stdout=logs, stderr=logs),
         ]
         try:
-            self._wait(lambda: Agent.objects.filter(pk=tag, status=AgentStatus.ALIVE).exists(),
+            wait_until(lambda: Agent.objects.filter(pk=tag, status=AgentStatus.ALIVE).exists(),
                        "the agent's first heartbeat")
             create, terminate = self._ours(keypair, user, tag, sessions)
             raw = self._raw(sessions)
@@ -115,7 +115,7 @@ class Command(BaseCommand):
             session = create_session(keypair=keypair, user=user, name=f"b{i}",
                                      image=settings.DEFAULT_KERNEL_IMAGE, scaling_group=group,
                                      resources={"cpu": "0.5", "mem": "64m"})
-            self._wait(lambda s=session: self._status(s) in (Status.RUNNING, Status.CANCELLED,
+            wait_until(lambda s=session: session_status(s) in (Status.RUNNING, Status.CANCELLED,
                                                               Status.TERMINATED), "RUNNING")
             session.refresh_from_db()
             if session.status != Status.RUNNING:
@@ -127,7 +127,7 @@ class Command(BaseCommand):
                     since(session, later, earlier))
         for session in Session.objects.filter(scaling_group__name=group):
             destroy_session(session, reason="user-requested")
-            self._wait(lambda s=session: self._status(s) == Status.TERMINATED, "TERMINATED")
+            wait_until(lambda s=session: session_status(s) == Status.TERMINATED, "TERMINATED")
             session.refresh_from_db()
             terminate.append(since(session, Status.TERMINATED, Status.TERMINATING))
         for stage, values in stages.items():
@@ -150,15 +150,15 @@ class Command(BaseCommand):
                 subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
         return durations
 
-    @staticmethod
-    def _status(session):
-        return Session.objects.filter(pk=session.pk).values_list("status", flat=True).first()
 
-    @staticmethod
-    def _wait(predicate, what, timeout=60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.05)  # the latencies come from the history, not from this poll
-        raise CommandError(f"timed out waiting for {what}")
+def session_status(session):
+    return Session.objects.filter(pk=session.pk).values_list("status", flat=True).first()
+
+
+def wait_until(predicate, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)  # the latencies come from the history, not from this poll
+    raise CommandError(f"timed out waiting for {what}")

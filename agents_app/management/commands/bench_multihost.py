@@ -23,7 +23,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from agents_app.management.commands.bench_agent import since
+from agents_app.management.commands.bench_agent import session_status, since, wait_until
 from agents_app.models import Agent
 from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
@@ -81,7 +81,7 @@ class Command(BaseCommand):
             agent(f"{tag}-b", two.name, host.url),
         ]
         try:
-            self._wait(lambda: Agent.objects.filter(
+            wait_until(lambda: Agent.objects.filter(
                 pk__in=[f"{tag}-one", f"{tag}-a", f"{tag}-b"]).count() == 3
                 and Agent.objects.filter(pk__in=[f"{tag}-a", f"{tag}-b"],
                                          swarm__state="active").count() == 2,
@@ -152,7 +152,7 @@ class Command(BaseCommand):
                                  image=settings.DEFAULT_KERNEL_IMAGE, scaling_group=group.name,
                                  cluster_size=size, cluster_mode="multi-node",
                                  resources={"cpu": "0.25", "mem": "64m"})
-        self._wait(lambda: self._status(session) in (S.RUNNING, S.CANCELLED, S.TERMINATED),
+        wait_until(lambda: session_status(session) in (S.RUNNING, S.CANCELLED, S.TERMINATED),
                    f"{name} RUNNING", timeout=120)
         session.refresh_from_db()
         if session.status != S.RUNNING:
@@ -161,7 +161,7 @@ class Command(BaseCommand):
 
     def _destroy(self, session):
         destroy_session(session, reason="user-requested", forced=True)
-        self._wait(lambda: self._status(session) == S.TERMINATED, "TERMINATED", timeout=120)
+        wait_until(lambda: session_status(session) == S.TERMINATED, "TERMINATED", timeout=120)
 
     @staticmethod
     def _throughput(session, engines):
@@ -183,15 +183,3 @@ class Command(BaseCommand):
             raise CommandError(f"received {count} bytes of {TRANSFER_MIB} MiB")
         return TRANSFER_MIB / (float(ended) - float(started))
 
-    @staticmethod
-    def _status(session):
-        return Session.objects.filter(pk=session.pk).values_list("status", flat=True).first()
-
-    @staticmethod
-    def _wait(predicate, what, timeout=60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.05)
-        raise CommandError(f"timed out waiting for {what}")
