@@ -2,7 +2,9 @@
 (daphne) and the Backend.AI CLI. Every test under tests/live/ is marked `live`: `make
 test-fast` leaves them out, `make test` runs them."""
 
+import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +30,7 @@ from tests.support import (
 )
 
 LIVE = Path(__file__).resolve().parent
+JUPYTER_IMAGE = "bai-local/jupyter:latest"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -97,23 +100,99 @@ def web_server(django_db_setup, django_db_blocker, redis_available, tmp_path_fac
     process.stop()
 
 
-# The Backend.AI client SDK and CLI, from PyPI, in a venv of their own (never a project
-# requirement). Made once and kept under var/, so that reruns start at once.
-BACKENDAI_CLIENT = ["backend-ai-client==23.9.10", "yarl<1.10"]  # newer yarl breaks signing
-COMPAT_VENV = ROOT / "var" / "compat-venv"
+# The Backend.AI client SDK and CLI, from PyPI, each in a venv of its own (never a project
+# requirement): the 2023 release the project started from, and the newest, which needs
+# Python 3.13 (from pyenv, as this machine has it) and negotiates down to our API version.
+# Made once and kept under var/, so that reruns start at once.
+BACKENDAI_CLIENTS = {
+    "23.9.10": ("3.11", ["backend-ai-client==23.9.10", "yarl<1.10"],  # newer yarl breaks signing
+                ROOT / "var" / "compat-venv"),
+    "26.9.6": ("3.13", ["backend-ai-client==26.9.6"], ROOT / "var" / "compat-venv-26"),
+}
+
+
+def python_of(version):
+    """This interpreter if it is X.Y, else `pythonX.Y` on PATH, else pyenv's newest X.Y.*,
+    else None."""
+    if version == f"{sys.version_info.major}.{sys.version_info.minor}":
+        return sys.executable
+    found = shutil.which(f"python{version}")
+    if found:
+        return found
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates = sorted(pyenv.glob(f"{version}.*/bin/python{version}"))
+    return str(candidates[-1]) if candidates else None
+
+
+def install_client(release):
+    python_version, requirements, venv = BACKENDAI_CLIENTS[release]
+    stamp = venv / ".installed"
+    wanted = " ".join(requirements)
+    if stamp.exists() and stamp.read_text() == wanted and (venv / "bin" / "backend.ai").exists():
+        return venv / "bin" / "backend.ai"
+    python = python_of(python_version)
+    if python is None:
+        need(f"Python {python_version} for backend-ai-client {release}", "not installed")
+    subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *requirements],
+                               capture_output=True, text=True, timeout=900)
+    if installed.returncode != 0:
+        need(f"backend-ai-client {release} from PyPI", installed.stderr[-3000:])
+    stamp.write_text(wanted)
+    return venv / "bin" / "backend.ai"
+
+
+@pytest.fixture(scope="session", params=list(BACKENDAI_CLIENTS), ids=lambda r: f"cli-{r}")
+def backendai_cli(request):
+    """The `backend.ai` command of each client release in turn: a test that takes this
+    fixture runs once with each. `.release` tells which."""
+    path = install_client(request.param)
+    return CLIPath(path, request.param)
+
+
+@dataclasses.dataclass(frozen=True)
+class CLIPath(os.PathLike):
+    """The `backend.ai` command of one client release."""
+
+    path: Path
+    release: str
+
+    def __fspath__(self):
+        return str(self.path)
+
+    def __str__(self):
+        return str(self.path)
+
+
+@pytest.fixture
+def backendai(backendai_cli, web_server, live, tmp_path):
+    """Runs the CLI (each release in turn, see `backendai_cli`) as the owner of `keypair`;
+    answers (exit code, stdout + stderr). `.release` tells which client runs."""
+
+    def environment(keypair):
+        return {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8",
+                "BACKEND_ENDPOINT": web_server.url, "BACKEND_ENDPOINT_TYPE": "api",
+                "BACKEND_ACCESS_KEY": keypair.access_key,
+                "BACKEND_SECRET_KEY": keypair.secret_key}
+
+    def run(keypair, *args, timeout=120):
+        done = subprocess.run([str(backendai_cli), *args], env=environment(keypair),
+                              capture_output=True, text=True, timeout=timeout)
+        return done.returncode, done.stdout + done.stderr
+
+    def start(keypair, *args):
+        return subprocess.Popen([str(backendai_cli), *args], env=environment(keypair),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    run.start = start
+    run.release = backendai_cli.release
+    return run
 
 
 @pytest.fixture(scope="session")
-def backendai_cli():
-    stamp = COMPAT_VENV / ".installed"
-    wanted = " ".join(BACKENDAI_CLIENT)
-    if not (stamp.exists() and stamp.read_text() == wanted
-            and (COMPAT_VENV / "bin" / "backend.ai").exists()):
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(COMPAT_VENV)], check=True)
-        installed = subprocess.run(
-            [str(COMPAT_VENV / "bin" / "pip"), "install", "-q", *BACKENDAI_CLIENT],
-            capture_output=True, text=True, timeout=900)
-        if installed.returncode != 0:
-            need("the Backend.AI client from PyPI", installed.stderr[-3000:])
-        stamp.write_text(wanted)
-    return COMPAT_VENV / "bin" / "backend.ai"
+def jupyter_image(docker_client):
+    """A kernel image with Python 3 and Jupyter (scripts/build_jupyter_image.sh)."""
+    # Minutes the first time (debootstrap); the image is kept for later runs.
+    subprocess.run([str(ROOT / "scripts" / "build_jupyter_image.sh"), JUPYTER_IMAGE],
+                   check=True, timeout=1800)
+    return JUPYTER_IMAGE

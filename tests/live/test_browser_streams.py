@@ -7,7 +7,6 @@ cell run in it."""
 
 import json
 import re
-import subprocess
 
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
@@ -27,10 +26,9 @@ from tests.live.test_browser import (  # noqa: F401 (fixtures)
     screenshot,
     web,
 )
-from tests.support import ROOT, wait_for
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.docker]
-JUPYTER_IMAGE = "bai-local/jupyter:latest"
 
 
 def running_session(user, name, image="bai-local/busybox:latest", timeout=90):
@@ -166,14 +164,6 @@ def test_terminal_says_when_the_agent_does_not_answer(live, alice, browser_conte
     answer = websocket_answer(page, f"{web.url}/ws/sessions/{session.pk}/terminals/t1/")
     assert answer["code"] == 4502, answer
     assert "does not answer" in json.loads(answer["first"])["error"]
-
-
-@pytest.fixture(scope="module")
-def jupyter_image(docker_client):
-    # Minutes the first time (debootstrap); the image is kept for later runs.
-    subprocess.run([str(ROOT / "scripts" / "build_jupyter_image.sh"), JUPYTER_IMAGE],
-                   check=True, timeout=1800)
-    return JUPYTER_IMAGE
 
 
 def test_jupyter_opens_through_the_proxy_and_runs_a_cell(live, alice, browser_context,

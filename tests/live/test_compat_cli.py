@@ -1,10 +1,8 @@
-"""The real `backend.ai` CLI (backend-ai-client 23.9.10, from PyPI, in its own venv) against
-the running system: daphne serving the web tier, a manager worker, an agent on Docker."""
-
+"""The real `backend.ai` CLI of two client releases (23.9.10 and 26.9.6, from PyPI, each in its
+own venv: see `backendai_cli`) against the running system: daphne serving the web tier, a
+manager worker, an agent on Docker. Every test runs once with each client."""
 import json
-import os
 import re
-import subprocess
 
 import pytest
 
@@ -14,29 +12,6 @@ from sessions_app.models import Session, SessionEvent
 from tests.support import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture
-def backendai(backendai_cli, web_server, live, tmp_path):
-    """Runs the CLI as the owner of `keypair`; answers (exit code, stdout + stderr)."""
-
-    def environment(keypair):
-        return {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8",
-                "BACKEND_ENDPOINT": web_server.url, "BACKEND_ENDPOINT_TYPE": "api",
-                "BACKEND_ACCESS_KEY": keypair.access_key,
-                "BACKEND_SECRET_KEY": keypair.secret_key}
-
-    def run(keypair, *args, timeout=120):
-        done = subprocess.run([str(backendai_cli), *args], env=environment(keypair),
-                              capture_output=True, text=True, timeout=timeout)
-        return done.returncode, done.stdout + done.stderr
-
-    def start(keypair, *args):
-        return subprocess.Popen([str(backendai_cli), *args], env=environment(keypair),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    run.start = start
-    return run
 
 
 def session_named(name):
