@@ -181,7 +181,10 @@ async def measure(web_port, cookie, session_id, container_ip):
     app_path = f"/sessions/{session_id}/apps/web/"
     proxied = {"Cookie": cookie}
     terminal_url = f"ws://127.0.0.1:{web_port}/ws/sessions/{session_id}/terminals/"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+    # No cap on connections: aiohttp's default of 100 held the 101st terminal's websocket
+    # waiting for one of the first hundred to close.
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
+                                     connector=aiohttp.TCPConnector(limit=0)) as http:
         # One terminal.
         ws = await open_terminal(http, terminal_url + "bench1/", origin, cookie)
         await echoes(ws, 20)  # warm up
