@@ -10,9 +10,10 @@ import re
 
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from django.utils import timezone
 from playwright.sync_api import expect
 
-from agents_app.models import Agent, Image
+from agents_app.models import Image
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle.create import create_session
@@ -159,9 +160,16 @@ def test_terminal_says_when_the_agent_does_not_answer(live, alice, browser_conte
     session = running_session(alice, "agent-away")
     page = browser_context.new_page()
     log_in(page, "alice")
-    # The agent's row names an endpoint where nothing listens (until its next heartbeat).
-    Agent.objects.filter(pk=live.agent_id).update(stream_addr="127.0.0.1:9")
-    answer = websocket_answer(page, f"{web.url}/ws/sessions/{session.pk}/terminals/t1/")
+    # The agent process is stopped: its row still names its endpoint, where nothing
+    # listens now. (Pointing the row elsewhere raced with the agent's next heartbeat,
+    # which restored the address: under load the terminal then opened and the test hung.)
+    live.agent.stop()
+    try:
+        answer = websocket_answer(page, f"{web.url}/ws/sessions/{session.pk}/terminals/t1/")
+    finally:
+        since = timezone.now()
+        live.agent = live.agent_process().start()
+        live.wait_for_agent(since=since)
     assert answer["code"] == 4502, answer
     assert "does not answer" in json.loads(answer["first"])["error"]
 
