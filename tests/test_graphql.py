@@ -279,3 +279,19 @@ def test_the_admin_site_keeps_its_place(client, db):
 def test_the_old_graphql_path_answers_the_same(client, alice_kp):
     response = gql(client, alice_kp, KEYPAIR_INFO, path="/admin/graphql")
     assert response.json()["data"]["keypair"]["access_key"] == alice_kp.access_key
+
+
+def test_session_list_narrows_by_domain_and_project(client, alice_kp, sessions):
+    query = """query($domain_name: String, $group_id: String) {
+      compute_session_list(limit: 20, offset: 0, status: "RUNNING,PENDING,TERMINATED",
+                           domain_name: $domain_name, group_id: $group_id) { total_count }
+    }"""
+
+    def count(**variables):
+        return data_of(client, alice_kp, query, variables)["compute_session_list"][
+            "total_count"]
+
+    project_id = str(sessions["running"].project_id)
+    assert count(domain_name="default", group_id=project_id) == 3
+    assert count(domain_name="other") == 0
+    assert count(group_id="2b7e5d3c-0000-4000-8000-000000000000") == 0

@@ -614,7 +614,7 @@ class Query(graphene.ObjectType):
     compute_session_list = graphene.Field(
         ComputeSessionList, limit=graphene.Int(required=True),
         offset=graphene.Int(required=True), filter=graphene.String(),
-        order=graphene.String(), domain_name=graphene.String(), group_id=graphene.UUID(),
+        order=graphene.String(), domain_name=graphene.String(), group_id=graphene.String(),
         access_key=graphene.String(), status=graphene.String())
     agent = graphene.Field(AgentType, agent_id=graphene.String(required=True))
     agents = graphene.List(AgentType, scaling_group=graphene.String(),
@@ -650,8 +650,9 @@ class Query(graphene.ObjectType):
             sessions = sessions.filter(keypair_id=access_key)
         if domain_name:
             sessions = sessions.filter(domain__name=domain_name)
-        if group_id:
-            sessions = sessions.filter(project_id=group_id)
+        if group_id:  # a project's id here is a number, not the manager's UUID
+            sessions = sessions.filter(project_id=group_id) if group_id.isdigit() \
+                else sessions.none()
         sessions = _ordered(sessions, order, SESSION_ORDER)
         return _page(sessions, limit, offset)
 
