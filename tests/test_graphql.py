@@ -295,3 +295,22 @@ def test_session_list_narrows_by_domain_and_project(client, alice_kp, sessions):
     assert count(domain_name="default", group_id=project_id) == 3
     assert count(domain_name="other") == 0
     assert count(group_id="2b7e5d3c-0000-4000-8000-000000000000") == 0
+
+
+def test_a_page_of_sessions_costs_the_same_queries_for_one_or_many(client, alice, alice_kp):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    fields = f"{SESSION_FIELDS_23} occupying_slots {CONTAINERS}"
+
+    def queries():
+        with CaptureQueriesContext(connection) as captured:
+            session_list(client, alice_kp, fields=fields)
+        return len(captured)
+
+    agent = make_agent()
+    make_session(alice, Status.RUNNING, agent=agent, name="one")
+    few = queries()
+    for number in range(4):
+        make_session(alice, Status.RUNNING, agent=agent, name=f"more{number}")
+    assert queries() == few
