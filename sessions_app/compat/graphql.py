@@ -12,8 +12,6 @@ every image; admins see everything, and only they see agents. A keypair's secret
 answered only to its own holder (who signed the request with it), never to anyone else.
 """
 
-import json
-
 import graphene
 from django.contrib.auth import get_user_model
 from django.db.models import Q
@@ -32,10 +30,6 @@ from sessions_app.api.permissions import acting_keypair, request_is_admin
 from sessions_app.models import Kernel, KeyPair, Session
 
 MAX_PAGE_SIZE = 100  # the client's own limit (ai.backend.client.pagination)
-
-
-def _json(value):
-    return json.dumps(value if value is not None else {})
 
 
 def _upper(value):
