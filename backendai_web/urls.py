@@ -14,6 +14,7 @@ from sessions_app.api.errors import error_body
 from sessions_app.api.metrics import metrics_view
 from sessions_app.api.views import SessionViewSet
 from sessions_app.compat import views as compat
+from sessions_app.compat.graphql import GraphQLEndpoint
 from sessions_app.realtime.streams import with_follow_up
 from storage_app.api.views import FolderViewSet
 from storage_app.compat import views as folders_compat
@@ -77,6 +78,10 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", include("sessions_app.web.urls")),
     path("folders/", include("storage_app.web.urls")),
+    # The Backend.AI client's GraphQL (both releases post to /admin/gql; clients older than
+    # API v6 used /admin/graphql): before the admin site, which owns the rest of /admin/.
+    path("admin/gql", GraphQLEndpoint.as_view(), name="graphql"),
+    path("admin/graphql", GraphQLEndpoint.as_view()),
     path("admin/", admin.site.urls),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -1,0 +1,754 @@
+"""The Backend.AI manager's GraphQL at /admin/gql, as far as the client's everyday commands
+ask it (graphene-django): `session list` / `ps` and `admin session list`
+(compute_session_list), `session info` (compute_session), `admin agent list|info`
+(agent_list, agent), `image list` / `admin image list` (images), `admin keypair info|list`
+(keypair, keypairs, keypair_list; the session list asks `keypair { is_admin }` first).
+
+Read-only. The names, argument types and value shapes are the manager's (API v7): JSON
+values (slots, status data, stats) are JSON *strings*, as graphene's JSONString answers
+them and the client's formatters read them; statuses, session types and results are upper
+case. The same visibility as the REST API: a user sees their own sessions and keypairs and
+every image; admins see everything, and only they see agents. A keypair's secret key is
+answered only to its own holder (who signed the request with it), never to anyone else.
+"""
+
+import graphene
+from django.contrib.auth import get_user_model
+from django.db.models import Q
+from graphene_django import DjangoObjectType
+from graphene_django.views import GraphQLView
+from graphql import GraphQLError
+from rest_framework import exceptions
+from rest_framework.views import APIView
+
+from agents_app.models import Agent, AgentStatus, Image
+from common import clock
+from scheduling_app.idle import checks_of as idle_checks_of
+from sessions_app import service_ports
+from sessions_app.api.errors import error_body
+from sessions_app.api.permissions import acting_keypair, request_is_admin
+from sessions_app.models import Kernel, KeyPair, Session
+
+MAX_PAGE_SIZE = 100  # the client's own limit (ai.backend.client.pagination)
+
+
+def _upper(value):
+    return value.upper() if value else value
+
+
+def _email(user):
+    return user.email or user.get_username()
+
+
+def _full_name(user):
+    return user.get_full_name() or user.get_username()
+
+
+def _request(info):
+    return info.context
+
+
+def _is_admin(info):
+    return request_is_admin(_request(info))
+
+
+def _require_admin(info, what):
+    if not _is_admin(info):
+        raise GraphQLError(f"Only administrators may see {what}.",
+                           extensions={"code": "permission-denied"})
+
+
+def _page(queryset, limit, offset):
+    if not MAX_PAGE_SIZE >= limit >= 1:
+        raise GraphQLError(f"limit must be between 1 and {MAX_PAGE_SIZE}.")
+    if offset < 0:
+        raise GraphQLError("offset must not be negative.")
+    return {"items": list(queryset[offset:offset + limit]), "total_count": queryset.count()}
+
+
+def _ordered(queryset, order, fields):
+    """`order` as the client sends it: comma-separated names, each with an optional + or -
+    (descending); `fields` maps the GraphQL names that may be ordered on to model lookups."""
+    if not order:
+        return queryset
+    lookups = []
+    for part in order.split(","):
+        part = part.strip()
+        descending = part.startswith("-")
+        name = part.lstrip("+-").strip()
+        if name not in fields:
+            raise GraphQLError(f"Cannot order by {name!r}; known: {', '.join(sorted(fields))}.")
+        lookups.append(("-" if descending else "") + fields[name])
+    return queryset.order_by(*lookups)
+
+
+def _no_filter(filter_):
+    # The manager's filter language is not spoken here; saying so beats ignoring it.
+    if filter_:
+        raise GraphQLError("Filter expressions (--filter) are not supported by this server; "
+                           "use the status, access key and scaling group options.")
+
+
+def _names(text):
+    return [part.strip().upper() for part in (text or "").split(",") if part.strip()]
+
+
+# -- types -------------------------------------------------------------------------------
+
+def page_of(name, item_type):
+    """The manager's page of a paginated list: `items` and `total_count`."""
+    return type(name, (graphene.ObjectType,), {
+        "items": graphene.List(item_type, required=True),
+        "total_count": graphene.Int(required=True)})
+
+
+class KVPair(graphene.ObjectType):
+    key = graphene.String()
+    value = graphene.String()
+
+
+class ComputeContainer(DjangoObjectType):
+    """A kernel, as the manager's ComputeContainer."""
+
+    class Meta:
+        model = Kernel
+        name = "ComputeContainer"
+        fields = ("id", "cluster_idx", "cluster_role", "image", "status", "status_info",
+                  "status_changed", "container_id", "created_at", "terminated_at")
+        convert_choices_to_enum = False
+
+    idx = graphene.Int()
+    role = graphene.String()
+    hostname = graphene.String()
+    kernel_id = graphene.UUID()
+    local_rank = graphene.Int()
+    cluster_hostname = graphene.String()
+    session_id = graphene.UUID()
+    architecture = graphene.String()
+    registry = graphene.String()
+    status_data = graphene.JSONString()
+    agent = graphene.String()
+    agent_addr = graphene.String()
+    resource_opts = graphene.JSONString()
+    occupied_slots = graphene.JSONString()
+    live_stat = graphene.JSONString()
+    last_stat = graphene.JSONString()
+    preopen_ports = graphene.List(graphene.Int)
+    exit_code = graphene.Int()
+
+    def resolve_idx(kernel, info):
+        return kernel.cluster_idx
+
+    def resolve_status_changed(kernel, info):
+        return kernel.status_changed or kernel.created_at
+
+    def resolve_role(kernel, info):
+        return kernel.cluster_role
+
+    def resolve_hostname(kernel, info):
+        return kernel.cluster_hostname
+
+    resolve_cluster_hostname = resolve_hostname
+
+    def resolve_kernel_id(kernel, info):
+        return kernel.pk
+
+    def resolve_local_rank(kernel, info):
+        return kernel.cluster_idx - 1
+
+    def resolve_session_id(kernel, info):
+        return kernel.session_id
+
+    def resolve_architecture(kernel, info):
+        return kernel.agent.architecture if kernel.agent_id else "x86_64"
+
+    def resolve_registry(kernel, info):
+        return ""
+
+    def resolve_status_data(kernel, info):
+        return kernel.status_data
+
+    def resolve_agent(kernel, info):
+        return kernel.agent_id
+
+    def resolve_agent_addr(kernel, info):
+        return kernel.agent_addr
+
+    def resolve_resource_opts(kernel, info):
+        return {}
+
+    def resolve_occupied_slots(kernel, info):
+        return kernel.occupied_slots
+
+    def resolve_live_stat(kernel, info):
+        return kernel.last_stat or None
+
+    def resolve_last_stat(kernel, info):
+        return kernel.last_stat or None
+
+    def resolve_preopen_ports(kernel, info):
+        return []
+
+    def resolve_exit_code(kernel, info):
+        return kernel.exit_code
+
+
+class ComputeSession(DjangoObjectType):
+    """A session, as the manager's ComputeSession."""
+
+    class Meta:
+        model = Session
+        name = "ComputeSession"
+        fields = ("id", "name", "tag", "image", "cluster_mode", "cluster_size", "priority",
+                  "status", "status_info", "status_changed", "created_at", "terminated_at",
+                  "starts_at", "startup_command")
+        convert_choices_to_enum = False
+
+    session_id = graphene.UUID()
+    main_kernel_id = graphene.UUID()
+    type = graphene.String()
+    main_kernel_role = graphene.String()
+    architecture = graphene.String()
+    registry = graphene.String()
+    cluster_template = graphene.String()
+    domain_name = graphene.String()
+    group_name = graphene.String()
+    group_id = graphene.String()
+    user_email = graphene.String()
+    user_id = graphene.String()
+    access_key = graphene.String()
+    created_user_email = graphene.String()
+    created_user_id = graphene.String()
+    status_data = graphene.JSONString()
+    status_history = graphene.JSONString()
+    scheduled_at = graphene.DateTime()
+    result = graphene.String()
+    commit_status = graphene.String()
+    abusing_reports = graphene.List(graphene.JSONString)
+    idle_checks = graphene.JSONString()
+    agent_ids = graphene.List(graphene.String)
+    resource_opts = graphene.JSONString()
+    scaling_group = graphene.String()
+    service_ports = graphene.JSONString()
+    mounts = graphene.List(graphene.String)
+    vfolder_mounts = graphene.List(graphene.String)
+    occupying_slots = graphene.JSONString()
+    occupied_slots = graphene.JSONString()
+    requested_slots = graphene.JSONString()
+    num_queries = graphene.Int()
+    containers = graphene.List(ComputeContainer)
+    dependencies = graphene.List(lambda: ComputeSession)
+
+    def resolve_session_id(session, info):
+        return session.pk
+
+    def resolve_status_changed(session, info):
+        # The manager stamps it at creation; here the first transition does.
+        return session.status_changed or session.created_at
+
+    def resolve_main_kernel_id(session, info):
+        kernels = session.kernels.all()
+        return session.main_kernel.pk if kernels else None
+
+    def resolve_type(session, info):
+        return _upper(session.session_type)
+
+    def resolve_main_kernel_role(session, info):
+        return "MAIN"
+
+    def resolve_architecture(session, info):
+        agents = [k.agent for k in session.kernels.all() if k.agent_id]
+        return agents[0].architecture if agents else "x86_64"
+
+    def resolve_registry(session, info):
+        return ""
+
+    def resolve_domain_name(session, info):
+        return session.domain.name
+
+    def resolve_group_name(session, info):
+        return session.project.name
+
+    def resolve_group_id(session, info):
+        return session.project_id
+
+    def resolve_user_email(session, info):
+        return _email(session.user)
+
+    resolve_created_user_email = resolve_user_email
+
+    def resolve_user_id(session, info):
+        return session.user_id
+
+    resolve_created_user_id = resolve_user_id
+
+    def resolve_access_key(session, info):
+        return session.keypair_id
+
+    def resolve_status_data(session, info):
+        return session.status_data
+
+    def resolve_status_history(session, info):
+        return dict(sorted(session.status_history.items(), key=lambda item: item[1]))
+
+    def resolve_scheduled_at(session, info):
+        return session.status_history.get("SCHEDULED")
+
+    def resolve_result(session, info):
+        return _upper(session.result)
+
+    def resolve_abusing_reports(session, info):
+        return []
+
+    def resolve_idle_checks(session, info):
+        return idle_checks_of(session, clock.now())
+
+    def resolve_agent_ids(session, info):
+        return sorted({k.agent_id for k in session.kernels.all() if k.agent_id})
+
+    def resolve_resource_opts(session, info):
+        return {}
+
+    def resolve_scaling_group(session, info):
+        return session.scaling_group.name
+
+    def resolve_service_ports(session, info):
+        return [port.as_backendai() for port in service_ports.of_image(session.image)]
+
+    def resolve_mounts(session, info):
+        return []
+
+    resolve_vfolder_mounts = resolve_mounts
+
+    def resolve_occupying_slots(session, info):
+        return session.occupying_slots
+
+    resolve_occupied_slots = resolve_occupying_slots
+
+    def resolve_requested_slots(session, info):
+        return session.requested_slots
+
+    def resolve_num_queries(session, info):
+        return 0
+
+    def resolve_containers(session, info):
+        return sorted(session.kernels.all(), key=lambda k: (k.cluster_role != "main",
+                                                            k.cluster_idx))
+
+    def resolve_dependencies(session, info):
+        # Only those the asker may see: a dependency is another session of the same owner.
+        return list(session.dependencies.visible_to(
+            _request(info).user, acting_keypair(_request(info))))
+
+
+ComputeSessionList = page_of("ComputeSessionList", ComputeSession)
+
+
+class AgentType(DjangoObjectType):
+    """An agent, as the manager's Agent."""
+
+    class Meta:
+        model = Agent
+        name = "Agent"
+        fields = ("id", "status", "schedulable", "addr", "region", "architecture", "version",
+                  "first_contact", "lost_at")
+        convert_choices_to_enum = False
+
+    status_changed = graphene.DateTime()
+    scaling_group = graphene.String()
+    available_slots = graphene.JSONString()
+    occupied_slots = graphene.JSONString()
+    live_stat = graphene.JSONString()
+    compute_plugins = graphene.JSONString()
+    hardware_metadata = graphene.JSONString()
+    local_config = graphene.JSONString()
+    container_count = graphene.Int()
+    cpu_cur_pct = graphene.Float()
+    mem_cur_bytes = graphene.Float()
+    compute_containers = graphene.List(ComputeContainer, status=graphene.String())
+
+    def resolve_status_changed(agent, info):
+        return agent.lost_at if agent.status == AgentStatus.LOST else agent.first_contact
+
+    def resolve_scaling_group(agent, info):
+        return agent.scaling_group.name
+
+    def resolve_available_slots(agent, info):
+        return agent.available_slots
+
+    def resolve_occupied_slots(agent, info):
+        return agent.occupied_slots
+
+    def resolve_live_stat(agent, info):
+        return {"node": {}, "devices": {}}
+
+    def resolve_compute_plugins(agent, info):
+        return {}
+
+    def resolve_hardware_metadata(agent, info):
+        return {}
+
+    def resolve_local_config(agent, info):
+        return {"agent": {"id": agent.id, "region": agent.region,
+                          "scaling-group": agent.scaling_group.name},
+                "container": {"scratch-type": "hostdir"}}
+
+    def resolve_container_count(agent, info):
+        return len(agent.containers or [])
+
+    def resolve_cpu_cur_pct(agent, info):
+        return 0.0
+
+    def resolve_mem_cur_bytes(agent, info):
+        return 0.0
+
+    def resolve_compute_containers(agent, info, status=None):
+        kernels = agent.kernels.select_related("agent").live()
+        if status:
+            kernels = kernels.filter(status__in=_names(status))
+        return kernels
+
+
+AgentList = page_of("AgentList", AgentType)
+
+
+class ImageType(DjangoObjectType):
+    """An image, as the manager's Image: `name` without the tag, which is `tag`."""
+
+    class Meta:
+        model = Image
+        name = "Image"
+        fields = ("id", "architecture")
+
+    name = graphene.String()
+    humanized_name = graphene.String()
+    tag = graphene.String()
+    registry = graphene.String()
+    is_local = graphene.Boolean()
+    digest = graphene.String()
+    labels = graphene.List(KVPair)
+    aliases = graphene.List(graphene.String)
+    size_bytes = graphene.Float()
+    resource_limits = graphene.JSONString()
+    supported_accelerators = graphene.List(graphene.String)
+    installed = graphene.Boolean()
+    installed_agents = graphene.List(graphene.String)
+    hash = graphene.String()
+    last_used_at = graphene.DateTime()
+
+    def resolve_name(image, info):
+        return image.name.rpartition(":")[0] if ":" in _last_part(image) else image.name
+
+    def resolve_humanized_name(image, info):
+        return image.name
+
+    def resolve_tag(image, info):
+        return image.name.rpartition(":")[2] if ":" in _last_part(image) else "latest"
+
+    def resolve_registry(image, info):
+        return image.registry or "local"
+
+    def resolve_is_local(image, info):
+        return not image.registry
+
+    def resolve_digest(image, info):
+        return image.labels.get("digest", "") if isinstance(image.labels, dict) else ""
+
+    resolve_hash = resolve_digest
+
+    def resolve_labels(image, info):
+        labels = image.labels if isinstance(image.labels, dict) else {}
+        return [KVPair(key=key, value=str(value)) for key, value in sorted(labels.items())]
+
+    def resolve_aliases(image, info):
+        return []
+
+    def resolve_size_bytes(image, info):
+        return 0  # agents report no sizes; 23.9.10's formatter cannot print a null
+
+    def resolve_resource_limits(image, info):
+        return image.min_slots
+
+    def resolve_supported_accelerators(image, info):
+        return []
+
+    def resolve_installed(image, info):
+        return True
+
+    def resolve_installed_agents(image, info):
+        return []
+
+    def resolve_last_used_at(image, info):
+        return None
+
+
+def _last_part(image):
+    return image.name.rsplit("/", 1)[-1]
+
+
+class UserInfo(graphene.ObjectType):
+    email = graphene.String()
+    full_name = graphene.String()
+
+
+class KeyPairType(DjangoObjectType):
+    """A keypair, as the manager's KeyPair; `user_id` is the owner's email, as there."""
+
+    class Meta:
+        model = KeyPair
+        name = "KeyPair"
+        fields = ("access_key", "is_active", "is_admin", "rate_limit", "concurrency_used",
+                  "last_used", "created_at")
+
+    user_id = graphene.String()
+    full_name = graphene.String()
+    user_info = graphene.Field(UserInfo)
+    user = graphene.String()
+    projects = graphene.List(graphene.String)
+    secret_key = graphene.String()
+    resource_policy = graphene.String()
+    modified_at = graphene.DateTime()
+    num_queries = graphene.Int()
+    concurrency_limit = graphene.Int()
+    ssh_public_key = graphene.String()
+    ssh_private_key = graphene.String()
+    dotfiles = graphene.String()
+    bootstrap_script = graphene.String()
+
+    def resolve_user_id(keypair, info):
+        return _email(keypair.user)
+
+    def resolve_full_name(keypair, info):
+        return _full_name(keypair.user)
+
+    def resolve_user_info(keypair, info):
+        return UserInfo(email=_email(keypair.user), full_name=_full_name(keypair.user))
+
+    def resolve_user(keypair, info):
+        return keypair.user_id
+
+    def resolve_projects(keypair, info):
+        """The projects its owner is a member of or has run sessions in."""
+        joined = keypair.user.member_projects.values_list("name", flat=True)
+        used = keypair.sessions.values_list("project__name", flat=True).distinct()
+        return sorted({*joined, *used})
+
+    def resolve_secret_key(keypair, info):
+        # Its holder signed this request with it; nobody else is ever shown it.
+        asking = _request(info).auth
+        return keypair.secret_key if isinstance(asking, KeyPair) and \
+            asking.access_key == keypair.access_key else None
+
+    def resolve_resource_policy(keypair, info):
+        return keypair.resource_policy.name
+
+    def resolve_modified_at(keypair, info):
+        return keypair.created_at
+
+    def resolve_num_queries(keypair, info):
+        return 0
+
+    def resolve_concurrency_limit(keypair, info):
+        return getattr(keypair.resource_policy, "max_concurrent_sessions", None)
+
+    def resolve_ssh_public_key(keypair, info):
+        return None
+
+    resolve_ssh_private_key = resolve_ssh_public_key
+
+    def resolve_dotfiles(keypair, info):
+        return "[]"
+
+    def resolve_bootstrap_script(keypair, info):
+        return ""
+
+
+KeyPairList = page_of("KeyPairList", KeyPairType)
+
+
+# -- queries -----------------------------------------------------------------------------
+
+SESSION_ORDER = {"created_at": "created_at", "name": "name", "status": "status",
+                 "status_changed": "status_changed", "terminated_at": "terminated_at",
+                 "priority": "priority", "type": "session_type", "image": "image",
+                 "access_key": "keypair_id", "id": "id", "session_id": "id"}
+AGENT_ORDER = {"id": "id", "status": "status", "first_contact": "first_contact",
+               "scaling_group": "scaling_group__name", "region": "region",
+               "architecture": "architecture", "addr": "addr", "lost_at": "lost_at"}
+KEYPAIR_ORDER = {"access_key": "access_key", "created_at": "created_at",
+                 "last_used": "last_used", "is_active": "is_active", "is_admin": "is_admin",
+                 "user_id": "user__email", "rate_limit": "rate_limit",
+                 "concurrency_used": "concurrency_used"}
+
+
+def visible_sessions(info):
+    request = _request(info)
+    return (Session.objects.select_related("domain", "project", "user", "keypair",
+                                           "scaling_group")
+            .prefetch_related("kernels__agent")
+            .visible_to(request.user, acting_keypair(request)))
+
+
+def visible_keypairs(info):
+    keypairs = KeyPair.objects.select_related("user", "resource_policy")
+    if not _is_admin(info):
+        keypairs = keypairs.filter(user=_request(info).user)
+    return keypairs
+
+
+def _by_email(keypairs, email):
+    if email is None:
+        return keypairs
+    users = get_user_model().objects.filter(Q(email__iexact=email) | Q(username=email))
+    return keypairs.filter(user__in=users)
+
+
+class Query(graphene.ObjectType):
+    compute_session = graphene.Field(ComputeSession, id=graphene.UUID(required=True))
+    compute_session_list = graphene.Field(
+        ComputeSessionList, limit=graphene.Int(required=True),
+        offset=graphene.Int(required=True), filter=graphene.String(),
+        order=graphene.String(), domain_name=graphene.String(), group_id=graphene.String(),
+        access_key=graphene.String(), status=graphene.String())
+    agent = graphene.Field(AgentType, agent_id=graphene.String(required=True))
+    agents = graphene.List(AgentType, scaling_group=graphene.String(),
+                           status=graphene.String())
+    agent_list = graphene.Field(
+        AgentList, limit=graphene.Int(required=True), offset=graphene.Int(required=True),
+        filter=graphene.String(), order=graphene.String(),
+        scaling_group=graphene.String(), status=graphene.String())
+    image = graphene.Field(ImageType, reference=graphene.String(),
+                           architecture=graphene.String(), id=graphene.String())
+    images = graphene.List(ImageType, is_installed=graphene.Boolean(),
+                           is_operation=graphene.Boolean())
+    keypair = graphene.Field(KeyPairType, domain_name=graphene.String(),
+                             access_key=graphene.String())
+    keypairs = graphene.List(KeyPairType, domain_name=graphene.String(),
+                             email=graphene.String(), is_active=graphene.Boolean())
+    keypair_list = graphene.Field(
+        KeyPairList, limit=graphene.Int(required=True), offset=graphene.Int(required=True),
+        filter=graphene.String(), order=graphene.String(), domain_name=graphene.String(),
+        email=graphene.String(), is_active=graphene.Boolean())
+
+    def resolve_compute_session(root, info, id):
+        return visible_sessions(info).filter(pk=id).first()
+
+    def resolve_compute_session_list(root, info, limit, offset, filter=None, order=None,
+                                     domain_name=None, group_id=None, access_key=None,
+                                     status=None):
+        _no_filter(filter)
+        sessions = visible_sessions(info)
+        if status:
+            sessions = sessions.filter(status__in=_names(status))
+        if access_key:
+            sessions = sessions.filter(keypair_id=access_key)
+        if domain_name:
+            sessions = sessions.filter(domain__name=domain_name)
+        if group_id:  # a project's id here is a number, not the manager's UUID
+            sessions = sessions.filter(project_id=group_id) if group_id.isdigit() \
+                else sessions.none()
+        sessions = _ordered(sessions, order, SESSION_ORDER)
+        return _page(sessions, limit, offset)
+
+    def resolve_agent(root, info, agent_id):
+        _require_admin(info, "agents")
+        return Agent.objects.filter(pk=agent_id).first()
+
+    def resolve_agents(root, info, scaling_group=None, status=None):
+        _require_admin(info, "agents")
+        return _agents(scaling_group, status).order_by("id")
+
+    def resolve_agent_list(root, info, limit, offset, filter=None, order=None,
+                           scaling_group=None, status=None):
+        _require_admin(info, "agents")
+        _no_filter(filter)
+        agents = _ordered(_agents(scaling_group, status).order_by("id"), order, AGENT_ORDER)
+        return _page(agents, limit, offset)
+
+    def resolve_image(root, info, reference=None, architecture=None, id=None):
+        images = Image.objects.all()
+        if id is not None:
+            return images.filter(pk=id).first() if str(id).isdigit() else None
+        if reference is None:
+            raise GraphQLError("Give the image's reference (with its architecture) or id.")
+        images = images.filter(name=reference)
+        if architecture:
+            images = images.filter(architecture=architecture)
+        return images.first()
+
+    def resolve_images(root, info, is_installed=None, is_operation=None):
+        # Every image here is installed on an agent (agents report them) and none is an
+        # "operation" image: is_operation asks for those only.
+        if is_operation or is_installed is False:
+            return Image.objects.none()
+        return Image.objects.order_by("name", "architecture")
+
+    def resolve_keypair(root, info, domain_name=None, access_key=None):
+        own = acting_keypair(_request(info))
+        if not access_key or access_key == own.access_key:
+            return visible_keypairs(info).filter(pk=own.pk).first()
+        return visible_keypairs(info).filter(pk=access_key).first()
+
+    def resolve_keypairs(root, info, domain_name=None, email=None, is_active=None):
+        keypairs = _by_email(visible_keypairs(info), email)
+        if is_active is not None:
+            keypairs = keypairs.filter(is_active=is_active)
+        return keypairs.order_by("created_at", "access_key")
+
+    def resolve_keypair_list(root, info, limit, offset, filter=None, order=None,
+                             domain_name=None, email=None, is_active=None):
+        _no_filter(filter)
+        keypairs = _by_email(visible_keypairs(info), email)
+        if is_active is not None:
+            keypairs = keypairs.filter(is_active=is_active)
+        keypairs = _ordered(keypairs.order_by("created_at", "access_key"), order,
+                            KEYPAIR_ORDER)
+        return _page(keypairs, limit, offset)
+
+
+def _agents(scaling_group, status):
+    agents = Agent.objects.select_related("scaling_group")
+    if scaling_group:
+        agents = agents.filter(scaling_group__name=scaling_group)
+    if status:
+        agents = agents.filter(status__in=_names(status))
+    return agents
+
+
+schema = graphene.Schema(query=Query, auto_camelcase=False)
+
+
+# -- the endpoint ------------------------------------------------------------------------
+
+class _SchemaView(GraphQLView):
+    """graphene-django's view: parsing, validation, execution and the {"data", "errors"}
+    envelope. Queries only (no mutations exist); no GraphiQL page."""
+
+    graphiql = False
+
+
+_execute = _SchemaView.as_view(schema=schema)
+
+
+class GraphQLEndpoint(APIView):
+    """POST /admin/gql: authenticated, permitted and throttled as every Backend.AI route (the
+    keypair signature, or a browser session), then answered by graphene-django. Failures
+    before the query runs are answered in GraphQL's envelope too, never as an HTML page."""
+
+    parser_classes = []  # graphene reads the body itself
+
+    def post(self, request):
+        plain = request._request
+        plain.user, plain.auth = request.user, request.auth
+        plain._is_admin = request_is_admin(request)
+        return _execute(plain)
+
+    get = post
+
+    def handle_exception(self, exc):
+        response = super().handle_exception(exc)
+        if isinstance(exc, exceptions.APIException):
+            detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+            response.data = {"errors": [{"message": detail}],
+                             **error_body(response.status_code, detail)}
+        return response
