@@ -26,6 +26,7 @@ import logging
 import os
 import stat
 import tarfile
+from urllib.parse import unquote
 
 from aiohttp import MultipartWriter, WSMsgType, web
 from aiohttp.payload import AsyncIterablePayload
@@ -268,7 +269,8 @@ async def upload(server, request):
             await part.release()
             continue
         try:
-            path = scratch_path(part.filename)
+            # The clients' aiohttp percent-encodes the name ("sub%2Fa.txt").
+            path = scratch_path(unquote(part.filename))
             size = await asyncio.to_thread(_write_part, root, path, part, loop)
         except FileError as exc:
             raise _refused(exc) from None
