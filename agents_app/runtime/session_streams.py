@@ -3,9 +3,9 @@ served by the stream endpoint (streams.py) with the same tokens as terminals and
 
 - `GET /v1/exec` (websocket), token `exec:<run id>`: the first text frame is JSON
   `{"command": "...", "timeout": seconds}`; the command runs in the kernel's container
-  (`docker exec`, no TTY, no stdin) and its output comes as it is written, as text frames
-  `{"stdout": text}` / `{"stderr": text}`, then `{"exited": true, "exitCode": n}`. Closing
-  the websocket first ends the command.
+  (`docker exec` in /home/work, no TTY, no stdin) and its output comes as it is written,
+  as text frames `{"stdout": text}` / `{"stderr": text}`, then `{"exited": true,
+  "exitCode": n}`. Closing the websocket first ends the command.
 - `POST /v1/files/upload`, token `files:scratch`: a multipart body whose file parts are
   written, streamed, into the kernel's scratch directory (/home/work in the container) at
   the path each part's filename gives.
@@ -169,7 +169,8 @@ class ExecRun:
         def create():
             exec_id = self.api.exec_create(
                 self.container_id, ["/bin/sh", "-c", EXEC_WRAPPER, "sh", str(timeout), command],
-                stdout=True, stderr=True, stdin=False, tty=False)["Id"]
+                stdout=True, stderr=True, stdin=False, tty=False,
+                workdir=SCRATCH_IN_CONTAINER)["Id"]  # where Backend.AI runs code
             return exec_id, self.api.exec_start(exec_id, stream=True, demux=True)
 
         self.exec_id, self.output = await asyncio.to_thread(create)

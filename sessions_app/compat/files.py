@@ -93,8 +93,11 @@ class SessionUpload(CompatView):
                 ) as upstream:
                     if upstream.status != 200:
                         return await agent_refusal(upstream)
-            except (TimeoutError, ClientError) as exc:
-                return unreachable(exc)
+            except OSError as exc:  # the client's body stopped short (ClientError is one)
+                if isinstance(exc, ClientError | TimeoutError):
+                    return unreachable(exc)
+                return JsonResponse(error_body(400, f"The upload did not finish: {exc}."),
+                                    status=400)
             return response
 
         response.follow_up = follow_up

@@ -55,14 +55,23 @@ CODE = ("import sys, time\n"
         "sys.exit(3)\n")
 
 
-def test_run_streams_the_output_of_code_in_an_existing_session(backendai, alice,
+def test_run_streams_the_output_of_code_in_an_existing_session(backendai, alice, tmp_path,
                                                                python_session, jupyter_image):
-    code, out = backendai(main_keypair(alice), "run", "--name", python_session.name,
-                          "-c", CODE, jupyter_image)
+    kp = main_keypair(alice)
+    code, out = backendai(kp, "run", "--name", python_session.name, "-c", CODE, jupyter_image)
     assert f"Reusing session {python_session.name}" in out, out
     assert "first\n" in out and "second\n" in out and "to-stderr" in out, out
     assert "Execution finished. (exit code = 3)" in out, out
     assert code == 0, out  # the CLI reports the program's exit code, as it does for Backend.AI
+
+    # With files: uploaded into /home/work, then run there in batch mode.
+    (tmp_path / "main.py").write_text("print(open('input.txt').read().upper())\n")
+    (tmp_path / "input.txt").write_text("from a file")
+    code, out = backendai(kp, "run", "--name", python_session.name, "--exec",
+                          "python3 main.py", jupyter_image, "main.py", "input.txt",
+                          cwd=tmp_path)
+    assert code == 0 and "Uploading done." in out, out
+    assert "FROM A FILE" in out and "Execution finished. (exit code = 0)" in out, out
 
 
 def test_the_sdks_stream_execute_sends_output_as_it_is_written(backendai, backendai_cli, alice,
