@@ -3,6 +3,7 @@ BACKEND_* in the environment: the SDK's streaming calls, which the CLI has no
 non-interactive command for. Prints one JSON object per line.
 
     python sdk_streams.py execute SESSION CODE   each message, with "t": seconds since start
+    python sdk_streams.py leave SESSION CODE     closes the websocket after the first output
     python sdk_streams.py pty SESSION            the terminal's output for a typed command
     python sdk_streams.py upload-as SESSION NAME a one-part upload whose file name is NAME
 """
@@ -28,6 +29,13 @@ async def execute(api, ref, code):
     async with api.ComputeSession(ref).stream_execute(code, mode="query") as stream:
         async for message in stream:
             say(t=round(time.monotonic() - start, 3), **json.loads(message.data))
+
+
+async def leave(api, ref, code):
+    async with api.ComputeSession(ref).stream_execute(code, mode="query") as stream:
+        async for message in stream:
+            say(**json.loads(message.data))
+            break
 
 
 async def pty(api, ref):
@@ -60,6 +68,8 @@ async def main(action, ref, *rest):
         try:
             if action == "execute":
                 await execute(api, ref, rest[0])
+            elif action == "leave":
+                await leave(api, ref, rest[0])
             elif action == "pty":
                 await pty(api, ref)
             elif action == "upload-as":

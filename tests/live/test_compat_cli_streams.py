@@ -7,6 +7,7 @@ is refused: bad paths, links out of it, another user's session."""
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def test_run_streams_the_output_of_code_in_an_existing_session(backendai, alice,
 
 
 def test_the_sdks_stream_execute_sends_output_as_it_is_written(backendai, backendai_cli, alice,
-                                                               python_session):
+                                                               python_session, docker_client):
     code, messages, out = sdk(backendai, backendai_cli, main_keypair(alice), "execute",
                               python_session.name, CODE)
     assert code == 0, out
@@ -86,6 +87,14 @@ def test_the_sdks_stream_execute_sends_output_as_it_is_written(backendai, backen
     assert messages[-1]["t"] - first["t"] >= 1.5, messages
     console = [record for m in messages for record in m["console"]]
     assert ["stderr", "to-stderr\n"] in console and ["stdout", "second\n"] in console
+
+    # A client that goes away ends its command.
+    late = "import time\nprint('started', flush=True)\ntime.sleep(4)\nopen('late.txt', 'w')\n"
+    code, messages, out = sdk(backendai, backendai_cli, main_keypair(alice), "leave",
+                              python_session.name, late)
+    assert code == 0 and messages[0]["console"] == [["stdout", "started\n"]], out
+    time.sleep(6)
+    assert in_container(docker_client, python_session, "ls /home/work/late.txt")[0] != 0
 
 
 def test_the_terminal_runs_what_is_typed_at_the_size_asked(backendai, backendai_cli, alice,
