@@ -48,12 +48,23 @@ async def pty(api, ref):
         typed = b"echo pty-$((6*7)); stty size\n"
         await terminal.send_json({"type": "stdin",
                                   "chars": base64.b64encode(typed).decode("ascii")})
-        output = b""
-        while b"pty-42" not in output or b"30 100" not in output:
-            message = await asyncio.wait_for(terminal.receive_json(), 30)
-            assert message["type"] == "out", message
-            output += base64.b64decode(message["data"])
+        output = await read_until(terminal, b"pty-42", b"30 100")
         say(output=output.decode("utf-8", "replace"))
+        await terminal.send_json({"type": "restart"})  # a new shell
+        await asyncio.sleep(1.0)
+        await terminal.send_json({"type": "stdin", "chars": base64.b64encode(
+            b"echo again-$((2+3)) $$\n").decode("ascii")})
+        output = await read_until(terminal, b"again-5")
+        say(output=output.decode("utf-8", "replace"))
+
+
+async def read_until(terminal, *wanted):
+    output = b""
+    while not all(text in output for text in wanted):
+        message = await asyncio.wait_for(terminal.receive_json(), 30)
+        assert message["type"] == "out", message
+        output += base64.b64decode(message["data"])
+    return output
 
 
 async def upload_as(ref, name):

@@ -103,6 +103,7 @@ def test_the_terminal_runs_what_is_typed_at_the_size_asked(backendai, backendai_
                            python_session.name)
     assert code == 0, out
     assert "pty-42" in lines[0]["output"] and "30 100" in lines[0]["output"], out
+    assert "again-5" in lines[1]["output"], out  # after a restart, in a new shell
 
 
 def test_files_go_up_and_come_back_byte_for_byte(backendai, alice, python_session, tmp_path,
