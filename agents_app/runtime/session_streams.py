@@ -26,6 +26,7 @@ import logging
 import os
 import stat
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote
 
 from aiohttp import MultipartWriter, WSMsgType, web
@@ -46,6 +47,9 @@ TAR_BLOCK = 512
 # The command's shell says its process id on stderr first (kept back, to end it when the
 # client goes away), then becomes `timeout` over the command.
 EXEC_WRAPPER = 'echo "$$" >&2; exec timeout "$1" /bin/sh -c "$2"'
+# A command's output reader and an upload's writer each hold a thread for as long as they
+# last: a pool of their own, so that they never starve asyncio's default one (Docker calls).
+LONG_THREADS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="session-streams")
 
 
 def add_routes(app, server):
@@ -175,7 +179,7 @@ class ExecRun:
 
         self.exec_id, self.output = await asyncio.to_thread(create)
         loop = asyncio.get_running_loop()
-        loop.run_in_executor(None, self._read, loop)
+        loop.run_in_executor(LONG_THREADS, self._read, loop)
 
     def _read(self, loop):
         decoders = {name: codecs.getincrementaldecoder("utf-8")("replace")
@@ -272,7 +276,8 @@ async def upload(server, request):
         try:
             # The clients' aiohttp percent-encodes the name ("sub%2Fa.txt").
             path = scratch_path(unquote(part.filename))
-            size = await asyncio.to_thread(_write_part, root, path, part, loop)
+            size = await loop.run_in_executor(LONG_THREADS, _write_part, root, path, part,
+                                              loop)
         except FileError as exc:
             raise _refused(exc) from None
         saved.append({"name": path, "size": size})

@@ -31,6 +31,7 @@ import uuid
 from aiohttp import ClientError, WSMsgType, WSServerHandshakeError
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
 from django.urls import re_path
 from rest_framework.exceptions import APIException
@@ -59,11 +60,14 @@ def open_session(scope, ref, target):
     session it names, or access.Refusal."""
     request = signed_request(scope)
     try:
+        request.get_host()  # a Host not in ALLOWED_HOSTS is refused here, as for HTTP
         if not request.user.is_authenticated:
             raise access.Refusal(401, "The request is not signed.")
         session = CompatView().session(request, ref, touch=True)  # opening it is activity
     except APIException as exc:
         raise access.Refusal(exc.status_code, str(exc.detail)) from None
+    except DisallowedHost as exc:
+        raise access.Refusal(400, str(exc)) from None
     return access.grant(request.user, session.pk, target), session, request.user
 
 
@@ -183,7 +187,7 @@ class ExecuteConsumer(SignedStreamConsumer):
         self.pump = asyncio.ensure_future(self.relay())
 
     async def relay(self):
-        finished = False
+        finished, problem = False, "The connection to the session's agent was lost."
         try:
             async for message in self.upstream:
                 if message.type != WSMsgType.TEXT:
@@ -194,7 +198,8 @@ class ExecuteConsumer(SignedStreamConsumer):
                         "finished", exit_code=data.get("exitCode")))
                     finished = True
                     break
-                if data.get("error"):
+                if data.get("error"):  # the agent could not run it
+                    problem = f"The session's agent: {data['error']}."
                     break
                 console = console_of(data)
                 if console:
@@ -202,9 +207,7 @@ class ExecuteConsumer(SignedStreamConsumer):
         finally:
             if not finished:
                 with contextlib.suppress(Exception):
-                    await self.send(text_data=json.dumps({
-                        "status": "error",
-                        "msg": "The connection to the session's agent was lost."}))
+                    await self.send(text_data=json.dumps({"status": "error", "msg": problem}))
             await self.close()
 
     async def fail(self, message):
