@@ -13,6 +13,7 @@ from sessions_app.api import resources as api_resources
 from sessions_app.api.errors import error_body
 from sessions_app.api.metrics import metrics_view
 from sessions_app.api.views import SessionViewSet
+from sessions_app.compat import files as session_files
 from sessions_app.compat import views as compat
 from sessions_app.compat.graphql import GraphQLEndpoint
 from sessions_app.realtime.streams import with_follow_up
@@ -57,6 +58,9 @@ compat_urls = [
     path("session/<str:ref>/rename", compat.RenameSession.as_view()),
     path("session/<str:ref>/logs", compat.SessionLogs.as_view()),
     path("session/<str:ref>/status-history", compat.StatusHistory.as_view()),
+    path("session/<str:ref>/upload", with_follow_up(session_files.SessionUpload.as_view())),
+    path("session/<str:ref>/download",
+         with_follow_up(session_files.SessionDownload.as_view())),
     path("events/session", with_follow_up(compat.SessionEvents.as_view())),
     # Backend.AI's vfolder routes (storage_app.compat); /folders/ is the dashboard's.
     path("folders", folders_compat.Folders.as_view()),

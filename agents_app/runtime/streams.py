@@ -14,6 +14,8 @@ the kernel, its container and what may be opened:
   to that service port of the container, at its address on the session's own network,
   streamed both ways. The path is the one the browser asked for (apps serve under
   /sessions/<id>/apps/<name>/).
+- `/v1/exec` and `/v1/files/…`, tokens `exec:<run id>` and `files:scratch`: the Backend.AI
+  clients' streamed execution and session files (session_streams.py).
 
 Refusals are JSON `{"error": ...}`: 403 for a token that is missing, forged, altered,
 expired, for another agent or for another thing; 404 for a kernel whose container is not
@@ -45,6 +47,7 @@ from docker.errors import DockerException, NotFound
 
 from agents_app import stream_io, stream_tokens
 from agents_app.runtime import docker_backend as backend
+from agents_app.runtime import session_streams
 
 log = logging.getLogger("agent.streams")
 TOKEN_HEADER = stream_tokens.TOKEN_HEADER
@@ -125,6 +128,7 @@ class StreamServer:
         app.router.add_get("/v1/health", self.health)
         app.router.add_get("/v1/pty", self.pty)
         app.router.add_route("*", "/v1/app/{path:.*}", self.app_proxy)
+        session_streams.add_routes(app, self)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)

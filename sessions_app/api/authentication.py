@@ -96,11 +96,15 @@ class KeypairSignatureAuthentication(authentication.BaseAuthentication):
         # Without the header, the content type is application/octet-stream (RFC 9110, and
         # aiohttp's default, which the Backend.AI manager signs with): the SDK's event
         # streams sign that and send no Content-Type.
+        # The manager signs the media type without its parameters (aiohttp's
+        # content_type): a multipart upload is signed as "multipart/form-data", sent with
+        # its boundary.
         content_type = request.content_type or "application/octet-stream"
+        content_types = dict.fromkeys([content_type, content_type.split(";")[0].strip()])
         signed = [sign(keypair.secret_key, method=request.method, path=path, date=date,
-                       host=request.get_host(), content_type=content_type,
+                       host=request.get_host(), content_type=media_type,
                        version=version, hash_type=hash_type)
-                  for path in signed_paths(request)]
+                  for path in signed_paths(request) for media_type in content_types]
         given = signature.encode("utf-8", "replace")
         if not any(hmac.compare_digest(expected.encode(), given) for expected in signed):
             raise exceptions.AuthenticationFailed("The signature does not match the request.")

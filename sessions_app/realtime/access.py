@@ -21,6 +21,7 @@ from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session
 from sessions_app.querysets import is_admin
 
+FILES_TARGET = "files:scratch"  # the main kernel's scratch directory (Backend.AI clients)
 GRANT_CACHE_SECONDS = 2.0  # an app's page asks for many files: one lookup serves a burst
 
 
@@ -43,8 +44,9 @@ class Grant:
 
 
 def grant(user, session_id, target):
-    """A Grant for `user` to open `target` (`pty:<terminal id>` or `service:<name>`) in the
-    session's main kernel, or Refusal."""
+    """A Grant for `user` to open `target` (`pty:<terminal id>`, `service:<name>`, and for
+    the Backend.AI clients `exec:<run id>` or FILES_TARGET) in the session's main kernel,
+    or Refusal."""
     if user is None or not user.is_authenticated:
         raise Refusal(401, "Log in first.")
     try:
@@ -66,8 +68,9 @@ def grant(user, session_id, target):
         name = target.split(":", 1)[1]
         if service_ports.declared(kernel.image, name) is None:
             raise Refusal(404, f"The image {kernel.image} declares no service {name!r}.")
-    elif not (target.startswith("pty:")
-              and stream_tokens.TERMINAL_ID.match(target.split(":", 1)[1])):
+    elif not (target.startswith(("pty:", "exec:"))
+              and stream_tokens.TERMINAL_ID.match(target.split(":", 1)[1])
+              or target == FILES_TARGET):
         raise Refusal(404, "Nothing to open there.")
     agent = kernel.agent
     if agent is None or not kernel.container_id:

@@ -175,9 +175,9 @@ def backendai(backendai_cli, web_server, live, tmp_path):
                 "BACKEND_ACCESS_KEY": keypair.access_key,
                 "BACKEND_SECRET_KEY": keypair.secret_key}
 
-    def run(keypair, *args, timeout=120):
+    def run(keypair, *args, timeout=120, cwd=None):
         done = subprocess.run([str(backendai_cli), *args], env=environment(keypair),
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, cwd=cwd)
         return done.returncode, done.stdout + done.stderr
 
     def start(keypair, *args):
@@ -185,6 +185,7 @@ def backendai(backendai_cli, web_server, live, tmp_path):
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     run.start = start
+    run.environment = environment
     run.release = backendai_cli.release
     return run
 

@@ -1,0 +1,240 @@
+"""The Backend.AI clients' streams and session files against the running system (daphne,
+a manager worker, an agent on Docker), with each client release (see `backendai`):
+`backend.ai run` streaming its output from an existing session, the terminal through the
+SDK's stream_pty, `session upload` / `session download` of the scratch directory, and what
+is refused: bad paths, links out of it, another user's session."""
+
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sessions_app.enums import Status
+from sessions_app.keypairs import main_keypair
+from sessions_app.models import Session
+
+pytestmark = pytest.mark.docker
+SDK_SCRIPT = Path(__file__).with_name("sdk_streams.py")
+
+
+@pytest.fixture
+def python_session(backendai, alice, jupyter_image):
+    """A RUNNING session of alice's on the image with Python, named after the client."""
+    name = "streams-" + backendai.release.replace(".", "-")
+    code, out = backendai(main_keypair(alice), "create", "--name", name, "-r", "cpu=1",
+                          "-r", "mem=512m", jupyter_image, timeout=300)
+    assert code == 0, out
+    session = Session.objects.filter(name=name).order_by("-created_at").first()
+    assert session.status == Status.RUNNING
+    return session
+
+
+def sdk(backendai, backendai_cli, keypair, *args, timeout=120):
+    """(exit code, the JSON lines) of sdk_streams.py under the client's own Python."""
+    python = Path(str(backendai_cli)).with_name("python")
+    done = subprocess.run([str(python), str(SDK_SCRIPT), *args],
+                          env=backendai.environment(keypair), capture_output=True, text=True,
+                          timeout=timeout)
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return done.returncode, lines, done.stdout + done.stderr
+
+
+def in_container(docker_client, session, command):
+    container = docker_client.containers.get(session.kernels.get().container_id)
+    result = container.exec_run(["/bin/sh", "-c", command])
+    return result.exit_code, result.output.decode()
+
+
+CODE = ("import sys, time\n"
+        "print('first', flush=True)\n"
+        "time.sleep(2)\n"
+        "print('second')\n"
+        "sys.stderr.write('to-stderr\\n')\n"
+        "sys.exit(3)\n")
+
+
+def test_run_streams_the_output_of_code_in_an_existing_session(backendai, alice, tmp_path,
+                                                               python_session, jupyter_image):
+    kp = main_keypair(alice)
+    code, out = backendai(kp, "run", "--name", python_session.name, "-c", CODE, jupyter_image)
+    assert f"Reusing session {python_session.name}" in out, out
+    assert "first\n" in out and "second\n" in out and "to-stderr" in out, out
+    assert "Execution finished. (exit code = 3)" in out, out
+    assert code == 0, out  # the CLI reports the program's exit code, as it does for Backend.AI
+
+    # With files: uploaded into /home/work, then run there in batch mode.
+    (tmp_path / "main.py").write_text("print(open('input.txt').read().upper())\n")
+    (tmp_path / "input.txt").write_text("from a file")
+    code, out = backendai(kp, "run", "--name", python_session.name, "--exec",
+                          "python3 main.py", jupyter_image, "main.py", "input.txt",
+                          cwd=tmp_path)
+    assert code == 0 and "Uploading done." in out, out
+    assert "FROM A FILE" in out and "Execution finished. (exit code = 0)" in out, out
+
+
+def test_the_sdks_stream_execute_sends_output_as_it_is_written(backendai, backendai_cli, alice,
+                                                               python_session, docker_client):
+    code, messages, out = sdk(backendai, backendai_cli, main_keypair(alice), "execute",
+                              python_session.name, CODE)
+    assert code == 0, out
+    assert [m["status"] for m in messages][-1] == "finished", out
+    assert messages[-1]["exitCode"] == 3
+    first = next(m for m in messages if ["stdout", "first\n"] in m["console"])
+    # Streamed: "first" came while the program still slept, not with its end.
+    assert messages[-1]["t"] - first["t"] >= 1.5, messages
+    console = [record for m in messages for record in m["console"]]
+    assert ["stderr", "to-stderr\n"] in console and ["stdout", "second\n"] in console
+
+    # A client that goes away ends its command.
+    late = "import time\nprint('started', flush=True)\ntime.sleep(4)\nopen('late.txt', 'w')\n"
+    code, messages, out = sdk(backendai, backendai_cli, main_keypair(alice), "leave",
+                              python_session.name, late)
+    assert code == 0 and messages[0]["console"] == [["stdout", "started\n"]], out
+    time.sleep(6)
+    assert in_container(docker_client, python_session, "ls /home/work/late.txt")[0] != 0
+
+
+def test_the_terminal_runs_what_is_typed_at_the_size_asked(backendai, backendai_cli, alice,
+                                                           python_session):
+    code, lines, out = sdk(backendai, backendai_cli, main_keypair(alice), "pty",
+                           python_session.name)
+    assert code == 0, out
+    assert "pty-42" in lines[0]["output"] and "30 100" in lines[0]["output"], out
+    assert "again-5" in lines[1]["output"], out  # after a restart, in a new shell
+
+
+def test_files_go_up_and_come_back_byte_for_byte(backendai, alice, python_session, tmp_path,
+                                                 docker_client):
+    kp = main_keypair(alice)
+    source = tmp_path / "up"
+    (source / "sub").mkdir(parents=True)
+    payload = os.urandom(3 * 1024 * 1024 + 17)
+    (source / "data.bin").write_bytes(payload)
+    (source / "sub" / "note.txt").write_text("a note\n")
+    code, out = backendai(kp, "session", "upload", python_session.name, "data.bin",
+                          "sub/note.txt", cwd=source)
+    assert code == 0 and "Uploaded." in out, out
+    # The kernel sees them in its working directory.
+    assert in_container(docker_client, python_session, "cat /home/work/sub/note.txt") == (
+        0, "a note\n")
+
+    dest = tmp_path / "down"
+    dest.mkdir()
+    code, out = backendai(kp, "session", "download", python_session.name, "data.bin",
+                          "/home/work/sub/note.txt", "--dest", str(dest))
+    assert code == 0 and "Downloaded to" in out, out
+    assert (dest / "data.bin").read_bytes() == payload
+    assert (dest / "note.txt").read_text() == "a note\n"
+
+
+class PeakMemory:
+    """The highest resident set size (bytes) of processes, sampled every 50 ms."""
+
+    def __init__(self, **pids):
+        self.pids, self.peak, self.done = pids, dict.fromkeys(pids, 0), threading.Event()
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+
+    @staticmethod
+    def rss(pid):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def sample(self):
+        while not self.done.wait(0.05):
+            for name, pid in self.pids.items():
+                self.peak[name] = max(self.peak[name], self.rss(pid))
+
+    def __enter__(self):
+        self.before = {name: self.rss(pid) for name, pid in self.pids.items()}
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+    def growth(self):
+        return {name: self.peak[name] - self.before[name] for name in self.pids}
+
+
+def test_a_large_file_passes_without_the_web_process_or_agent_holding_it(
+        backendai, alice, python_session, tmp_path, web_server, live, docker_client):
+    assert in_container(docker_client, python_session,
+                        "head -c 104857600 /dev/urandom > /home/work/big.bin")[0] == 0
+    kp = main_keypair(alice)
+    pids = {"web": web_server.popen.pid, "agent": live.agent.popen.pid}
+    # The download first: the upload's memory, once taken, would hide the download's.
+    with PeakMemory(**pids) as download:
+        code, out = backendai(kp, "session", "download", python_session.name, "big.bin",
+                              "--dest", str(tmp_path), timeout=600)
+        assert code == 0, out
+    (tmp_path / "up").mkdir()
+    (tmp_path / "big.bin").rename(tmp_path / "up" / "back.bin")
+    with PeakMemory(**pids) as upload:
+        code, out = backendai(kp, "session", "upload", python_session.name, "back.bin",
+                              cwd=tmp_path / "up", timeout=600)
+        assert code == 0, out
+    assert in_container(docker_client, python_session,
+                        "cmp /home/work/big.bin /home/work/back.bin && echo same")[1] == "same\n"
+    print(f"peak RSS growth, 100 MiB download: {download.growth()}, upload: {upload.growth()}")
+    # Each holds a few chunks of 1 MiB at a time, never the 100 MiB file. daphne itself
+    # takes a request's whole body before the application sees it (BENCHMARKS.md), so
+    # the web process's growth during the upload is daphne's, and not asserted here.
+    limit = 40 * 1024 * 1024
+    assert max(download.growth().values()) < limit, download.growth()
+    assert upload.growth()["agent"] < limit, upload.growth()
+
+
+def test_bad_paths_and_links_out_of_the_scratch_directory_are_refused(
+        backendai, backendai_cli, alice, python_session, tmp_path, docker_client):
+    kp = main_keypair(alice)
+    assert in_container(docker_client, python_session,
+                        "ln -s /etc/passwd /home/work/pw && ln -s /tmp /home/work/tmp-link "
+                        "&& echo secret > /tmp/outside")[0] == 0
+    for path, message in (("../etc/passwd", "may not contain '..'"),
+                          ("/etc/passwd", "not absolute"),
+                          ("pw", "is or passes through a symbolic link"),
+                          ("tmp-link/outside", "symbolic link"),
+                          ("missing.txt", "There is no 'missing.txt'")):
+        code, out = backendai(kp, "session", "download", python_session.name, path,
+                              "--dest", str(tmp_path))
+        assert code == 1 and message in out, (path, out)
+    assert not (tmp_path / "passwd").exists() and not (tmp_path / "outside").exists()
+
+    # An upload through a link the kernel made is refused; nothing lands outside.
+    source = tmp_path / "up" / "tmp-link"
+    source.mkdir(parents=True)
+    (source / "planted").write_text("x")
+    code, out = backendai(kp, "session", "upload", python_session.name, "tmp-link/planted",
+                          cwd=source.parent)
+    assert code == 1 and "symbolic link" in out, out
+    for name, message in (("../evil", "may not contain '..'"), ("/etc/evil", "not absolute")):
+        code, lines, out = sdk(backendai, backendai_cli, kp, "upload-as",
+                               python_session.name, name)
+        assert code == 3 and lines[0]["status"] == 400, out
+        assert message in json.dumps(lines[0]["data"]), out
+    assert in_container(docker_client, python_session,
+                        "ls /tmp/planted /etc/evil /home/evil 2>&1; true")[1].count(
+                            "No such file") == 3
+
+
+def test_another_users_session_is_refused_on_every_route(backendai, backendai_cli, alice, bob,
+                                                         python_session, tmp_path):
+    kp = main_keypair(bob)
+    ref = str(python_session.pk)
+    code, out = backendai(kp, "session", "download", ref, "x", "--dest", str(tmp_path))
+    assert code == 1 and "No such object." in out, out
+    (tmp_path / "f.txt").write_text("x")
+    code, out = backendai(kp, "session", "upload", ref, "f.txt", cwd=tmp_path)
+    assert code == 1 and "No such object." in out, out
+    for action in ("execute", "pty"):
+        args = (action, ref, "print(1)") if action == "execute" else (action, ref)
+        code, lines, out = sdk(backendai, backendai_cli, kp, *args)
+        assert code == 3 and "403" in lines[0]["refused"], out
+
