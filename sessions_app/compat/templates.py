@@ -7,6 +7,7 @@ import yaml
 from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.response import Response
 
 from sessions_app.api.errors import RequestFailed
@@ -70,9 +71,21 @@ class SessionTemplates(CompatView):
                         status=status.HTTP_201_CREATED)
 
 
+class FormatIsAParameter(DefaultContentNegotiation):
+    """`format` is this route's own parameter (the template's), not DRF's renderer
+    override, which would answer a 404 for `format=yaml`. Always JSON (errors, PUT and
+    DELETE); a YAML body is answered as plain text by the view."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        renderer = renderers[0]
+        return renderer, renderer.media_type
+
+
 @extend_schema(exclude=True)
 class SessionTemplateResource(CompatView):
     """GET (`format` yaml, the default, or json), PUT (`payload`: one template), DELETE."""
+
+    content_negotiation_class = FormatIsAParameter
 
     def get(self, request, ref):
         template = template_of(request, ref)

@@ -384,7 +384,8 @@ def dependency_node(session, seen):
     with its own; a session met twice on one path (a cycle) is not followed again."""
     node = {"session_id": str(session.pk), "session_name": session.name,
             "status": f"KernelStatus.{session.status}",
-            "status_changed": graph_time(session.status_changed), "depends_on": []}
+            "status_changed": graph_time(session.status_changed or session.created_at),
+            "depends_on": []}
     if session.pk in seen:
         return node
     for dependency in session.dependencies.order_by("created_at"):
