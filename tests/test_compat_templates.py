@@ -323,7 +323,9 @@ def test_unknown_paths_are_json_404s_for_clients(client, db, path):
 
 def test_browsers_keep_html_pages_on_dashboard_paths_only(client, db):
     html = {"Accept": "text/html,application/xhtml+xml"}
-    assert client.get("/nowhere/", headers=html)["Content-Type"].startswith("text/html")
+    for path in ("/nowhere/", "/sessions/nowhere/"):
+        page = client.get(path, headers=html)
+        assert page.status_code == 404 and page["Content-Type"].startswith("text/html")
     api = client.get("/template/nowhere", headers=html)
     assert api.status_code == 404 and api.json()["msg"] == "There is no /template/nowhere."
 

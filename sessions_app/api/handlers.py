@@ -2,6 +2,7 @@
 for every other route (a database away is a JSON 503 everywhere)."""
 
 import logging
+import re
 
 from asgiref.sync import iscoroutinefunction
 from django.db import DataError, IntegrityError, InterfaceError, OperationalError
@@ -90,14 +91,14 @@ def exception_handler(exc, context):
 
 
 
-# Paths only programs call: their errors are JSON even for a browser.
-CLIENT_ONLY_PREFIXES = ("/api/", "/session", "/events/", "/template/", "/stream/",
-                        "/admin/gql")
+# Paths only programs call: their errors are JSON even for a browser (/sessions/ is the
+# dashboard's, /session the clients').
+CLIENT_ONLY_PATHS = re.compile(r"^/(?:api|session|events|template|stream|admin/gql)(?:/|$)")
 
 
 def wants_html_page(request):
     """A browser asking for a dashboard page: its errors may stay Django's HTML pages."""
-    return not request.path.startswith(CLIENT_ONLY_PREFIXES) and \
+    return not CLIENT_ONLY_PATHS.match(request.path) and \
         request.get_preferred_type(["application/json", "text/html"]) == "text/html"
 
 
