@@ -348,3 +348,18 @@ def test_html_error_pages_become_json_keeping_their_headers(db):
         "GET is not allowed on /anything."
     plain = HttpResponse("not found here", status=404, content_type="text/plain")
     assert as_json_error(request, plain) is plain  # a body of its own is kept
+
+
+def test_the_api_takes_and_shows_environ_and_bootstrap_script(client, alice):
+    client.force_login(alice)
+    response = client.post("/api/v1/sessions/", {
+        "name": "api-env", "image": IMAGE, "environ": {"A": "1"},
+        "bootstrap_script": "echo hi"}, content_type="application/json")
+    assert response.status_code == 201, response.content
+    assert response.json()["environ"] == {"A": "1"}
+    assert response.json()["bootstrap_script"] == "echo hi"
+    refused = client.post("/api/v1/sessions/", {
+        "name": "api-env2", "image": IMAGE, "environ": {"HOME": "/x"}},
+        content_type="application/json")
+    assert refused.status_code == 400
+    assert "Reserved environment variable names: HOME" in refused.json()["msg"]
