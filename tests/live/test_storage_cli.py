@@ -6,13 +6,12 @@ from scheduling_app.models import ScalingGroup
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, Status
 from storage_app.models import Mount
-from tests.live.test_compat_cli import backendai  # noqa: F401 (fixture)
 from tests.support import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker
 
 
-def test_vfolder_commands_and_a_mount_from_the_cli(backendai, alice, tmp_path):  # noqa: F811
+def test_vfolder_commands_and_a_mount_from_the_cli(backendai, alice, tmp_path):
     ScalingGroup.objects.filter(name="default").update(storage_root=str(tmp_path / "storage"))
     keypair = main_keypair(alice)
     code, out = backendai(keypair, "vfolder", "create", "vf1", "default")
