@@ -37,6 +37,9 @@ def kernel_spec(kernel):
         "image": kernel.image,
         "slots": kernel.occupied_slots or kernel.requested_slots,
         "startup_command": session.startup_command,
+        # Run once, in the main kernel only (Backend.AI's bootstrap.sh).
+        "bootstrap_script": session.bootstrap_script if kernel.is_main else "",
+        "environ": session.environ or {},
         "grace_period": session.grace_period if session.grace_period is not None
         else settings.DEFAULT_GRACE_PERIOD,
         "cluster_role": kernel.cluster_role,

@@ -76,6 +76,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "sessions_app.api.handlers.DatabaseUnavailableMiddleware",
+    # Outside the rest: it sees the final answer (CommonMiddleware's slash redirects too).
+    "sessions_app.api.handlers.json_errors_middleware",
     # Serves static/ under daphne too (daphne, unlike runserver, serves no files).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

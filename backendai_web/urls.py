@@ -14,6 +14,7 @@ from sessions_app.api.errors import error_body
 from sessions_app.api.metrics import metrics_view
 from sessions_app.api.views import SessionViewSet
 from sessions_app.compat import files as session_files
+from sessions_app.compat import templates as compat_templates
 from sessions_app.compat import views as compat
 from sessions_app.compat.graphql import GraphQLEndpoint
 from sessions_app.realtime.streams import with_follow_up
@@ -54,6 +55,8 @@ def not_found(request, rest=""):
 # The routes of the Backend.AI manager, where its client SDK and CLI expect them.
 compat_urls = [
     path("session", with_follow_up(compat.CreateSession.as_view())),
+    path("session/_/create-from-template",
+         with_follow_up(compat_templates.CreateFromTemplate.as_view())),
     path("session/<str:ref>", with_follow_up(compat.SessionResource.as_view())),
     path("session/<str:ref>/rename", compat.RenameSession.as_view()),
     path("session/<str:ref>/logs", compat.SessionLogs.as_view()),
@@ -61,6 +64,9 @@ compat_urls = [
     path("session/<str:ref>/upload", with_follow_up(session_files.SessionUpload.as_view())),
     path("session/<str:ref>/download",
          with_follow_up(session_files.SessionDownload.as_view())),
+    path("session/<str:ref>/dependency-graph", compat.DependencyGraph.as_view()),
+    path("template/session", compat_templates.SessionTemplates.as_view()),
+    path("template/session/<str:ref>", compat_templates.SessionTemplateResource.as_view()),
     path("events/session", with_follow_up(compat.SessionEvents.as_view())),
     # Backend.AI's vfolder routes (storage_app.compat); /folders/ is the dashboard's.
     path("folders", folders_compat.Folders.as_view()),
@@ -93,5 +99,5 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     *compat_urls,
     # [\s\S] and \Z: a path with an encoded newline is under /api/ too.
-    re_path(r"^(?:api|session|events)(?P<rest>/[\s\S]*)?\Z", not_found),
+    re_path(r"^(?:api|session|events|template)(?P<rest>/[\s\S]*)?\Z", not_found),
 ]

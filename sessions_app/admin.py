@@ -4,7 +4,7 @@ from django.utils.html import format_html
 from sessions_app import admin_actions
 from sessions_app.admin_actions import DestroyActionsMixin
 from sessions_app.enums import Status
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
+from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, SessionTemplate
 
 STATUS_COLORS = {
     Status.PENDING: "#8a6d3b", Status.RUNNING: "#2e7d32", Status.TERMINATED: "#616161",
@@ -98,3 +98,11 @@ class SessionEventAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+@admin.register(SessionTemplate)
+class SessionTemplateAdmin(admin.ModelAdmin):
+    list_display = ["name", "user", "project", "created_at", "modified_at"]
+    list_select_related = ["user", "project"]
+    search_fields = ["name", "user__username"]
+    readonly_fields = ["created_at", "modified_at"]

@@ -9,7 +9,7 @@ from django.db.models import Q
 from agents_app.models import AgentStatus
 from scheduling_app.models import Domain, Project, ResourcePolicy, ScalingGroup, SlotsField
 from sessions_app.enums import ClusterMode, SessionResult, SessionType, Status, StatusGroup
-from sessions_app.querysets import KernelQuerySet, SessionQuerySet
+from sessions_app.querysets import KernelQuerySet, OwnedQuerySet, SessionQuerySet
 
 
 def generate_access_key():
@@ -84,6 +84,11 @@ class Session(StatusFields):
     occupying_slots = SlotsField(help_text="All kernels together.")
     scaling_group = models.ForeignKey(ScalingGroup, on_delete=models.PROTECT)
     startup_command = models.TextField(blank=True)
+    bootstrap_script = models.TextField(
+        blank=True, help_text="Run once in the main kernel before the startup command; its "
+                              "output is in the session's log.")
+    environ = models.JSONField(
+        default=dict, blank=True, help_text="The owner's environment variables for every kernel.")
     batch_timeout = models.PositiveIntegerField(null=True, blank=True, help_text="Seconds.")
     grace_period = models.PositiveIntegerField(
         null=True, blank=True, help_text="Seconds between SIGTERM and SIGKILL; empty = default."
@@ -250,3 +255,30 @@ class SessionEvent(models.Model):
 
     def __str__(self):
         return f"{self.name} {self.from_status}→{self.to_status}"
+
+
+class SessionTemplate(models.Model):
+    """A stored session request (Backend.AI's task template), per user and project.
+
+    `template` is the template document as the client sent it, parsed (YAML or JSON):
+    `metadata.name`, `metadata.tag`, and under `spec` the session type, image, resources,
+    environ, bootstrap and startup commands, mounts and scaling group.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=128, blank=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="session_templates")
+    project = models.ForeignKey(Project, on_delete=models.CASCADE,
+                                related_name="session_templates")
+    template = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+    modified_at = models.DateTimeField(auto_now=True)
+
+    objects = OwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return self.name or str(self.pk)

@@ -20,17 +20,11 @@ def as_uuid(ref):
         return None
 
 
-class StatusQuerySet(models.QuerySet):
-    """live(), finished() and visible_to() of sessions and kernels alike; `owner` is the
-    lookup of the user a row belongs to."""
+class OwnedQuerySet(models.QuerySet):
+    """visible_to() of what users own (sessions, kernels, session templates); `owner` is
+    the lookup of the user a row belongs to."""
 
     owner = "user"
-
-    def live(self):
-        return self.filter(status__in=StatusGroup.LIVE)
-
-    def finished(self):
-        return self.filter(status__in=StatusGroup.FINISHED)
 
     def visible_to(self, user, keypair=None):
         """Every row for admins (`keypair` is the one the request acts through); a user's
@@ -40,6 +34,16 @@ class StatusQuerySet(models.QuerySet):
         if user is None or not user.is_authenticated:
             return self.none()
         return self.filter(**{self.owner: user})
+
+
+class StatusQuerySet(OwnedQuerySet):
+    """live() and finished() of sessions and kernels alike."""
+
+    def live(self):
+        return self.filter(status__in=StatusGroup.LIVE)
+
+    def finished(self):
+        return self.filter(status__in=StatusGroup.FINISHED)
 
 
 class SessionQuerySet(StatusQuerySet):

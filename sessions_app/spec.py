@@ -84,6 +84,56 @@ def text(value, name, *, max_length=None):
     return value
 
 
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+MAX_ENVIRON_COUNT = 128
+MAX_ENVIRON_VALUE = 32768
+# Names the kernel runtime sets itself (agents_app.runtime.docker_backend): a user's value
+# would change how the session runs, not just what its program sees.
+RESERVED_ENV_PREFIXES = ("BACKENDAI_", "TINI_")
+RESERVED_ENV_NAMES = frozenset({"HOME", "PATH", "HOSTNAME", "LD_PRELOAD", "LD_LIBRARY_PATH",
+                                "USER", "LOGNAME", "SHELL", "PWD"})
+MAX_BOOTSTRAP_LENGTH = 65536
+
+
+def reserved_env_name(name):
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
+
+
+def check_environ(environ):
+    """User environment variables for the kernels: {NAME: text}, names as the shell
+    allows, none of the names the runtime reserves."""
+    if environ is None:
+        return {}
+    if not isinstance(environ, dict):
+        raise SessionRequestError("environ must be an object of variable names to values.",
+                                  "environ")
+    if len(environ) > MAX_ENVIRON_COUNT:
+        raise SessionRequestError(f"environ holds at most {MAX_ENVIRON_COUNT} variables.",
+                                  "environ")
+    bad = [name for name in environ
+           if not isinstance(name, str) or not ENV_NAME_PATTERN.match(name)]
+    if bad:
+        raise SessionRequestError(
+            f"Not a variable name: {', '.join(map(repr, bad[:5]))} (letters, digits and "
+            "'_', not starting with a digit).", "environ")
+    reserved = sorted(name for name in environ if reserved_env_name(name))
+    if reserved:
+        raise SessionRequestError(
+            f"Reserved environment variable names: {', '.join(reserved)} (the runtime sets "
+            f"{', '.join(sorted(RESERVED_ENV_NAMES))} and every BACKENDAI_* and TINI_* name).",
+            "environ")
+    values = {}
+    for name, value in environ.items():
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise SessionRequestError(f"The value of {name} must be text.", "environ")
+        value = str(value)
+        if len(value) > MAX_ENVIRON_VALUE or "\0" in value:
+            raise SessionRequestError(f"The value of {name} is at most {MAX_ENVIRON_VALUE} "
+                                      "characters, without NUL.", "environ")
+        values[name] = value
+    return values
+
+
 def check_priority(priority, policy, may_raise):
     """The priority a request may have: default the policy's; up to it for users, up to
     the policy's maximum for admins (`may_raise`)."""
@@ -118,6 +168,8 @@ class SessionSpec:
     cluster_size: int = 1
     cluster_mode: str = ClusterMode.SINGLE_NODE
     startup_command: str = ""
+    bootstrap_script: str = ""
+    environ: dict = field(default_factory=dict)
     grace_period: int | None = None
     batch_timeout: int | None = None
     tag: str = ""
@@ -132,7 +184,7 @@ class SessionSpec:
               cluster_mode=ClusterMode.SINGLE_NODE, startup_command="",
               scaling_group="default", grace_period=None, batch_timeout=None, tag="",
               project=None, pre_stop_command="", dependencies=(), priority=None,
-              preemptible=False, mounts=None):
+              preemptible=False, mounts=None, bootstrap_script="", environ=None):
         """The spec of these fields for `keypair`, or one SessionRequestError naming every
         field that is wrong (`errors`; `field` is the first). `dependencies` are sessions,
         already found among those the requester sees; `may_raise_priority` is for admins."""
@@ -162,6 +214,9 @@ class SessionSpec:
         check(whole_number, grace_period, "grace_period", 0, limits.max_grace_period)
         check(whole_number, batch_timeout, "batch_timeout", 1, limits.max_batch_timeout)
         startup_command = check(text, startup_command, "startup_command")
+        bootstrap_script = check(text, bootstrap_script, "bootstrap_script",
+                                 max_length=MAX_BOOTSTRAP_LENGTH)
+        environ = check(check_environ, environ)
         if session_type == SessionType.BATCH and not startup_command:
             errors.setdefault("startup_command", "A batch session needs a startup command.")
         group = ScalingGroup.objects.filter(name=scaling_group, is_active=True).first() \
@@ -186,6 +241,7 @@ class SessionSpec:
             slots=slots, priority=priority, session_type=session_type,
             cluster_size=cluster_size, cluster_mode=cluster_mode,
             startup_command=startup_command, grace_period=grace_period,
+            bootstrap_script=bootstrap_script, environ=environ,
             batch_timeout=batch_timeout, tag=tag, pre_stop_command=pre_stop_command,
             preemptible=preemptible or policy.preemptible, dependencies=tuple(dependencies),
             mounts=tuple(folders))

@@ -1,15 +1,19 @@
 """Session tools that go through the kernel's agent: the container log, commands, restart."""
 
+from datetime import timedelta
+
 from celery.exceptions import TimeoutError as CeleryTimeout
 from django.db import transaction
 from rest_framework.exceptions import APIException
 
 from agents_app import rpc
+from common import clock
 from sessions_app import engine
-from sessions_app.enums import Status
+from sessions_app.enums import Status, StatusGroup
 from sessions_app.models import Session
 
 LOGS_TIMEOUT = 10
+JUST_ENDED = timedelta(seconds=60)  # how long an ended kernel's log may still be on its way
 
 
 class AgentUnavailable(APIException):
@@ -22,15 +26,25 @@ class NotRunning(APIException):
 
 
 def session_logs(session):
+    """The main kernel's log: from its container while there is one, else the tail kept
+    when it ended. A kernel that has just ended may still be waiting for that tail (its
+    agent's report is on the way) while its container is there: the container's log."""
     kernel = session.main_kernel
-    if kernel.status in (Status.RUNNING, Status.TERMINATING) and kernel.agent_id:
+    live = kernel.status in (Status.RUNNING, Status.TERMINATING)
+    just_ended = kernel.status in StatusGroup.FINISHED and not kernel.log_tail \
+        and kernel.container_id and kernel.terminated_at is not None \
+        and clock.now() - kernel.terminated_at < JUST_ENDED
+    if (live or just_ended) and kernel.agent_id:
         try:
             text = rpc.call(kernel.agent_id, "agent.logs", LOGS_TIMEOUT,
                             kernel_id=str(kernel.pk), container_id=kernel.container_id)
         except CeleryTimeout:
-            raise AgentUnavailable() from None
+            if live:
+                raise AgentUnavailable() from None
+            text = None
         if text is not None:
             return {"logs": text, "source": "container"}
+        kernel.refresh_from_db(fields=["log_tail"])  # its report may have come meanwhile
     return {"logs": kernel.log_tail, "source": "kept" if kernel.log_tail else "none"}
 
 

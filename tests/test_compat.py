@@ -82,8 +82,18 @@ def test_create_without_enqueue_only_waits_and_says_timeout(client, kp):
 @pytest.mark.parametrize("body, message", [
     ({"name": "s1", "config": {"mounts": ["data"]}}, "There is no folder 'data' you may "
                                                       "mount."),
-    ({"name": "s1", "config": {"environ": {"A": "1"}}}, "Not supported by this server: "
-                                                         "config.environ"),
+    ({"name": "s1", "config": {"preopen_ports": [8080]}}, "Not supported by this server: "
+                                                           "config.preopen_ports"),
+    ({"name": "s1", "config": {"environ": {"BACKENDAI_SESSION_ID": "x"}}},
+     "Reserved environment variable names: BACKENDAI_SESSION_ID"),
+    ({"name": "s1", "config": {"environ": {"PATH": "/x", "TINI_KILL_PROCESS_GROUP": "0"}}},
+     "Reserved environment variable names: PATH, TINI_KILL_PROCESS_GROUP"),
+    ({"name": "s1", "config": {"environ": {"1A": "x"}}}, "Not a variable name: '1A'"),
+    ({"name": "s1", "config": {"environ": {"A": {"b": 1}}}}, "The value of A must be text"),
+    ({"name": "s1", "config": {"environ": ["A=1"]}}, "environ must be an object"),
+    ({"name": "s1", "bootstrap_script": 5}, "bootstrap_script must be a string"),
+    ({"name": "s1", "type": "batch", "startupCommand": "true", "batch_timeout": 0},
+     "batch_timeout must be a whole number of at least 1"),
     ({"name": "s1", "clusterSize": "many"}, "clusterSize must be a whole number"),
     ({"name": "s1", "config": "x"}, "config must be an object"),
     ({"name": "s1", "config": {"resources": {"cpu": "lots"}}}, "cpu: 'lots' is not a number"),

@@ -110,24 +110,41 @@ def kernel_labels(agent_id, spec):
     }
 
 
+# Marks, in the kernel's scratch volume (kept across a session restart), that the session's
+# bootstrap script has run: it runs once, not at every start of the container.
+BOOTSTRAP_MARK = "/home/work/.bootstrap-done"
+
+
+def bootstrap_step(script):
+    """The shell that runs `script` (in a subshell: its `exit` ends only itself) unless
+    it has run in this kernel already; its output goes to the container's log."""
+    if not script:
+        return ""
+    return (f"if [ ! -e {BOOTSTRAP_MARK} ]; then ( {script}\n); "
+            f": > {BOOTSTRAP_MARK} 2>/dev/null; fi; ")
+
+
 def kernel_command(spec):
     startup = spec.get("startup_command") or ""
+    bootstrap = bootstrap_step(spec.get("bootstrap_script") or "")
     if spec["session_type"] == SessionType.BATCH:
-        return ["/bin/sh", "-c", startup]
+        return ["/bin/sh", "-c", bootstrap + startup]
     if startup:
-        return ["/bin/sh", "-c", f"( {startup}\n) & {KEEPALIVE}"]
-    return ["/bin/sh", "-c", KEEPALIVE]
+        return ["/bin/sh", "-c", f"{bootstrap}( {startup}\n) & {KEEPALIVE}"]
+    return ["/bin/sh", "-c", bootstrap + KEEPALIVE]
 
 
 def kernel_environment(spec):
-    """Backend.AI's session and cluster variables (its docs, "Cluster Networking"):
-    the same whether the kernels share a host or not."""
+    """The owner's variables (config.environ), then Backend.AI's session and cluster
+    variables (its docs, "Cluster Networking"): the same whether the kernels share a host
+    or not."""
     hosts = spec.get("cluster_hosts") or [spec["cluster_hostname"]]
     replicas = {}
     for host in hosts:
         role = host.rstrip("0123456789")
         replicas[role] = replicas.get(role, 0) + 1
     return {
+        **(spec.get("environ") or {}),  # the owner's; the runtime's names are refused
         "BACKENDAI_SESSION_ID": spec["session_id"],
         "BACKENDAI_SESSION_NAME": spec["session_name"],
         "BACKENDAI_KERNEL_ID": spec["kernel_id"],

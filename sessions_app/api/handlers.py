@@ -2,10 +2,13 @@
 for every other route (a database away is a JSON 503 everywhere)."""
 
 import logging
+import re
 
+from asgiref.sync import iscoroutinefunction
 from django.db import DataError, IntegrityError, InterfaceError, OperationalError
 from django.db.models import ProtectedError, RestrictedError
 from django.http import JsonResponse
+from django.utils.decorators import sync_and_async_middleware
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -86,3 +89,55 @@ def exception_handler(exc, context):
         response.data = error_body(response.status_code, _flatten(detail), data=detail)
     return response
 
+
+
+# Paths only programs call: their errors are JSON even for a browser (/sessions/ is the
+# dashboard's, /session the clients').
+CLIENT_ONLY_PATHS = re.compile(r"^/(?:api|session|events|template|stream|admin/gql)(?:/|$)")
+
+
+def wants_html_page(request):
+    """A browser asking for a dashboard page: its errors may stay Django's HTML pages."""
+    return not CLIENT_ONLY_PATHS.match(request.path) and \
+        request.get_preferred_type(["application/json", "text/html"]) == "text/html"
+
+
+ERROR_MESSAGES = {
+    404: "There is no {path}.",
+    405: "{method} is not allowed on {path}.",
+    500: "Internal server error; the operators have the details.",
+}
+KEPT_HEADERS = ("Allow", "Retry-After", "WWW-Authenticate")
+
+
+def as_json_error(request, response):
+    """An error answered with an HTML page (Django's 404/500 pages, its debug pages, an
+    empty 405, a CSRF refusal) as Backend.AI's JSON error body instead; other answers as
+    they are."""
+    if response.status_code < 400 or response.streaming or wants_html_page(request):
+        return response
+    content_type = response.get("Content-Type", "")
+    if content_type.startswith("application/json") or (
+            response.content and not content_type.startswith("text/html")):
+        return response
+    message = ERROR_MESSAGES.get(response.status_code, "The request failed ({status}).")
+    answer = JsonResponse(error_body(response.status_code, message.format(
+        path=request.path, method=request.method, status=response.status_code)),
+        status=response.status_code)
+    for header in KEPT_HEADERS:
+        if header in response:
+            answer[header] = response[header]
+    return answer
+
+
+@sync_and_async_middleware
+def json_errors_middleware(get_response):
+    """Every path a client may call answers errors in JSON (404, 405, 500 and the rest),
+    also under DEBUG; browsers asking for dashboard pages keep the HTML pages."""
+    if iscoroutinefunction(get_response):
+        async def middleware(request):
+            return as_json_error(request, await get_response(request))
+    else:
+        def middleware(request):
+            return as_json_error(request, get_response(request))
+    return middleware

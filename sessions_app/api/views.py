@@ -135,7 +135,8 @@ class SessionSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "status", "status_info", "status_data", "status_history",
                   "pending_reason", "session_type", "image", "cluster_mode", "cluster_size",
                   "requested_slots", "occupying_slots", "scaling_group", "owner",
-                  "owner_access_key", "startup_command", "grace_period", "batch_timeout", "tag",
+                  "owner_access_key", "startup_command", "bootstrap_script", "environ",
+                  "grace_period", "batch_timeout", "tag",
                   "created_at", "starts_at", "terminated_at", "result", "last_activity",
                   "idle_exempt", "idle_checks", "priority", "preemptible", "queue",
                   "unreachable_agents", "kernels", "mounts"]
@@ -180,6 +181,14 @@ class SessionCreateSerializer(serializers.Serializer):
                                              help_text="Seconds.")
     tag = serializers.CharField(required=False, allow_blank=True, default="")
     pre_stop_command = serializers.CharField(required=False, allow_blank=True, default="")
+    bootstrap_script = serializers.CharField(
+        required=False, allow_blank=True, default="",
+        help_text="Run once in the main kernel before the startup command; its output is in "
+                  "the session's log.")
+    environ = serializers.DictField(
+        child=serializers.CharField(allow_blank=True), required=False, default=dict,
+        help_text="Environment variables for every kernel; the runtime's names (PATH, HOME, "
+                  "BACKENDAI_*, …) are refused.")
     owner_access_key = serializers.CharField(required=False, allow_blank=True, max_length=20,
                                              help_text="Admins: create for this keypair.")
     dependencies = serializers.ListField(

@@ -8,6 +8,7 @@ answers in the SDK's response shape. Errors are Backend.AI's `{"type", "title", 
 
 import shlex
 import uuid
+from datetime import UTC
 
 from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
@@ -31,7 +32,7 @@ from sessions_app.api.views import (
     resolve_dependencies,
     visible_sessions,
 )
-from sessions_app.enums import SessionType, StatusGroup
+from sessions_app.enums import SessionType, Status, StatusGroup
 from sessions_app.events import ADMINS_GROUP, session_group, user_group
 from sessions_app.models import Session
 from sessions_app.querysets import as_uuid
@@ -42,6 +43,7 @@ from sessions_app.realtime.streams import (
     next_message,
     sse,
     subscription,
+    wait_until_finished,
     wait_until_started,
 )
 from sessions_app.tools import execute_on_kernel, restart_session, running_main_kernel, session_logs
@@ -125,10 +127,8 @@ def creation_fields(data):
     if not isinstance(config, dict):
         raise RequestFailed("config must be an object.", data={"config": ["must be an object"]})
     unsupported = [name for name, value in (
-        ("config.environ", config.get("environ")),
         ("config.preopen_ports", config.get("preopen_ports")),
         ("config.agentList", config.get("agentList")),
-        ("bootstrap_script", data.get("bootstrap_script")),
         ("starts_at", data.get("starts_at"))) if value]
     if unsupported:
         raise RequestFailed(f"Not supported by this server: {', '.join(unsupported)}.",
@@ -159,6 +159,11 @@ def creation_fields(data):
         "dependencies": dependencies,
         "priority": None if data.get("priority") is None else whole_number(
             data["priority"], "priority", 0),
+        # The script's text, as the clients' --bootstrap-script FILE sends it.
+        "bootstrap_script": text(data.get("bootstrap_script") or "", "bootstrap_script"),
+        "environ": config.get("environ") or {},
+        "batch_timeout": None if data.get("batch_timeout") is None else whole_number(
+            data["batch_timeout"], "batch_timeout", 1),
     }
 
 
@@ -199,11 +204,13 @@ def service_ports_of(session):
 
 class CreateSession(CompatView):
     """POST /session: get-or-create; unless `enqueueOnly`, answers once the session is
-    RUNNING, can no longer start, or `maxWaitSeconds` (0: no limit) have passed (status
-    "TIMEOUT")."""
+    RUNNING (a batch session: once it has finished), can no longer start, or
+    `maxWaitSeconds` (0: no limit) have passed (status "TIMEOUT")."""
 
     def post(self, request):
-        data = body_of(request)
+        return self.answer(request, body_of(request))
+
+    def answer(self, request, data):
         owner = owner_keypair(request, data.get("owner_access_key"), creating=True)
         fields = creation_fields(data)
         enqueue_only = is_true(data.get("enqueueOnly", False))
@@ -223,8 +230,14 @@ class CreateSession(CompatView):
         response = Response(creation_answer(session, created=True),
                             status=status.HTTP_201_CREATED)
         if not enqueue_only:
+            # A batch session is answered once its command has ended, with its final
+            # status; an interactive one once it runs. The wait is the event loop's, not a
+            # thread's (with_follow_up).
+            wait = wait_until_finished if session.session_type == SessionType.BATCH \
+                else wait_until_started
+
             async def follow_up():
-                response.data["status"] = await wait_until_started(session.pk, max_wait)
+                response.data["status"] = await wait(session.pk, max_wait)
                 return response
             response.follow_up = follow_up
         return response
@@ -242,7 +255,7 @@ def session_info(session):
         "clusterSize": session.cluster_size, "containerId": main.container_id,
         "agentId": main.agent_id, "requestedSlots": session.requested_slots,
         "occupyingSlots": session.occupying_slots, "occupiedSlots": main.occupied_slots,
-        "environ": {}, "resourceOpts": {}, "status": session.status,
+        "environ": session.environ or {}, "resourceOpts": {}, "status": session.status,
         "statusInfo": session.status_info, "statusData": session.status_data,
         "result": session.result.upper(), "creationTime": session.created_at.isoformat(),
         "terminationTime": session.terminated_at.isoformat() if session.terminated_at
@@ -251,6 +264,21 @@ def session_info(session):
         "priority": session.priority, "preemptible": session.preemptible,
         "queue": session.queue, "servicePorts": service_ports_of(session),
     }
+
+
+def destroy_stats(result):
+    """The manager's answer to a destroy: its main kernel's last statistics with
+    `status` "cancelled" (it never started) or "terminated" (it did, or is stopping), as
+    the clients' `--stats` reads them (version 2: a unit hint for each measure)."""
+    stat = result.last_stat or {}
+    stats = {"status": "cancelled" if result.status == Status.CANCELLED.lower()
+             else "terminated", "version": 2}
+    if stat.get("mem_bytes") is not None:
+        stats["mem"] = {"current": str(stat["mem_bytes"]), "unit_hint": "bytes"}
+    if stat.get("cpu_percent") is not None:
+        pct = f"{float(stat['cpu_percent']):.2f}"
+        stats["cpu_util"] = {"current": pct, "pct": pct, "unit_hint": "percent"}
+    return stats
 
 
 def dependents_of(session):
@@ -317,7 +345,7 @@ class SessionResource(CompatView):
             for dependent in dependents_of(session):
                 destroy_for(request, dependent, forced)
         result = destroy_for(request, session, forced)
-        return Response({"stats": result.last_stat, "status": result.status})
+        return Response({"stats": destroy_stats(result), "status": result.status})
 
     def patch(self, request, ref):
         restart_session(self.session(request, ref, touch=True),
@@ -342,6 +370,34 @@ class SessionResource(CompatView):
             return response
         response.follow_up = follow_up
         return response
+
+
+def graph_time(moment):
+    """`str(datetime)` with microseconds always there: the clients cut at the dot."""
+    if moment is None:
+        return "None"
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f") + "+00:00"
+
+
+def dependency_node(session, seen):
+    """The manager's dependency-graph node of `session`: the sessions it depends on, each
+    with its own; a session met twice on one path (a cycle) is not followed again."""
+    node = {"session_id": str(session.pk), "session_name": session.name,
+            "status": f"KernelStatus.{session.status}",
+            "status_changed": graph_time(session.status_changed or session.created_at),
+            "depends_on": []}
+    if session.pk in seen:
+        return node
+    for dependency in session.dependencies.order_by("created_at"):
+        node["depends_on"].append(dependency_node(dependency, seen | {session.pk}))
+    return node
+
+
+class DependencyGraph(CompatView):
+    """GET /session/{ref}/dependency-graph: the root node, as `session show-graph` reads it."""
+
+    def get(self, request, ref):
+        return Response(dependency_node(self.session(request, ref), frozenset()))
 
 
 class RenameSession(CompatView):

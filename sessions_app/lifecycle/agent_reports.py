@@ -85,6 +85,9 @@ def _creation_failed(kernel, data, actor):
     return retry_stage(kernel, "creating", f"failed-to-start: {data.get('error', '?')}")
 
 
+# The reason a batch session is stopped with at its batch_timeout (scheduling_app.idle).
+BATCH_TIMEOUT = "batch-timeout"
+
 # Why a container ended by itself, as the agent read it from Docker's state.
 SELF_ENDED_REASONS = {"self-terminated", "oom-killed"}
 
@@ -111,11 +114,13 @@ def _terminated(kernel, data, actor):
         return moved
     # A quick command can end before its kernel_started report is handled: CREATING too.
     # A main kernel stopped because another kernel ended still gives the batch result.
+    # A batch session stopped at its batch_timeout failed, whatever its command's exit.
     batch = kernel.session.session_type == SessionType.BATCH
-    if kernel.is_main and batch and exit_code is not None \
-            and (kernel.status in (S.CREATING, S.RUNNING)
-                 or (kernel.status == S.TERMINATING and StatusData(kernel.status_data).ended_with)):
-        _record_batch_result(kernel, exit_code, actor)
+    timed_out = kernel.status == S.TERMINATING and kernel.status_info == BATCH_TIMEOUT
+    if kernel.is_main and batch and (timed_out or exit_code is not None and (
+            kernel.status in (S.CREATING, S.RUNNING)
+            or (kernel.status == S.TERMINATING and StatusData(kernel.status_data).ended_with))):
+        _record_batch_result(kernel, exit_code, actor, timed_out=timed_out)
     moved = engine.mark_kernel_terminated(kernel, reason=reason, exit_code=exit_code,
                                           actor=actor, data={"exit_code": exit_code})
     if moved is None and kernel.exit_code is None and exit_code is not None:
@@ -156,13 +161,18 @@ def _pre_stop_failed(kernel, data, actor):
                               "output": output})
 
 
-def _record_batch_result(kernel, exit_code, actor):
-    """A batch session ends when its command exits: 0 is success, anything else failure."""
-    result = SessionResult.SUCCESS if exit_code == 0 else SessionResult.FAILURE
+def _record_batch_result(kernel, exit_code, actor, *, timed_out=False):
+    """A batch session ends when its command exits: 0 is success, anything else failure;
+    stopped at its batch_timeout, failure."""
+    result = SessionResult.SUCCESS if exit_code == 0 and not timed_out \
+        else SessionResult.FAILURE
     Session.objects.filter(pk=kernel.session_id).update(result=result)
     kernel.session.result = result
+    reason = f"exit code {exit_code}"
+    if timed_out:
+        reason = f"{BATCH_TIMEOUT}: stopped after {kernel.session.batch_timeout}s ({reason})"
     engine.record_event(kernel.session, f"session_{result}", kernel=kernel, actor=actor,
-                        reason=f"exit code {exit_code}", data={"exit_code": exit_code})
+                        reason=reason, data={"exit_code": exit_code})
 
 
 def _pull_progress(kernel, data, actor):

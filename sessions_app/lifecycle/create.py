@@ -50,6 +50,7 @@ def create_from_spec(spec, *, keypair, user, actor=None) -> Session:
                     cluster_mode=spec.cluster_mode, cluster_size=spec.cluster_size,
                     image=spec.image, requested_slots=slots, scaling_group=spec.scaling_group,
                     startup_command=spec.startup_command, grace_period=spec.grace_period,
+                    bootstrap_script=spec.bootstrap_script, environ=spec.environ,
                     batch_timeout=spec.batch_timeout, tag=spec.tag, status_history=queued,
                     pre_stop_command=spec.pre_stop_command, priority=spec.priority,
                     preemptible=spec.preemptible,

@@ -92,12 +92,27 @@ def _status_of(session_id):
 async def wait_until_started(session_id, max_wait=None):
     """The session's status once it is RUNNING or can no longer get there (finished or
     ERROR); "TIMEOUT" after `max_wait` seconds (None or 0: no limit)."""
+    return await wait_for_status(session_id, STARTED_OR_ENDED, max_wait)
+
+
+async def wait_until_finished(session_id, max_wait=None):
+    """The session's status once it has finished (a batch session's command has exited,
+    or it was ended) or is in ERROR; "TIMEOUT" after `max_wait` seconds (None or 0: no
+    limit)."""
+    return await wait_for_status(session_id, ENDED, max_wait)
+
+
+ENDED = StatusGroup.FINISHED | {Status.ERROR, None}  # None: the session is gone
+STARTED_OR_ENDED = ENDED | {Status.RUNNING}
+
+
+async def wait_for_status(session_id, wanted, max_wait=None):
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_wait if max_wait else None
     async with subscription([session_group(session_id)]) as queue:
         while True:
             status = await sync_to_async(_status_of)(session_id)
-            if status in StatusGroup.FINISHED | {Status.RUNNING, Status.ERROR, None}:
+            if status in wanted:
                 return status
             timeout = RECHECK_SECONDS
             if deadline is not None:

@@ -1,6 +1,7 @@
 """The dashboard's create form: widgets for SessionSpec's fields (sessions_app/spec.py), which
 validates them; the form only shows its limits and what remains of the user's quota."""
 
+import contextlib
 from decimal import Decimal
 
 from django import forms
@@ -8,10 +9,12 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator
 
 from agents_app.models import Image
-from common.slots import ResourceSlots, format_bytes
+from common.slots import ResourceSlots, SlotError, format_bytes
 from sessions_app.enums import SessionType
 from sessions_app.lifecycle.create import create_from_spec
+from sessions_app.models import SessionTemplate
 from sessions_app.quota import quota_of
+from sessions_app.session_templates import check_template, form_initial
 from sessions_app.spec import DomainError, Limits, SessionSpec
 from storage_app.folders import visible_folders
 
@@ -25,6 +28,10 @@ def image_choices():
 
 
 class SessionForm(forms.Form):
+    template = forms.ChoiceField(
+        required=False, label="Template",
+        help_text="One of your session templates: its environment variables and bootstrap "
+                  "script come with it; the fields below start from its values.")
     name = forms.CharField(
         max_length=64, help_text="Letters, digits, '.', '_' or '-'; unique among your live "
                                  "sessions.")
@@ -57,6 +64,8 @@ class SessionForm(forms.Form):
         required=False, help_text="May be ended for a waiting session of higher priority "
                                   "(where the scaling group allows it).")
 
+    template_problem = None
+
     def __init__(self, *args, keypair, may_raise_priority=False, **kwargs):
         super().__init__(*args, **kwargs)
         self.keypair = keypair
@@ -73,6 +82,10 @@ class SessionForm(forms.Form):
         limits = Limits.current()  # SessionSpec's, checked early for the browser too
         self._bound("cluster_size", limits.max_cluster_size, "the most kernels allowed")
         self._bound("grace_period", limits.max_grace_period, "the longest grace period allowed")
+        self.templates = {str(t.pk): t for t in
+                          SessionTemplate.objects.filter(user=keypair.user).order_by("name")}
+        self.fields["template"].choices = [("", "None")] + [
+            (pk, t.name or pk) for pk, t in self.templates.items()]
         self.fields["mounts"].choices = [
             (f.name, f.name) for f in visible_folders(keypair.user)]
         remaining = self.quota.remaining
@@ -97,7 +110,8 @@ class SessionForm(forms.Form):
         try:
             self.spec = SessionSpec.build(keypair=self.keypair,
                                           may_raise_priority=self.may_raise_priority,
-                                          **self.spec_fields(data))
+                                          **self.spec_fields(data),
+                                          **self.template_fields(data.get("template")))
         except DomainError as exc:
             for field, message in exc.errors.items():
                 if field not in self.errors:  # the form's own word on a field comes first
@@ -139,6 +153,35 @@ class SessionForm(forms.Form):
                 "grace_period": data.get("grace_period"), "priority": data.get("priority"),
                 "preemptible": data.get("preemptible", False),
                 "mounts": data.get("mounts") or None}
+
+    def template_fields(self, template_id):
+        """What a chosen template adds to the form's fields: its environment variables,
+        bootstrap script, tag and scaling group."""
+        template = self.templates.get(template_id or "")
+        if template is None:
+            return {}
+        checked = check_template(template.template)
+        fields = {"environ": checked["environ"], "bootstrap_script": checked["bootstrap"],
+                  "tag": checked["metadata"]["tag"]}
+        if checked["scaling_group"]:
+            fields["scaling_group"] = checked["scaling_group"]
+        return fields
+
+    def start_from(self, template_id):
+        """Show the template's values as the fields' initial ones (an unbound form)."""
+        template = self.templates.get(template_id or "")
+        if template is None:
+            return
+        try:
+            self.initial.update(form_initial(template.template), template=template_id)
+            mem = check_template(template.template)["resources"].get("mem")
+        except DomainError as exc:  # stored before a rule it breaks: said when submitted
+            self.initial["template"] = template_id
+            self.template_problem = exc.message
+            return
+        if mem:
+            with contextlib.suppress(SlotError):  # the submitted form says what is wrong
+                self.initial["mem"] = int(ResourceSlots.parse({"mem": mem})["mem"] // MIB)
 
     def save(self, user):
         """Create the session, or add the refusal to the form and return None."""

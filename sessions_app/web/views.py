@@ -68,6 +68,8 @@ def session_list(request):
 def session_create(request):
     keypair, admin = viewer(request)
     form = SessionForm(request.POST or None, keypair=keypair, may_raise_priority=admin)
+    if request.method != "POST":
+        form.start_from(request.GET.get("template"))
     if request.method == "POST" and form.is_valid():
         session = form.save(request.user)
         if session is not None:

@@ -184,8 +184,17 @@ def backendai(backendai_cli, web_server, live, tmp_path):
         return subprocess.Popen([str(backendai_cli), *args], env=environment(keypair),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
+    def python(keypair, code, timeout=120):
+        """Runs `code` with the client's SDK (in its venv's Python) as the owner of
+        `keypair`, for what its CLI cannot do; answers as `run` does."""
+        done = subprocess.run([str(Path(backendai_cli).with_name("python")), "-c", code],
+                              env=environment(keypair), capture_output=True, text=True,
+                              timeout=timeout)
+        return done.returncode, done.stdout + done.stderr
+
     run.start = start
     run.environment = environment
+    run.python = python
     run.release = backendai_cli.release
     return run
 

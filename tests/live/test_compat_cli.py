@@ -6,9 +6,11 @@ import re
 
 import pytest
 
+from scheduling_app import idle
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.models import Session, SessionEvent
+from sessions_app.models import Session, SessionEvent, SessionTemplate
+from tests.signing import SignedClient
 from tests.support import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker
@@ -47,7 +49,8 @@ def test_the_cli_creates_follows_restarts_and_destroys_a_session(backendai, alic
 
     code, out = backendai(kp, "session", "status-history", "cli1")
     assert code == 0, out
-    assert "('PENDING', " in out and "('RUNNING', " in out
+    # 23.9.10 prints its pairs, 26.9.6 the mapping: each names the statuses quoted.
+    assert "'PENDING'" in out and "'RUNNING'" in out
 
     container_id = session.kernels.get().container_id
     code, out = backendai(kp, "restart", "cli1")
@@ -66,8 +69,8 @@ def test_the_cli_creates_follows_restarts_and_destroys_a_session(backendai, alic
     assert "You are not allowed to force-terminate" in out
     assert Session.objects.get(pk=session.pk).status == Status.RUNNING
 
-    code, out = backendai(kp, "rm", "cli1-renamed")
-    assert code == 0 and "Done." in out, out
+    code, out = backendai(kp, "rm", "--stats", "cli1-renamed")  # reads stats.status
+    assert code == 0 and "Done." in out and "Error" not in out, out
     wait_for(lambda: Session.objects.get(pk=session.pk).status == Status.TERMINATED,
              message="TERMINATED")
 
@@ -96,23 +99,130 @@ def test_an_admin_force_terminates_a_users_session(backendai, alice, carol):
     assert Session.objects.get(pk=session.pk).status_info == "force-terminated"
 
 
-def test_a_batch_sessions_exit_is_reported(backendai, alice):
+def test_a_batch_sessions_exit_is_reported(backendai, alice, tmp_path):
     kp = main_keypair(alice)
+    script = tmp_path / "bootstrap.sh"
+    script.write_text("echo bootstrap-ran-$GREETING\n")
     code, out = backendai(kp, "create", "--type", "batch", "--name", "batch1",
-                          "--startup-command", "echo batch-output; sleep 1; exit 3", IMAGE)
-    assert code == 0, out
+                          "--bootstrap-script", str(script), "-e", "GREETING=hi",
+                          "--startup-command", "echo batch-output-$GREETING; sleep 1; exit 3",
+                          IMAGE)
+    # Answered once the command has ended, with the final status (no enqueueOnly).
+    assert code == 0 and "is already terminated" in out, out
     session = session_named("batch1")
-    wait_for(lambda: Session.objects.get(pk=session.pk).status == Status.TERMINATED,
-             message="TERMINATED")
+    assert session.status == Status.TERMINATED and session.environ == {"GREETING": "hi"}
+    code, out = backendai(kp, "session", "logs", "batch1")  # right away: not empty
+    assert code == 0, out
+    assert out.index("bootstrap-ran-hi") < out.index("batch-output-hi"), out
     code, out = backendai(kp, "session", "events", "batch1", timeout=60)
     events = dict(streamed_events(out))
     assert events["session_failure"]["exitCode"] == 3
     assert events["kernel_terminated"]["exitCode"] == 3
     assert "session_terminated" in events
-    code, out = backendai(kp, "session", "logs", "batch1")
-    assert code == 0 and "batch-output" in out, out
     code, out = backendai(kp, "rm", "batch1")  # finished already: nothing changes
     assert code == 0, out
+
+
+def test_a_batch_timeout_ends_the_session_with_a_failure_event(backendai, alice, web_server):
+    kp = main_keypair(alice)
+    # The clients send batch_timeout only to API v8 managers: the SDK's body, signed.
+    created = SignedClient(web_server.url, kp.access_key, kp.secret_key).request(
+        "POST", "/session", {"name": "slowbatch", "image": IMAGE, "type": "batch",
+                             "startupCommand": "sleep 300", "batch_timeout": 2,
+                             "enqueueOnly": True})
+    assert created.status_code == 201, created.text
+    session = session_named("slowbatch")
+    wait_for(lambda: Session.objects.get(pk=session.pk).status == Status.RUNNING,
+             message="RUNNING")
+
+    def culled():
+        idle.check_idle()  # the beat's pass, run here
+        return Session.objects.get(pk=session.pk).status == Status.TERMINATED
+    # 2 s of timeout, then SIGTERM within the default grace period; slow under load.
+    wait_for(culled, timeout=90, interval=1, message="TERMINATED by batch-timeout")
+    code, out = backendai(kp, "session", "events", "slowbatch", timeout=60)
+    assert code == 0, out
+    events = dict(streamed_events(out))
+    assert events["session_failure"]["reason"].startswith("batch-timeout"), out
+    assert "session_terminated" in events
+    assert Session.objects.get(pk=session.pk).result == "failure"
+
+
+TEMPLATE = f"""api_version: v1
+kind: taskTemplate
+metadata:
+  name: cli-template
+spec:
+  session_type: interactive
+  kernel:
+    image: {IMAGE}
+    environ:
+      FROM_TEMPLATE: yes-it-is
+    run:
+      bootstrap: echo template-bootstrap
+      startup_command: echo template-startup-$FROM_TEMPLATE
+  resources:
+    cpu: "1"
+    mem: 128m
+"""
+
+
+def create_from_template(backendai, keypair, template_id, name):
+    """`session create-from-template`, through its SDK function for 26.9.6, whose CLI
+    passes the function an argument it does not take (TypeError: unexpected keyword
+    argument 'attach_network', before any request)."""
+    if backendai.release == "23.9.10":
+        return backendai(keypair, "session", "create-from-template", "--name", name,
+                         template_id)
+    return backendai.python(keypair, (  # printing what the CLI prints for RUNNING
+        "from ai.backend.client.session import Session\n"
+        "with Session() as api:\n"
+        f"    created = api.ComputeSession.create_from_template({template_id!r}, name={name!r})\n"
+        "    print(f'Session ID {created.id} is created and ready.' "
+        "if created.status == 'RUNNING' else created.status)\n"))
+
+
+def test_a_session_template_round_trip(backendai, alice, bob, tmp_path):
+    kp = main_keypair(alice)
+    path = tmp_path / "template.yaml"
+    path.write_text(TEMPLATE)
+    code, out = backendai(kp, "session-template", "create", "-f", str(path))
+    assert code == 0, out
+    template_id = re.search(r"Task template (\S+) created and ready", out).group(1)
+    assert SessionTemplate.objects.get(pk=template_id).user == alice
+
+    code, out = backendai(kp, "session-template", "list")
+    assert code == 0 and template_id in out and "cli-template" in out, out
+    code, out = backendai(kp, "session-template", "get", template_id)
+    assert code == 0 and "template-startup-$FROM_TEMPLATE" in out, out
+    code, out = backendai(main_keypair(bob), "session-template", "get", template_id)
+    assert code == 1 and "There is no session template" in out, out  # another user's
+
+    path.write_text(TEMPLATE.replace("name: cli-template", "name: cli-template-2"))
+    code, out = backendai(kp, "session-template", "update", template_id, "-f", str(path))
+    assert code == 0 and "updated" in out, out
+    assert SessionTemplate.objects.get(pk=template_id).name == "cli-template-2"
+
+    code, out = create_from_template(backendai, kp, template_id, "tpl1")
+    assert code == 0 and "is created and ready" in out, out
+    session = session_named("tpl1")
+    assert session.environ == {"FROM_TEMPLATE": "yes-it-is"}
+    assert session.requested_slots == {"cpu": "1", "mem": str(128 * 2**20)}
+
+    def logged():
+        _, out = backendai(kp, "session", "logs", "tpl1")
+        return "template-startup-yes-it-is" in out and out
+    out = wait_for(logged, timeout=60, interval=1, message="the template's startup output")
+    assert out.index("template-bootstrap") < out.index("template-startup-yes-it-is"), out
+
+    code, out = backendai(kp, "session", "show-graph", "--table", "tpl1")
+    assert code == 0 and str(session.pk) in out and "KernelStatus.RUNNING" in out, out
+
+    code, out = backendai(kp, "rm", "tpl1")
+    assert code == 0 and "Done." in out, out
+    code, out = backendai(kp, "session-template", "delete", "-f", template_id)
+    assert code == 0 and "deleted" in out, out
+    assert not SessionTemplate.objects.filter(pk=template_id).exists()
 
 
 def test_cli_errors_are_printed_from_backendai_json(backendai, alice):
