@@ -112,16 +112,18 @@ BACKENDAI_CLIENTS = {
 
 
 def python_of(version):
-    """This interpreter if it is X.Y, else `pythonX.Y` on PATH, else pyenv's newest X.Y.*,
-    else None."""
+    """An interpreter of Python X.Y that runs: this one, else `pythonX.Y` on PATH, else
+    pyenv's newest X.Y.*; else None. pyenv's shim for `pythonX.Y` is on PATH even when
+    the selected version is another (it then exits 127), so each candidate is tried."""
     if version == f"{sys.version_info.major}.{sys.version_info.minor}":
         return sys.executable
-    found = shutil.which(f"python{version}")
-    if found:
-        return found
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    candidates = sorted(pyenv.glob(f"{version}.*/bin/python{version}"))
-    return str(candidates[-1]) if candidates else None
+    candidates = [shutil.which(f"python{version}"),
+                  *reversed(sorted(map(str, pyenv.glob(f"{version}.*/bin/python{version}"))))]
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    return None
 
 
 def install_client(release):
