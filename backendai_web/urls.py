@@ -70,6 +70,7 @@ compat_urls = [
     path("events/session", with_follow_up(compat.SessionEvents.as_view())),
     # Backend.AI's vfolder routes (storage_app.compat); /folders/ is the dashboard's.
     path("folders", folders_compat.Folders.as_view()),
+    path("folders/_/id", folders_compat.FolderId.as_view()),
     path("folders/<str:name>", folders_compat.FolderResource.as_view()),
     path("folders/<str:name>/files", folders_compat.FolderFilesList.as_view()),
     path("folders/<str:name>/mkdir", folders_compat.FolderMkdir.as_view()),

@@ -143,7 +143,8 @@ class FolderFiles:
                 raise _oserror(exc, path) from None
 
     def listdir(self, path=""):
-        """The entries of a directory: name, type (file, dir, symlink, other), size, mtime."""
+        """The entries of a directory: name, type (file, dir, symlink, other), size, mtime,
+        mode (as `ls -l` shows it)."""
         with self._dir(split_path(path), path) as fd:
             entries = []
             with os.scandir(fd) as scan:
@@ -155,7 +156,8 @@ class FolderFiles:
                     except FileNotFoundError:  # removed meanwhile
                         continue
                     entries.append({"name": entry.name, "type": kind(info.st_mode),
-                                    "size": info.st_size, "mtime": info.st_mtime})
+                                    "size": info.st_size, "mtime": info.st_mtime,
+                                    "mode": stat.filemode(info.st_mode)})
         return sorted(entries, key=lambda e: (e["type"] != "dir", e["name"]))
 
     def mkdir(self, path, *, parents=False):

@@ -1,6 +1,7 @@
 """/api/v1/folders/ and mounts on session create, through Django's test client."""
 
 import base64
+from datetime import datetime
 
 import pytest
 import time_machine
@@ -227,6 +228,32 @@ def test_backendai_folder_routes_signed_as_the_sdk_signs(client, alice, alice_ke
                        {"path": "x", "size": 1}).status_code == 501
     assert signed_call(client, main_keypair(bob), "GET", "/folders/vf").status_code == 404
     assert signed_call(client, alice_keypair, "DELETE", "/folders/vf").status_code == 204
+
+
+def test_the_newest_sdks_folder_calls_by_id_and_in_lists(client, alice, alice_keypair, bob):
+    """26.9.6 looks a folder's id up by name, then names it by id; it makes several
+    directories in one call and reads which were made; it deletes by id in the body."""
+    created = signed_call(client, alice_keypair, "POST", "/folders", {"name": "vf"}).json()
+    found = signed_call(client, alice_keypair, "GET", "/folders/_/id", {"name": "vf"})
+    assert found.status_code == 200 and found.json() == {"id": created["id"]}
+    assert signed_call(client, main_keypair(bob), "GET", "/folders/_/id",
+                       {"name": "vf"}).status_code == 404
+    assert signed_call(client, alice_keypair, "GET", "/folders/_/id", {}).status_code == 400
+    made = signed_call(client, alice_keypair, "POST", f"/folders/{created['id']}/mkdir",
+                       {"path": ["a", "b", "a"]})
+    assert made.status_code == 201
+    assert made.json()["results"] == {
+        "success": [{"item": "a", "msg": None}, {"item": "b", "msg": None}],
+        "failed": [{"item": "a", "msg": "'a' already exists."}]}
+    items = signed_call(client, alice_keypair, "GET", f"/folders/{created['id']}/files",
+                        {"path": "."}).json()["items"]
+    assert [(i["name"], i["mode"][0]) for i in items] == [("a", "d"), ("b", "d")]
+    assert datetime.fromisoformat(items[0]["modified"]).tzinfo is not None
+    assert signed_call(client, main_keypair(bob), "DELETE", "/folders",
+                       {"id": created["id"]}).status_code == 404
+    assert signed_call(client, alice_keypair, "DELETE", "/folders",
+                       {"id": created["id"]}).status_code == 204
+    assert not Folder.objects.filter(name="vf").exists()
 
 
 def test_an_abandoned_upload_is_forgotten_after_a_day_and_with_its_folder(as_alice, storage):

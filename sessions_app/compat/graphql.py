@@ -15,6 +15,7 @@ answered only to its own holder (who signed the request with it), never to anyon
 import graphene
 from django.contrib.auth import get_user_model
 from django.db.models import Q
+from drf_spectacular.utils import extend_schema
 from graphene_django import DjangoObjectType
 from graphene_django.views import GraphQLView
 from graphql import GraphQLError
@@ -730,6 +731,7 @@ class _SchemaView(GraphQLView):
 _execute = _SchemaView.as_view(schema=schema)
 
 
+@extend_schema(exclude=True)  # GraphQL has a schema of its own, not an OpenAPI one
 class GraphQLEndpoint(APIView):
     """POST /admin/gql: authenticated, permitted and throttled as every Backend.AI route (the
     keypair signature, or a browser session), then answered by graphene-django. Failures

@@ -5,6 +5,7 @@ DELETE as a JSON body; query parameters are read too. `request-upload` and
 (501) with the /api/v1/folders/ routes to use instead."""
 
 import json
+from datetime import UTC, datetime
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -21,6 +22,10 @@ from storage_app.api.views import (
 from storage_app.files import FileError, FolderFiles
 
 KINDS = {"file": "FILE", "dir": "DIRECTORY", "symlink": "SYMLINK", "other": "FILE"}
+
+
+def iso_time(timestamp):
+    return datetime.fromtimestamp(timestamp, UTC).isoformat()
 
 
 def argument(request, name, default=None):
@@ -75,6 +80,15 @@ class Folders(FolderView):
             scaling_group=argument(request, "host") or "default")
         return Response(as_vfolder(folder, request.user), status=status.HTTP_201_CREATED)
 
+    @file_errors
+    def delete(self, request):
+        """DELETE /folders {"id"}: how the 26.9.6 SDK deletes a folder."""
+        ref = argument(request, "id")
+        if not isinstance(ref, str) or not ref:
+            raise FolderRequestFailed("Give the folder's id as 'id'.", 400)
+        delete_folder(request, self.folder(request, ref))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
 
 class FolderResource(FolderView):
     def get(self, request, name):
@@ -86,11 +100,25 @@ class FolderResource(FolderView):
 
     @file_errors
     def delete(self, request, name):
-        folder = self.folder(request, name)
-        if folder.project_id and not request_is_admin(request):
-            raise FolderRequestFailed("Only administrators delete project folders.", 403)
-        domain.delete_folder(folder)
+        delete_folder(request, self.folder(request, name))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def delete_folder(request, folder):
+    if folder.project_id and not request_is_admin(request):
+        raise FolderRequestFailed("Only administrators delete project folders.", 403)
+    domain.delete_folder(folder)
+
+
+class FolderId(FolderView):
+    """GET /folders/_/id {"name"}: the 26.9.6 SDK looks a folder's id up by its name
+    before every other call, then names the folder by its id."""
+
+    def get(self, request):
+        name = argument(request, "name")
+        if not isinstance(name, str) or not name:
+            raise FolderRequestFailed("Give the folder's name as 'name'.", 400)
+        return Response({"id": self.folder(request, name).pk.hex})
 
 
 class FolderFilesList(FolderView):
@@ -100,25 +128,39 @@ class FolderFilesList(FolderView):
         path = argument(request, "path", "") or ""
         with FolderFiles(domain.folder_dir(folder)) as files:
             entries = files.listdir("" if path == "." else path)
+        # 26.9.6 reads `items` (times in ISO form), 23.9.10 the JSON string `files`.
         items = [{"name": e["name"], "type": KINDS[e["type"]], "size": e["size"],
-                  "modified": e["mtime"]} for e in entries]
+                  "mode": e["mode"], "modified": iso_time(e["mtime"])} for e in entries]
         legacy = [{"filename": e["name"], "size": e["size"], "mtime": e["mtime"],
                    "mode": e["type"]} for e in entries]
         return Response({"items": items, "files": json.dumps(legacy)})
 
 
 class FolderMkdir(FolderView):
+    """One path (23.9.10) or a list of them (26.9.6, which reads the answer's `results`:
+    the paths made and the paths refused, each with why)."""
+
     @file_errors
     def post(self, request, name):
         folder = self.folder(request, name, write=True)
-        path = argument(request, "path", "")
+        paths = argument(request, "path", "")
+        paths = paths if isinstance(paths, list) else [paths]
+        parents, exist_ok = (bool(argument(request, key, False)) for key in ("parents",
+                                                                              "exist_ok"))
+        made, failed = [], []
         with FolderFiles(domain.folder_dir(folder)) as files:
-            try:
-                files.mkdir(path, parents=bool(argument(request, "parents", False)))
-            except FileError as exc:
-                if not (argument(request, "exist_ok") and exc.status_code == 409):
-                    raise
-        return Response(status=status.HTTP_201_CREATED)
+            for path in paths:
+                try:
+                    files.mkdir(path, parents=parents)
+                except FileError as exc:
+                    if not (exist_ok and exc.status_code == 409):
+                        if len(paths) == 1:
+                            raise
+                        failed.append({"item": path, "msg": exc.message})
+                        continue
+                made.append({"item": path, "msg": None})
+        code = status.HTTP_201_CREATED if made else status.HTTP_400_BAD_REQUEST
+        return Response({"results": {"success": made, "failed": failed}}, status=code)
 
 
 class FolderRenameFile(FolderView):
