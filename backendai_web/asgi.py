@@ -10,7 +10,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from backendai_web.flow import DirectBody, StreamFlowControl  # noqa: E402
+from backendai_web.flow import DirectBody  # noqa: E402
 from sessions_app.compat.files import UPLOAD_PATHS  # noqa: E402
 from sessions_app.compat.streams import (  # noqa: E402
     websocket_urlpatterns as client_websocket_urlpatterns,
@@ -34,10 +34,9 @@ async def websockets(scope, receive, send):
 application = ProtocolTypeRouter(
     {
         # /sessions/<id>/apps/… is proxied to the session's apps, streaming (realtime/apps.py);
-        # the rest goes to Django with storage's and session files' direct upload bodies and
-        # download flow control.
-        "http": AppProxy(StreamFlowControl(DirectBody(
-            django_asgi_app, [*DIRECT_BODY_PATHS, *UPLOAD_PATHS]))),
+        # the rest goes to Django, with storage's and session files' upload bodies read by
+        # their views as they arrive.
+        "http": AppProxy(DirectBody(django_asgi_app, [*DIRECT_BODY_PATHS, *UPLOAD_PATHS])),
         "websocket": websockets,
     }
 )

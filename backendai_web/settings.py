@@ -40,8 +40,8 @@ SECRET_KEY = env("SECRET_KEY", "django-insecure-backendai-web-development-only")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
-# Production (README "Production"): browsers reach daphne through a reverse proxy that
-# terminates TLS and sets X-Forwarded-Proto. HTTPS=true makes cookies secure, redirects
+# Production (README "Production"): browsers reach the web process through a reverse proxy
+# that terminates TLS and sets X-Forwarded-Proto. HTTPS=true makes cookies secure, redirects
 # plain HTTP and sends HSTS. /metrics is exempt from the redirect: Prometheus may scrape a
 # web process directly on the private network.
 HTTPS = env_bool("HTTPS", False)
@@ -55,7 +55,6 @@ if HTTPS:
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -78,7 +77,7 @@ MIDDLEWARE = [
     "sessions_app.api.handlers.DatabaseUnavailableMiddleware",
     # Outside the rest: it sees the final answer (CommonMiddleware's slash redirects too).
     "sessions_app.api.handlers.json_errors_middleware",
-    # Serves static/ under daphne too (daphne, unlike runserver, serves no files).
+    # Serves static/ from the web process (an ASGI server, unlike runserver, serves no files).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -1,7 +1,7 @@
-"""The stream proxy: browser ↔ daphne ↔ the agent's stream endpoint ↔ a container.
+"""The stream proxy: browser ↔ the web process ↔ the agent's stream endpoint ↔ a container.
 
 Everything is private to the run: a SQLite database under var/bench-proxy/, the embedded
-redis-server on a free port, one daphne process, one agent process (run_agent, its stream
+redis-server on a free port, one web process, one agent process (run_agent, its stream
 endpoint on a free port, no database) and one busybox container (httpd on port 8080,
 labelled as the agent's kernel with the service port `web`). The session and kernel rows
 are walked to RUNNING by the state engine, as the factories in the tests do; no scheduler
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import aiohttp
 
+from backendai_web import serve
 from bench.common import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -314,12 +315,11 @@ def main():
             stdout=agent_log, stderr=subprocess.STDOUT)
         web_log = open(WORK / "web.log", "w")  # noqa: SIM115 (open while the server runs)
         web = subprocess.Popen(
-            [str(Path(py).with_name("daphne")), "-b", "127.0.0.1", "-p", str(web_port),
-             "backendai_web.asgi:application"], cwd=ROOT, env={**os.environ, **env},
+            serve.command(web_port), cwd=ROOT, env={**os.environ, **env},
             stdout=web_log, stderr=subprocess.STDOUT)
         wait_for_port(agent_port)
         wait_for_port(web_port)
-        print(f"one daphne, one agent, one {IMAGE} container (httpd); "
+        print(f"one web process, one agent, one {IMAGE} container (httpd); "
               f"{os.cpu_count()} CPUs", flush=True)
         asyncio.run(measure(web_port, cookie, session_id, container_ip))
     finally:

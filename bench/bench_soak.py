@@ -65,10 +65,11 @@ class Soak:
 
     # The system's processes.
     def command(self, name):
+        from backendai_web import serve
+
         bin_dir = Path(sys.executable).parent
         return {
-            "web": [str(bin_dir / "daphne"), "-b", "127.0.0.1", "-p", str(self.port),
-                    "backendai_web.asgi:application"],
+            "web": serve.command(self.port),
             "worker": [str(bin_dir / "celery"), "-A", "backendai_web", "worker", "-Q",
                        "manager", "--pool", "threads", "-c", "4", "-n", f"{self.tag}@%h",
                        "--without-gossip", "--without-mingle", "-l", "WARNING"],

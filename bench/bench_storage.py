@@ -1,10 +1,10 @@
-"""Storage folders: a 1 GB file uploaded and downloaded through the files API of one daphne
+"""Storage folders: a 1 GB file uploaded and downloaded through the files API of one web
 process, beside a plain `cp` of the same file on the same disk in the same run, and the
 web process's peak memory growth (VmHWM from /proc, against its RSS after a warm-up).
 
 Everything is private to the run: a fresh SQLite database and storage root under
-var/bench-storage/, the embedded redis-server on a free port, one daphne process.
-Uploads go in tus parts (storage_app.client, 16 MiB each); downloads stream.
+var/bench-storage/, the embedded redis-server on a free port, one web process
+(backendai_web.serve). Uploads go in tus parts (storage_app.client, 16 MiB each); downloads stream.
 
     python -m bench storage            # or: make bench BENCH=storage
     BENCH_STORAGE_MB=1024 BENCH_STORAGE_PART_MB=16 BENCH_WEB_PORT=8270 python -m bench storage
@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,8 +21,9 @@ from urllib.parse import urlsplit
 
 import requests
 
+from backendai_web import serve
 from bench.bench_websocket import free_port, setup_django, wait_for_port
-from bench.common import embedded_redis
+from bench.common import PeakMemory, embedded_redis
 from storage_app import client as transfer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,17 +68,6 @@ def signer(access_key, secret_key, base_url):
     return headers
 
 
-def memory(pid):
-    """(VmRSS, VmHWM) in bytes."""
-    fields = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = int(value.split()[0]) * 1024
-    return fields["VmRSS"], fields["VmHWM"]
-
-
 def make_file(path, size_mb):
     block = os.urandom(1 << 20)
     with open(path, "wb") as out:
@@ -107,15 +96,12 @@ def main():
 
 
 def serve_and_measure(env, storage, web_port):
-    py = sys.executable
     web = None
     try:
         access_key, secret_key = prepare(env, storage)
         web_log = open(WORK / "web.log", "w")  # noqa: SIM115 (open while the server runs)
-        web = subprocess.Popen([str(Path(py).with_name("daphne")), "-b", "127.0.0.1", "-p",
-                                str(web_port), "backendai_web.asgi:application"],
-                               cwd=ROOT, env={**os.environ, **env}, stdout=web_log,
-                               stderr=subprocess.STDOUT)
+        web = subprocess.Popen(serve.command(web_port), cwd=ROOT, env={**os.environ, **env},
+                               stdout=web_log, stderr=subprocess.STDOUT)
         wait_for_port(web_port)
         base = f"http://127.0.0.1:{web_port}"
         headers = signer(access_key, secret_key, base)
@@ -138,34 +124,21 @@ def run(transfer, base, headers, pid, storage):
     transfer.upload(base, "bench", "warm.bin", warm, headers=headers, http=http,
                     part_size=PART_MB << 20)
     transfer.download(base, "bench", "warm.bin", WORK / "warm.out", headers=headers, http=http)
-    baseline, _ = memory(pid)
-    peak = [baseline]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], memory(pid)[0])
-            time.sleep(0.02)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     size = SIZE_MB << 20
-    print(f"one daphne process; a {SIZE_MB} MiB file; uploads in {PART_MB} MiB parts; "
+    print(f"one web process; a {SIZE_MB} MiB file; uploads in {PART_MB} MiB parts; "
           f"storage {storage} (same disk as the source)", flush=True)
-    cp_in = timed(lambda: subprocess.run(["cp", str(source), str(copy)], check=True))
-    up = timed(lambda: transfer.upload(base, "bench", "big.bin", source, headers=headers,
-                                       http=http, part_size=PART_MB << 20))
-    down = timed(lambda: transfer.download(base, "bench", "big.bin", back, headers=headers,
-                                           http=http))
-    cp_out = timed(lambda: subprocess.run(["cp", str(copy), str(WORK / "cp-back.bin")],
-                                          check=True))
-    stop.set()
-    sampler.join()
-    _, hwm = memory(pid)
+    with PeakMemory(web=pid) as peak:
+        cp_in = timed(lambda: subprocess.run(["cp", str(source), str(copy)], check=True))
+        up = timed(lambda: transfer.upload(base, "bench", "big.bin", source, headers=headers,
+                                           http=http, part_size=PART_MB << 20))
+        down = timed(lambda: transfer.download(base, "bench", "big.bin", back,
+                                               headers=headers, http=http))
+        cp_out = timed(lambda: subprocess.run(["cp", str(copy), str(WORK / "cp-back.bin")],
+                                              check=True))
     (WORK / "cp-back.bin").unlink(missing_ok=True)
     same = transfer.sha256_of(back) == transfer.sha256_of(source)
     mb = size / 1e6
-    growth = (max(hwm, peak[0]) - baseline) / 2**20
+    growth = peak.growth()["web"] / 2**20
     print(f"cp (source -> disk):       {mb / cp_in:8.1f} MB/s ({cp_in:.2f} s)")
     print(f"upload through the API:    {mb / up:8.1f} MB/s ({up:.2f} s), "
           f"{cp_in / up:.2f} x cp (goal >= {GOAL_RATIO})")
@@ -173,7 +146,7 @@ def run(transfer, base, headers, pid, storage):
     print(f"download through the API:  {mb / down:8.1f} MB/s ({down:.2f} s), "
           f"{cp_out / down:.2f} x cp (goal >= {GOAL_RATIO})")
     print(f"bytes back match: {same}")
-    print(f"web process RSS: {baseline / 2**20:.0f} MiB after warm-up, peak growth "
-          f"{growth:.1f} MiB (goal <= {GOAL_RSS_MB})", flush=True)
+    print(f"web process RSS: {peak.before['web'] / 2**20:.0f} MiB after warm-up, peak "
+          f"growth {growth:.1f} MiB (goal <= {GOAL_RSS_MB})", flush=True)
     if not same:
         sys.exit(1)

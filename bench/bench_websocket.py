@@ -1,15 +1,15 @@
-"""Websocket fan-out: CLIENTS browsers connected to one daphne, CHANGES status changes.
+"""Websocket fan-out: CLIENTS browsers connected to one web process, CHANGES status changes.
 
 Latency is from the commit of a status change (stamped by an on_commit callback
 registered before the change's own, so it runs first) to the receipt of its
 session_* message by each client, parsed. Everything is private to the run: a fresh
-SQLite database under var/bench/, the embedded redis-server on a free port, one daphne
-process. The changes run in their own process, as a Celery worker's would; half of the
-clients are the sessions' owner (group user.<id>), half an admin (group admins).
+SQLite database under var/bench/, the embedded redis-server on a free port, one web
+process (backendai_web.serve). The changes run in their own process, as a Celery worker's
+would; half of the clients are the sessions' owner (group user.<id>), half an admin (group
+admins).
 
     python -m bench websocket          # or: make bench BENCH=websocket
-    BENCH_CLIENTS=500 BENCH_CHANGES=100 BENCH_INTERVAL=0.5 BENCH_SERVER=daphne \
-        python -m bench websocket
+    BENCH_CLIENTS=500 BENCH_CHANGES=100 BENCH_INTERVAL=0.5 python -m bench websocket
 """
 
 import asyncio
@@ -24,6 +24,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from backendai_web import serve
 from bench.common import embedded_redis, free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,8 +137,8 @@ async def run_clients(url, origin, cookies, ready, expected):
     connected = asyncio.Semaphore(0)
     start = asyncio.Event()
     users = list(cookies.values())
-    # Browsers do not all arrive in the same instant; daphne drops a websocket whose
-    # connect takes over 5 s, so at most this many handshakes are under way at once.
+    # Browsers do not all arrive in the same instant: at most this many handshakes are
+    # under way at once.
     handshakes = asyncio.Semaphore(25)
     tasks = [asyncio.create_task(client(url, origin, users[i % len(users)], received,
                                         connected, start, handshakes))
@@ -178,14 +179,6 @@ def percentile(values, fraction):
 # (?events=session); the default subscription also carries every kernel_* event.
 SCENARIOS = [("list pages (?events=session)", "?events=session"),
              ("all events (default subscription)", "")]
-SERVERS = {
-    "daphne": ["daphne", "-b", "127.0.0.1", "-p", "{port}", "backendai_web.asgi:application"],
-    # For comparison only: `pip install uvicorn` first (it is not a dependency).
-    "uvicorn": ["uvicorn", "--host", "127.0.0.1", "--port", "{port}", "--no-access-log",
-                "backendai_web.asgi:application"],
-}
-
-
 def main():
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
@@ -193,14 +186,11 @@ def main():
     env = {"DATABASE_URL": f"sqlite:///{WORK / 'db.sqlite3'}",
            "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "DEBUG": "false",
            "LOG_LEVEL": "WARNING"}
-    server = os.environ.get("BENCH_SERVER", "daphne")
-    command = [part.format(port=web_port) for part in SERVERS[server]]
-    command[0] = str(Path(sys.executable).with_name(command[0]))
     with embedded_redis(redis_port, WORK / "redis"):
-        run_server(env, command, web_port, server)
+        run_server(env, serve.command(web_port), web_port)
 
 
-def run_server(env, command, web_port, server):
+def run_server(env, command, web_port):
     web = None
     try:
         cookies = prepare(env)
@@ -208,7 +198,7 @@ def run_server(env, command, web_port, server):
         web = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env}, stdout=web_log,
                                stderr=subprocess.STDOUT)
         wait_for_port(web_port)
-        print(f"one {server} process; {CLIENTS} clients; {CHANGES} status changes, one every "
+        print(f"one web process; {CLIENTS} clients; {CHANGES} status changes, one every "
               f"{INTERVAL * 1000:.0f} ms; goal p95 <= {GOAL_P95_MS:.0f} ms", flush=True)
         for index, (label, query) in enumerate(SCENARIOS):
             report(label, measure(env, web_port, cookies, query, prefix=f"s{index}-"))

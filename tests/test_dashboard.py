@@ -67,7 +67,7 @@ def test_root_redirects_a_browser_and_answers_json_to_api_clients(client):
 
 
 def test_static_files_are_served_by_the_application(client):
-    # daphne serves no files by itself; whitenoise does, without collectstatic.
+    # The ASGI server serves no files by itself; whitenoise does, without collectstatic.
     response = client.get("/static/js/live.js")
     assert response.status_code == 200
     assert b"class EventStream" in b"".join(response.streaming_content)

@@ -1,4 +1,4 @@
-"""/metrics: who may read it, what it says, and a real Prometheus scraping a live daphne."""
+"""/metrics: who may read it, what it says, and a real Prometheus scraping a live web process."""
 
 import datetime as dt
 

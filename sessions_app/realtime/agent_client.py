@@ -1,5 +1,5 @@
 """The web process's client to the agents' stream endpoints: one aiohttp session per event
-loop (daphne runs one), keeping connections to each agent open between requests."""
+loop (the web server runs one), keeping connections to each agent open between requests."""
 
 import asyncio
 

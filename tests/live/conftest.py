@@ -1,5 +1,5 @@
 """The live system's fixtures: Docker, a real manager worker and agent, a real web server
-(daphne) and the Backend.AI CLI. Every test under tests/live/ is marked `live`: `make
+(backendai_web.serve) and the Backend.AI CLI. Every test under tests/live/ is marked `live`: `make
 test-fast` leaves them out, `make test` runs them."""
 
 import dataclasses
@@ -15,6 +15,7 @@ import redis
 import requests
 from django.conf import settings
 
+from backendai_web import serve
 from scheduling_app.models import ensure_defaults
 from tests.support import (
     IMAGE,
@@ -69,8 +70,8 @@ def live(live_system, transactional_db):
     return live_system
 
 
-# A real web server (daphne, as in production) on the test database, for clients that speak
-# HTTP: the Backend.AI CLI, schemathesis.
+# A real web server (backendai_web.serve, as in production) on the test database, for
+# clients that speak HTTP: the Backend.AI CLI, schemathesis.
 
 @pytest.fixture(scope="session")
 def web_server(django_db_setup, django_db_blocker, redis_available, tmp_path_factory):
@@ -78,9 +79,7 @@ def web_server(django_db_setup, django_db_blocker, redis_available, tmp_path_fac
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
            "REDIS_URL": settings.REDIS_URL, "DATABASE_URL": database_url_of_test_db(),
            "PYTHONUNBUFFERED": "1"}
-    daphne = str(Path(sys.executable).with_name("daphne"))
-    process = Process("web", [daphne, "-b", "127.0.0.1", "-p", str(port),
-                              "backendai_web.asgi:application"], env,
+    process = Process("web", serve.command(port), env,
                       tmp_path_factory.mktemp("web")).start()
     url = f"http://127.0.0.1:{port}"
 
@@ -91,10 +90,10 @@ def web_server(django_db_setup, django_db_blocker, redis_available, tmp_path_fac
             return False
 
     try:
-        wait_for(answers, timeout=60, message="daphne to answer")
+        wait_for(answers, timeout=60, message="the web process to answer")
     except AssertionError:
         process.stop()
-        pytest.fail(f"daphne did not start:\n{process.output()[-3000:]}")
+        pytest.fail(f"the web process did not start:\n{process.output()[-3000:]}")
     process.url = url
     yield process
     process.stop()

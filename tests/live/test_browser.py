@@ -1,22 +1,22 @@
-"""End to end in a real browser: Debian's Chromium, driven by Playwright, against daphne.
+"""End to end in a real browser: Debian's Chromium, driven by Playwright, against the web
+process.
 
-The web tier is a daphne process on the test database; the scheduler and the agent are
-the `live` fixture's real processes on Docker. Each page is saved as a screenshot under
-test-artifacts/browser/.
+The web tier is a web process (backendai_web.serve) on the test database; the scheduler
+and the agent are the `live` fixture's real processes on Docker. Each page is saved as a
+screenshot under test-artifacts/browser/.
 """
 
 import os
 import re
 import socket
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import transaction
 from playwright.sync_api import expect, sync_playwright
 
+from backendai_web import serve
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, default_of
 from sessions_app import engine
@@ -41,19 +41,17 @@ def free_port():
 
 
 class WebServer:
-    """daphne serving the project's ASGI application on the test database."""
+    """The web process (backendai_web.serve) on the test database."""
 
     def __init__(self, live: LiveSystem):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        daphne = str(Path(sys.executable).with_name("daphne"))
-        self.process = Process("web", [daphne, "-b", "127.0.0.1", "-p", str(self.port),
-                                       "backendai_web.asgi:application"],
-                               live.manager_env, live.log_dir)
+        self.process = Process("web", serve.command(self.port), live.manager_env,
+                               live.log_dir)
 
     def start(self):
         self.process.start()
-        wait_for(self.answers, timeout=30, message=f"daphne on port {self.port}")
+        wait_for(self.answers, timeout=30, message=f"the web process on port {self.port}")
         return self
 
     def answers(self):
@@ -112,7 +110,7 @@ def log_in(page, username, password="correct horse"):
 
 @pytest.fixture(autouse=True)
 def passwords_the_server_can_check(alice, carol):
-    """The users' passwords hashed as daphne's settings can verify (tests use MD5 here)."""
+    """The users' passwords hashed as the web process's settings can verify (tests use MD5 here)."""
     hasher = PBKDF2PasswordHasher()
     for user in (alice, carol):
         user.password = hasher.encode("correct horse", hasher.salt(), iterations=1000)

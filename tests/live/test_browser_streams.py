@@ -1,6 +1,6 @@
 # ruff: noqa: F811  (the browser fixtures are imported from test_browser and taken by name)
 """The session page's terminals and apps in a real browser (Debian's Chromium, Playwright),
-through daphne, the live agent's stream endpoint and real containers: type and read,
+through the web process, the live agent's stream endpoint and real containers: type and read,
 resize, resume after a drop, close; another user's terminal and app refused; a real
 Jupyter (bai-local/jupyter, scripts/build_jupyter_image.sh) opened through the proxy and a
 cell run in it."""

@@ -1,5 +1,5 @@
 """The real `backend.ai` CLI of two client releases (23.9.10 and 26.9.6, from PyPI, each in its
-own venv: see `backendai_cli`) against the running system: daphne serving the web tier, a
+own venv: see `backendai_cli`) against the running system: the web process (backendai_web.serve), a
 manager worker, an agent on Docker. Every test runs once with each client."""
 import json
 import re

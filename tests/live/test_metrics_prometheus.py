@@ -1,13 +1,13 @@
-"""A real Prometheus (Debian's `prometheus`) scrapes a live daphne's /metrics."""
+"""A real Prometheus (Debian's `prometheus`) scrapes a live web process's /metrics."""
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import requests
 from django.conf import settings
 
+from backendai_web import serve
 from scheduling_app.models import ScalingGroup
 from tests.factories import make_session
 from tests.support import Process, database_url_of_test_db, free_port, need, wait_for
@@ -15,20 +15,18 @@ from tests.support import Process, database_url_of_test_db, free_port, need, wai
 TOKEN = "s3cret-metrics-token"
 
 
-# A real Prometheus (Debian's `prometheus`) scraping a live daphne.
+# A real Prometheus (Debian's `prometheus`) scraping a live web process.
 
 @pytest.fixture
-def daphne_with_token(transactional_db, redis_available, tmp_path):
+def web_with_token(transactional_db, redis_available, tmp_path):
     port = free_port()
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
            "REDIS_URL": settings.REDIS_URL, "DATABASE_URL": database_url_of_test_db(),
            "METRICS_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
-    daphne = str(Path(sys.executable).with_name("daphne"))
-    web = Process("web", [daphne, "-b", "127.0.0.1", "-p", str(port),
-                          "backendai_web.asgi:application"], env, tmp_path).start()
+    web = Process("web", serve.command(port), env, tmp_path).start()
     web.url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _get(web.url + "/") is not None, timeout=60, message="daphne")
+        wait_for(lambda: _get(web.url + "/") is not None, timeout=60, message="the web process")
         yield web
     finally:
         web.stop()
@@ -41,7 +39,7 @@ def _get(url, **kw):
         return None
 
 
-def test_a_real_prometheus_scrapes_the_metrics_and_answers_a_query(daphne_with_token, alice,
+def test_a_real_prometheus_scrapes_the_metrics_and_answers_a_query(web_with_token, alice,
                                                                    tmp_path):
     binary = "/usr/bin/prometheus"
     need("Prometheus", None if Path(binary).exists()
@@ -50,7 +48,7 @@ def test_a_real_prometheus_scrapes_the_metrics_and_answers_a_query(daphne_with_t
     ScalingGroup.objects.create(name="prom-no-agents")
     for i in range(3):
         make_session(alice, name=f"queued-{i}", scaling_group="prom-no-agents")
-    web_port = daphne_with_token.url.rsplit(":", 1)[1]
+    web_port = web_with_token.url.rsplit(":", 1)[1]
     (tmp_path / "prometheus.yml").write_text(f"""
 global:
   scrape_interval: 1s
@@ -84,6 +82,6 @@ scrape_configs:
         up = queried('up{job="backendai"}')
         assert float(up[0]["value"][1]) == 1
         # A scrape without the token is refused: Prometheus' target is down then.
-        assert _get(daphne_with_token.url + "/metrics").status_code == 401
+        assert _get(web_with_token.url + "/metrics").status_code == 401
     finally:
         prometheus.stop()

@@ -1,4 +1,4 @@
-"""Schemathesis over /api/schema/, against daphne on the test database: for generated and
+"""Schemathesis over /api/schema/, against the web process on the test database: for generated and
 boundary requests to every operation, no 5xx and every response as the schema says
 (status code, content type, body)."""
 

@@ -1,5 +1,5 @@
-"""A 200 MB file up and down through a real web server (daphne): the bytes match and the
-web process's memory stays flat (its peak RSS, VmHWM, read from /proc)."""
+"""A 200 MB file up and down through a real web server (backendai_web.serve): the bytes
+match and the web process's memory stays flat (its peak RSS, VmHWM, read from /proc)."""
 
 import os
 from urllib.parse import urlsplit
@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from bench.bench_storage import memory
+from bench.common import PeakMemory
 from scheduling_app.models import ScalingGroup
 from sessions_app.keypairs import main_keypair
 from storage_app import client as transfer
@@ -51,20 +51,19 @@ def test_a_200_mb_file_goes_up_and_down_with_the_web_process_memory_flat(
     assert put.status_code == 201 and put.json()["size"] == 300_000, put.text
     assert (root / made.json()["id"].replace("-", "") / "put.bin").read_bytes() == b"p" * 300_000
     pid = web_server.popen.pid
-    before, _ = memory(pid)
 
-    assert transfer.upload(web_server.url, "big", "dir-less.bin", source, headers=headers,
-                           http=http) == SIZE
-    _, after_upload = memory(pid)
+    with PeakMemory(web=pid) as upload:
+        assert transfer.upload(web_server.url, "big", "dir-less.bin", source,
+                               headers=headers, http=http) == SIZE
     target = tmp_path / "back.bin"
-    response = transfer.download(web_server.url, "big", "dir-less.bin", target,
-                                 headers=headers, http=http)
-    _, after_download = memory(pid)
+    with PeakMemory(web=pid) as download:
+        response = transfer.download(web_server.url, "big", "dir-less.bin", target,
+                                     headers=headers, http=http)
 
     assert response.headers["Content-Length"] == str(SIZE)
     assert transfer.sha256_of(target) == transfer.sha256_of(source)
-    assert after_upload - before <= MAX_GROWTH, (before, after_upload)
-    assert after_download - before <= MAX_GROWTH, (before, after_download)
+    assert upload.growth()["web"] <= MAX_GROWTH, upload.growth()
+    assert download.growth()["web"] <= MAX_GROWTH, download.growth()
     part = transfer.download(web_server.url, "big", "dir-less.bin", tmp_path / "part.bin",
                              headers=headers, http=http, byte_range=(SIZE - 10, SIZE + 5))
     assert part.status_code == 206
