@@ -43,10 +43,14 @@ class DirectBody:
             finished.set()
 
 
-def direct_chunks(receive, size):
-    """The body from an ASGI `receive`, in chunks of about `size` bytes, for a sync view
-    (each chunk is one hop to the event loop, not one per server message)."""
-    async def read():
+def direct_chunks(receive, size, ahead=4):
+    """The body from an ASGI `receive`, in chunks of about `size` bytes, for a sync view.
+    The event loop reads up to `ahead` chunks ahead while the view writes the one it has:
+    the socket and the disk work at once, and no more than `ahead` chunks are held."""
+    queue = asyncio.Queue(ahead)
+    reader = None
+
+    async def read_one():
         parts, got = [], 0
         while got < size:
             message = await receive()
@@ -58,8 +62,30 @@ def direct_chunks(receive, size):
                 return b"".join(parts), True
         return b"".join(parts), False
 
-    done = False
-    while not done:
-        chunk, done = async_to_sync(read)()
-        if chunk:
-            yield chunk
+    async def read_all():
+        try:
+            done = False
+            while not done:
+                chunk, done = await read_one()
+                await queue.put((chunk, done, None))
+        except Exception as exc:  # handed to the view, which raises it
+            await queue.put((b"", True, exc))
+
+    async def start():
+        nonlocal reader
+        reader = asyncio.ensure_future(read_all())
+
+    async def stop():
+        reader.cancel()
+
+    async_to_sync(start)()
+    try:
+        done = False
+        while not done:
+            chunk, done, error = async_to_sync(queue.get)()
+            if error is not None:
+                raise error
+            if chunk:
+                yield chunk
+    finally:
+        async_to_sync(stop)()  # the view stopped early (refused the part): read no more

@@ -232,8 +232,9 @@ class FolderFiles:
 
     def write(self, path, chunks, *, limit=None):
         """Write a file from an iterable of bytes into a hidden partial file beside it, then
-        rename it into place (replacing a file, never a directory). Raises QuotaExceeded,
-        leaving nothing behind, once more than `limit` bytes came. Returns the size."""
+        rename it into place (replacing a file, never a directory), on disk before this
+        returns. Raises QuotaExceeded, leaving nothing behind, once more than `limit` bytes
+        came. Returns the size."""
         with self._parent(path) as (fd, name):
             partial = f"{PARTIAL_PREFIX}{uuid.uuid4().hex}"
             try:
@@ -252,12 +253,14 @@ class FolderFiles:
                         view = memoryview(chunk)
                         while view:
                             view = view[os.write(out, view):]
+                    os.fsync(out)
                 finally:
                     os.close(out)
                 info = _lstat_or_none(name, fd)
                 if info is not None and stat.S_ISDIR(info.st_mode):
                     raise FileError(f"{path!r} is a directory.", 409)
                 os.rename(partial, name, src_dir_fd=fd, dst_dir_fd=fd)
+                os.fsync(fd)  # the new name too
             except OSError as exc:
                 _unlink_quietly(partial, fd)
                 raise _oserror(exc, path) from None
@@ -273,7 +276,8 @@ class FolderFiles:
 
     def move_in(self, source_dir, source_name, path):
         """Rename a file from another directory of the same filesystem (a finished
-        upload) to `path`, replacing a file but never a directory."""
+        upload, already on disk) to `path`, replacing a file but never a directory; the
+        new name is on disk before this returns."""
         with self._parent(path) as (fd, name):
             source_fd = os.open(source_dir, OPEN_DIR)
             try:
@@ -281,6 +285,7 @@ class FolderFiles:
                 if info is not None and stat.S_ISDIR(info.st_mode):
                     raise FileError(f"{path!r} is a directory.", 409)
                 os.rename(source_name, name, src_dir_fd=source_fd, dst_dir_fd=fd)
+                os.fsync(fd)
             except OSError as exc:
                 raise _oserror(exc, path) from None
             finally:

@@ -1,7 +1,9 @@
 """The web side of the stream proxy, without a browser: what the app gets and gives of
 headers and cookies, and who is granted what (sessions_app/realtime)."""
 
+import channels.consumer
 import pytest
+from channels.testing import WebsocketCommunicator
 from multidict import CIMultiDict
 
 from agents_app import stream_tokens
@@ -10,6 +12,7 @@ from sessions_app.compat import views as compat
 from sessions_app.enums import Status
 from sessions_app.realtime import access
 from sessions_app.realtime.apps import app_request_headers, app_response_headers
+from sessions_app.realtime.relay import RelayConsumer
 from tests.factories import make_agent, make_session
 
 S = Status
@@ -69,3 +72,29 @@ def test_grants_owner_and_admin_only_running_only_declared_services_only(alice, 
     with pytest.raises(access.Refusal) as refused:
         access.grant(alice, pending.pk, "pty:t1")
     assert refused.value.status == 409
+
+
+@pytest.mark.asyncio
+async def test_relayed_frames_skip_channels_database_hop(monkeypatch):
+    """A terminal's keystrokes go straight to the relay: Channels' per-message
+    close_old_connections (a hop to its one database thread) stays at connect and close."""
+    hops, received = [], []
+
+    async def counted():
+        hops.append(1)
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", counted)
+
+    class Echo(RelayConsumer):
+        async def receive(self, text_data=None, bytes_data=None):
+            received.append(text_data)
+            await self.send(text_data=text_data.upper())
+
+    communicator = WebsocketCommunicator(Echo.as_asgi(), "/relay/")
+    assert (await communicator.connect())[0]
+    for key in "abcde":
+        await communicator.send_to(text_data=key)
+        assert await communicator.receive_from() == key.upper()
+    await communicator.disconnect()
+    assert received == list("abcde")
+    assert len(hops) == 2  # websocket.connect and websocket.disconnect

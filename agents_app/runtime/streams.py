@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 
+import uvloop
 from aiohttp import (
     ClientConnectorError,
     ClientError,
@@ -106,7 +107,9 @@ class StreamServer:
         return self
 
     def _run(self):
-        self.loop = asyncio.new_event_loop()
+        # uvloop, as the web process's: the endpoint relays bulk bytes (app downloads,
+        # session files) and every terminal's keystrokes.
+        self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_until_complete(self._serve())

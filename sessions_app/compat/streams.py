@@ -42,6 +42,7 @@ from sessions_app.api.authentication import KeypairSignatureAuthentication
 from sessions_app.compat.views import EXECUTE_TIMEOUT, CompatView, run_command
 from sessions_app.realtime import access
 from sessions_app.realtime.agent_client import client
+from sessions_app.realtime.relay import RelayConsumer
 
 log = logging.getLogger(__name__)
 MODES = ("query", "batch")
@@ -126,8 +127,7 @@ def pty_output(data):
     return json.dumps({"type": "out", "data": base64.b64encode(data).decode("ascii")})
 
 
-class SignedStreamConsumer(AsyncWebsocketConsumer):
-    channel_layer_alias = None  # nothing is sent to these through the channel layer
+class SignedStreamConsumer(RelayConsumer):
     target_kind = ""
 
     async def connect(self):

@@ -20,7 +20,6 @@ import time
 from aiohttp import ClientError, WSMsgType, WSServerHandshakeError
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.http import parse_cookie
 from django.utils.http import urlencode
@@ -31,6 +30,7 @@ from agents_app.stream_tokens import TOKEN_HEADER
 from sessions_app.api.errors import error_body
 from sessions_app.realtime import access
 from sessions_app.realtime.agent_client import client
+from sessions_app.realtime.relay import RelayConsumer
 
 APP_PATH = re.compile(r"^/sessions/(?P<session_id>[0-9a-fA-F-]{36})/apps/"
                       r"(?P<name>[a-z0-9][a-z0-9_.-]{0,63})(?P<rest>/.*)?$")
@@ -212,12 +212,8 @@ async def respond_error(send, status, message):
     await respond(send, status, body, [(b"content-type", b"application/json")])
 
 
-class AppWebsocketConsumer(AsyncWebsocketConsumer):
+class AppWebsocketConsumer(RelayConsumer):
     """A websocket of the app (Jupyter's kernel channels), relayed through the agent."""
-    # No channel-layer channel: nothing is ever sent to it, and each one would be a
-    # Redis receive loop per websocket.
-    channel_layer_alias = None
-
 
     async def connect(self):
         self.upstream = self.pump = None

@@ -17,20 +17,16 @@ from urllib.parse import parse_qs, urlencode
 
 from aiohttp import ClientError, WSMsgType, WSServerHandshakeError
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncWebsocketConsumer
 
 from agents_app.stream_tokens import TOKEN_HEADER
 from sessions_app.realtime import access
 from sessions_app.realtime.agent_client import client
+from sessions_app.realtime.relay import RelayConsumer
 
 CONTROL_KEYS = ("resize", "close", "data")
 
 
-class TerminalConsumer(AsyncWebsocketConsumer):
-    # No channel-layer channel: nothing is ever sent to it, and each one would be a
-    # Redis receive loop per websocket.
-    channel_layer_alias = None
-
+class TerminalConsumer(RelayConsumer):
     async def connect(self):
         self.upstream = self.pump = self.grant = None
         # Accepted first, so that a refusal can be said in the terminal itself.

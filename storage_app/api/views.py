@@ -350,6 +350,10 @@ class FolderViewSet(viewsets.GenericViewSet):
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(fd, view):]
+            if offset == upload.length:
+                # The file is on disk before its last part is answered: a finished upload
+                # survives a crash of the host, as the client was told it would.
+                os.fsync(fd)
         finally:
             os.close(fd)
         headers["Upload-Offset"] = str(offset)
