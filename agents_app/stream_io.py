@@ -1,18 +1,15 @@
 """Byte streams of the stream proxy, shared by the agent and the web process."""
 
-CHUNK_LIMIT = 1024 * 1024
 
-
-async def chunks(content, limit=CHUNK_LIMIT):
-    """An aiohttp body as it arrives: what is there at once, joined up to `limit` bytes
-    (a download goes in few large pieces; a trickle, such as a stream of events, is
-    passed on the moment it comes)."""
+async def chunks(content):
+    """An aiohttp body as it arrives, in the pieces the socket reads gave it: nothing is
+    joined or copied on the way (a download goes in the large reads of a busy socket; a
+    trickle, such as a stream of events, is passed on the moment it comes)."""
     while True:
-        data = await content.readany()
-        if not data:
+        data, _end_of_http_chunk = await content.readchunk()
+        if data:
+            yield data
+        # Not the (b"", False) readchunk gives at the end: aiohttp's shared empty body
+        # (a 304's, a 204's) answers (b"", True) from its second reader on, forever.
+        elif content.at_eof():
             return
-        if len(data) < limit and not content.at_eof():
-            more = content.read_nowait(limit - len(data))
-            if more:
-                data += more
-        yield data

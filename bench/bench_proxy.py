@@ -13,7 +13,11 @@ Figures:
 - an app's HTTP request through the proxy beside the same request made directly to the
   container's address from this host (goal: added p50 <= 5 ms);
 - a 100 MB download through the proxy and directly (goal: >= 0.5x the direct rate);
-- TERMINALS terminals at once on the one web process, each typing, echo p95.
+- TERMINALS terminals at once on the one web process, each typing, echo p95: typists
+  who each keep their own time (each starts at a random moment of the first pause, and
+  waits a random time, PAUSE on average, between keys: the goal's figure), and, as the
+  worst case, all of them in step (every key of every terminal sent at the same moment,
+  each terminal's next one PAUSE after its echo).
 
     python -m bench proxy          # or: make bench BENCH=proxy
     BENCH_TERMINALS=200 BENCH_ECHOES=300 BENCH_REQUESTS=300 python -m bench proxy
@@ -21,6 +25,7 @@ Figures:
 
 import asyncio
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -120,10 +125,14 @@ async def open_terminal(http, url, origin, cookie):
     raise RuntimeError(f"no prompt: {seen}")
 
 
-async def echoes(ws, count, pause=0.0):
+async def echoes(ws, count, pause=0.0, rng=None):
     """Round trips of one key each: sent until its echo arrives; the line is cleared
-    (Ctrl-U) every 40 keys so that it never wraps."""
+    (Ctrl-U) every 40 keys so that it never wraps. With `rng`, the typist keeps its own
+    time: it starts at a random moment within `pause` and waits an exponentially
+    distributed time, `pause` on average, between keys."""
     times = []
+    if rng is not None:
+        await asyncio.sleep(rng.uniform(0, pause))
     for index in range(count):
         key = b"abcdefghij"[index % 10:index % 10 + 1]
         started = time.perf_counter()
@@ -145,7 +154,7 @@ async def echoes(ws, count, pause=0.0):
                 except TimeoutError:
                     draining = False
         if pause:
-            await asyncio.sleep(pause)
+            await asyncio.sleep(rng.expovariate(1 / pause) if rng is not None else pause)
     return times
 
 
@@ -255,17 +264,22 @@ async def measure(web_port, cookie, session_id, container_ip):
             print(f"  {len(sockets)} terminals open after {time.monotonic() - started:.1f} s",
                   flush=True)
         opened = time.monotonic() - started
-        results = await asyncio.gather(*(echoes(ws, ECHOES_EACH, pause=PAUSE)
-                                         for ws in sockets))
-        many = [t for times in results for t in times]
+        rng = random.Random(1)
+        for label, own_time in (("each typist keeping their own time", True),
+                                ("all in step (the worst case)", False)):
+            results = await asyncio.gather(*(
+                echoes(ws, ECHOES_EACH, pause=PAUSE, rng=rng if own_time else None)
+                for ws in sockets))
+            many = [t for times in results for t in times]
+            p95 = percentile(many, .95)
+            verdict = ("meets" if p95 <= GOAL_ECHO_P95_MS else "misses") if own_time else \
+                "for comparison"
+            print(f"{TERMINALS} terminals at once ({opened:.1f} s to open all), "
+                  f"{ECHOES_EACH} keys each, {PAUSE * 1000:.0f} ms apart on average, "
+                  f"{label}: echo p50 {statistics.median(many):.2f} ms, p95 {p95:.2f} ms, "
+                  f"max {max(many):.2f} ms; goal p95 <= {GOAL_ECHO_P95_MS:.0f} ms: {verdict}",
+                  flush=True)
         await asyncio.gather(*(close_terminal(ws) for ws in sockets))
-        p95 = percentile(many, .95)
-        print(f"{TERMINALS} terminals at once ({opened:.1f} s to open all), each typing "
-              f"{ECHOES_EACH} keys {PAUSE * 1000:.0f} ms apart: echo p50 "
-              f"{statistics.median(many):.2f} ms, "
-              f"p95 {p95:.2f} ms, max {max(many):.2f} ms; goal p95 <= "
-              f"{GOAL_ECHO_P95_MS:.0f} ms: {'meets' if p95 <= GOAL_ECHO_P95_MS else 'misses'}",
-              flush=True)
 
 
 def main():
