@@ -11,8 +11,11 @@ import time
 
 # Celery's lines per task ("Task ... received", "... succeeded") and beat's per send
 # ("Scheduler: Sending due task") say nothing on an idle system but arrive several times a
-# second; failures are still logged (at ERROR, by celery.app.trace).
-QUIET_LOGGERS = ("celery.app.trace", "celery.worker.strategy", "celery.beat")
+# second; failures are still logged (at ERROR, by celery.app.trace). uvicorn's error log
+# says three lines per websocket (accepted, open, closed): every browser tab, every
+# terminal; its errors stay.
+QUIET_LOGGERS = ("celery.app.trace", "celery.worker.strategy", "celery.beat",
+                 "uvicorn.error")
 
 
 def logging_config(level="INFO", fmt="plain"):

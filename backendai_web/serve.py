@@ -17,9 +17,11 @@ reverse proxy, never when clients reach the port directly.
 """
 
 import argparse
+import logging
 import os
 import sys
 
+import django
 import uvicorn
 
 APPLICATION = "backendai_web.asgi:application"
@@ -38,6 +40,9 @@ def main(argv=None):
     parser.add_argument("--proxy-headers", action="store_true")
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
+    django.setup()  # LOGGING first: uvicorn's own start-up lines are quiet (logs.py)
+    logging.getLogger("backendai_web.serve").info(
+        "web process %d on http://%s:%d", os.getpid(), args.host, args.port)
     uvicorn.run(
         APPLICATION, host=args.host, port=args.port,
         log_config=None,  # Django's LOGGING, set up when the application is imported
