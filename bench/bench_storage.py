@@ -120,6 +120,27 @@ def main():
         serve_and_measure(env, storage, web_port)
 
 
+def bare_upload(base, source, part_size, http):
+    """The same file in the same parts to bench/bare_upload.py."""
+    with open(source, "rb") as file:
+        while part := file.read(part_size):
+            last = file.tell() == os.path.getsize(source)
+            http.put(f"{base}/?last=1" if last else f"{base}/", data=part,
+                     timeout=300).raise_for_status()
+
+
+def serve_bare(port, target):
+    """bench/bare_upload.py under the web process's server and its settings."""
+    log = open(WORK / "bare.log", "w")  # noqa: SIM115 (open while the server runs)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port),
+         "--no-access-log", "--lifespan", "off", "bench.bare_upload:app"], cwd=ROOT,
+        env={**os.environ, "BENCH_BARE_TARGET": str(target)}, stdout=log,
+        stderr=subprocess.STDOUT)
+    wait_for_port(port)
+    return process
+
+
 def serve_and_measure(env, storage, web_port):
     web = None
     try:
@@ -158,6 +179,18 @@ def run(transfer, base, headers, pid, storage):
     size = SIZE_MB << 20
     print(f"one web process; a {SIZE_MB} MiB file; uploads in {PART_MB} MiB parts; "
           f"storage {storage} (same disk as the source)", flush=True)
+    bare_target = WORK / "bare-upload.bin"
+    bare = serve_bare(free_port(), bare_target)
+    bare_base = f"http://127.0.0.1:{bare.args[bare.args.index('--port') + 1]}"
+    try:
+        bare_upload(bare_base, warm, PART_MB << 20, http)  # warm-up
+        bare_target.unlink()
+        ceiling = to_disk(lambda: bare_upload(bare_base, source, PART_MB << 20, http),
+                          bare_target)
+    finally:
+        bare.terminate()
+        bare.wait(timeout=15)
+        bare_target.unlink(missing_ok=True)
     with PeakMemory(web=pid) as peak:
         cp_in = to_disk(lambda: subprocess.run(["cp", str(source), str(copy)], check=True),
                         copy)
@@ -178,6 +211,8 @@ def run(transfer, base, headers, pid, storage):
     print(f"  cp (source -> disk) + fsync:  {rate(cp_in[1])}")
     print(f"  upload through the API:       {rate(up[1])}, {cp_in[1] / up[1]:.2f} x cp "
           f"(goal >= {GOAL_RATIO})")
+    print(f"  bare ASGI upload (ceiling):   {rate(ceiling[1])}, {cp_in[1] / ceiling[1]:.2f} x "
+          "cp: bench/bare_upload.py, which only writes the body")
     print(f"  cp (disk -> disk) + fsync:    {rate(cp_out[1])}")
     print(f"  download + fsync:             {rate(down[1])}, {cp_out[1] / down[1]:.2f} x cp "
           f"(goal >= {GOAL_RATIO})")
