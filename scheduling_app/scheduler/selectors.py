@@ -120,6 +120,9 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
     refusal = cross_host_problem(index.snap, set(placement.values()))
     if refusal is None:
         return placement
+    # The placement's tentative kernels may have evicted agents, free again, from the
+    # shape lists (as when a spread fails).
+    index.forget_shapes()
     # Not across these hosts: all kernels on one agent (a bridge), or spread over the
     # agents of one swarm only.
     agent = index.first_fit(session.total, excluded)
@@ -129,9 +132,10 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
         outside = frozenset(a.id for a in index.snap.agents.values()
                             if a.swarm_key is None or not a.swarm_key & key)
         placement = _spread(session, index, excluded | outside)
-        if placement is not None and cross_host_problem(
-                index.snap, set(placement.values())) is None:
-            return placement
+        if placement is not None:
+            if cross_host_problem(index.snap, set(placement.values())) is None:
+                return placement
+            index.forget_shapes()
     index.snap.refusals[session.shape] = refusal
     return None
 
