@@ -203,6 +203,26 @@ def test_roundrobin_cycles_from_a_persisted_cursor():
         ["b"], ["c"], ["a"], ["b"]]
 
 
+@pytest.mark.parametrize("strategy", ["concentrated", "dispersed", "roundrobin"])
+def test_a_full_agent_is_skipped_until_released_then_chosen_in_its_turn_again(strategy):
+    # The index drops an agent full for a shape; a session's end (released) brings it back.
+    snap = snapshot(agent("a", cpu=2), agent("b", cpu=2), agent("c", cpu=2))
+    index = AgentIndex(snap, strategy)
+    chosen = []
+    for name in ("1", "2", "3", "4"):
+        s = session(name, cpu=2, mem="1g")
+        placement = select(s, index)
+        chosen.append(placement and placement[f"{name}-k0"])
+        if placement:
+            snap.commit(s, placement)
+            index.placed(placement[f"{name}-k0"])
+    assert sorted(chosen[:3]) == ["a", "b", "c"] and chosen[3] is None
+    snap.agents["b"].occupied = ResourceSlots()
+    index.released("b")
+    assert select(session("5", cpu=2, mem="1g"), index) == {"5-k0": "b"}
+    assert select(session("6", cpu=2, mem="1g"), index, excluded=frozenset({"b"})) is None
+
+
 def test_only_agents_with_room_for_every_slot_and_not_excluded():
     snap = snapshot(agent("cpu-rich", cpu=16, mem="1g"), agent("mem-rich", cpu=1, mem="64g"),
                     agent("both", cpu=8, mem="16g"), agent("down", cpu=64, mem="64g", ok=False))
