@@ -71,6 +71,18 @@ def test_project_and_domain_limits():
         session("s"), snap).msg
 
 
+def test_a_limit_may_fail_only_where_an_owner_project_or_domain_has_one():
+    limits = [predicates.KeypairResourceLimit(), predicates.ProjectResourceLimit(),
+              predicates.DomainResourceLimit(), predicates.Concurrency()]
+    unlimited = snapshot(agent("a"), keypair_limits={"AK1": Limit(ResourceSlots())},
+                         max_concurrency={"AK1": None})
+    assert [v.may_fail(unlimited) for v in limits] == [False, False, False, False]
+    limited = snapshot(agent("a"), keypair_limits={"AK1": Limit(slots(cpu=4))},
+                       project_limits={1: Limit(slots(cpu=4))},
+                       domain_limits={1: Limit(slots(cpu=4))}, max_concurrency={"AK1": 3})
+    assert [v.may_fail(limited) for v in limits] == [True, True, True, True]
+
+
 def test_concurrency():
     snap = snapshot(agent("a"), concurrency_used={"AK1": 2}, max_concurrency={"AK1": 2})
     failure = predicates.Concurrency().check(session("s"), snap)
