@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from common.json_keys import json_key
 from common.slots import ResourceSlots, SlotsCache
 from scheduling_app.scheduler.predicates import PERMANENT, Failure, evaluate
 from scheduling_app.scheduler.selectors import select
@@ -71,10 +72,11 @@ def load_occupants(group, now):
     sessions = {}
     for (pk, name, kp, project, domain, status, starts, stype, batch, lifetime, exempt,
          idle, occupying) in Session.objects.filter(
-            scaling_group=group, status__in=OCCUPYING).values_list(
+            scaling_group=group, status__in=OCCUPYING).annotate(
+            idle_checks=json_key("status_data__idle_checks")).values_list(
             "id", "name", "keypair_id", "project_id", "domain_id", "status", "starts_at",
             "session_type", "batch_timeout", "keypair__resource_policy__max_session_lifetime",
-            "idle_exempt", "status_data__idle_checks", "occupying_slots"):
+            "idle_exempt", "idle_checks", "occupying_slots"):
         sessions[pk] = Occupant(
             pk, name, kp, project, domain, parse(occupying), [],
             latest_end(status=status, starts_at=starts, now=now, session_type=stype,
