@@ -68,9 +68,16 @@ class AgentIndex:
     def first_fit(self, need, excluded=frozenset(), shape=None):
         """The first agent in the strategy's order with room for `need`, not in `excluded`
         (`shape`: shape_of(need), when the caller has it)."""
-        members, ordered = self._shape(need, shape_of(need) if shape is None else shape)
         if self.strategy == "roundrobin":
-            return self._next_in_turn(need, excluded, members, ordered)
+            # Most often the next agent in turn has room: no search then.
+            if self.order:
+                agent = self.snap.agents[self.order[
+                    bisect_right(self.order, self.cursor) % len(self.order)]]
+                if agent.id not in excluded and need.fits_in(agent.free):
+                    return agent
+            members, places = self._shape(need, shape_of(need) if shape is None else shape)
+            return self._next_in_turn(need, excluded, members, places)
+        members, ordered = self._shape(need, shape_of(need) if shape is None else shape)
         agents, keys = self.snap.agents, self.keys
         aside, found = [], None
         while ordered:
