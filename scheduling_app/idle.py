@@ -17,6 +17,7 @@ from backendai_web import metrics
 from common import clock
 from common.bulk import insert_rows
 from common.collector import collector_paused
+from common.json_keys import json_key
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine
 from sessions_app.enums import SessionType, Status
@@ -245,11 +246,12 @@ def load_running():
     sessions = {}
     checkers_of = {pk: tuple(names or ()) for pk, names in
                    ScalingGroup.objects.values_list("id", "idle_checkers")}
-    for row in Session.objects.filter(status=Status.RUNNING).values_list(
+    for row in Session.objects.filter(status=Status.RUNNING).annotate(
+            idle_checks=json_key("status_data__idle_checks")).values_list(
             "id", "name", "user_id", "session_type", "starts_at", "last_activity",
             "keypair__resource_policy__idle_timeout",
             "keypair__resource_policy__max_session_lifetime", "batch_timeout",
-            "requested_slots", "scaling_group_id", "idle_exempt", "status_data__idle_checks"):
+            "requested_slots", "scaling_group_id", "idle_exempt", "idle_checks"):
         (pk, name, user_id, stype, starts, last, idle, lifetime, batch, requested, group,
          exempt, reports) = row
         sessions[pk] = IdleSession(
@@ -259,7 +261,8 @@ def load_running():
             checkers=checkers_of.get(group, ()), exempt=exempt, reports=reports)
     for session_id, usage, app in Kernel.objects.filter(
             session__status=Status.RUNNING, cluster_role=Kernel.ClusterRole.MAIN
-    ).values_list("session_id", "last_stat__usage", "last_stat__app"):
+    ).annotate(usage=json_key("last_stat__usage"), app=json_key("last_stat__app")).values_list(
+            "session_id", "usage", "app"):
         if session_id in sessions:
             sessions[session_id].usage = usage or {}
             sessions[session_id].app = app

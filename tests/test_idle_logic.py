@@ -1,6 +1,7 @@
 """Idle checkers on plain data with a fixed clock, and the pass on the database with
 frozen time."""
 
+import gc
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -184,6 +185,25 @@ def test_the_pass_costs_the_same_queries_for_few_or_many_sessions(
         make_session(alice, Status.RUNNING, name=f"b{i}")
     with django_assert_num_queries(6):
         idle.check_idle()
+
+
+def test_the_pass_leaves_its_objects_to_reference_counting(alice):
+    """Nothing of the pass is kept in a reference cycle (a caught FieldError's traceback
+    once held the pass's frame): the paused collector would free it only after."""
+    make_agent()
+    make_session(alice, Status.RUNNING)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        idle.check_idle()
+        gc.collect()
+        kept = {type(o).__name__ for o in gc.garbage} & {"IdleSession", "Report"}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert kept == set()
 
 
 def test_only_what_touches_the_containers_is_activity(alice, carol, client, sent):

@@ -66,6 +66,28 @@ def test_a_session_that_needs_two_hosts_one_outside_the_swarm_waits_with_the_rea
     assert "not in a swarm: b" in snap.refusals[session.shape]
 
 
+@pytest.mark.parametrize("strategy", ["concentrated", "dispersed"])
+def test_a_refused_spread_leaves_its_agents_to_the_sessions_after_it(strategy):
+    # The refused spread had put a kernel on a tentatively, so a seemed full for the
+    # kernel's size; once the spread is undone a has room again for the sessions after it.
+    agents = [agent_state("a", NO_SWARM), agent_state("b", NO_SWARM)]
+    snap = Snapshot(group="g", agents={a.id: a for a in agents})
+    index = AgentIndex(snap, strategy)
+    assert select(cluster_session(cpu="1.5"), index) is None
+    chosen = []
+    for n in (1, 2):
+        single = PendingSession(id=10 + n, name=f"s{n}", keypair_id="k", project_id=1,
+                                domain_id=1, created_at=clock.now(), image="i",
+                                kernels=[PendingKernel(n, ResourceSlots.parse(
+                                    {"cpu": "1.5", "mem": "64m"}))])
+        placement = select(single, index)
+        assert placement is not None
+        snap.commit(single, placement)
+        index.placed(placement[n])
+        chosen.append(placement[n])
+    assert sorted(chosen) == ["a", "b"]
+
+
 def test_a_session_spreads_only_over_the_agents_that_share_a_swarm():
     # First in turn would be a and b; b is in no swarm, and no agent holds both kernels.
     agents = [agent_state("a", SWARM), agent_state("b", NO_SWARM), agent_state("c", WORKER)]

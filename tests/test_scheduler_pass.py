@@ -1,6 +1,7 @@
 """The scheduling pass and the periodic handlers on the database (no broker: sends are
 recorded)."""
 
+import gc
 from datetime import timedelta
 
 import pytest
@@ -66,6 +67,28 @@ def test_one_session_that_cannot_be_placed_never_blocks_the_ones_after_it(alice)
     schedule("default")
     big.refresh_from_db()
     assert big.status_data["scheduler"]["retries"] == 2
+
+
+def test_a_pass_leaves_its_objects_to_reference_counting(alice):
+    """Nothing of a pass that predicts is kept in a reference cycle (a caught FieldError's
+    traceback once held the pass's frame): the paused collector would free it only after."""
+    make_agent(slots={"cpu": "4", "mem": "4g"})
+    make_session(alice, S.RUNNING, name="busy", resources={"cpu": "4", "mem": "1g"})
+    make_session(alice, name="waiting", resources={"cpu": "1", "mem": "1g"})
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        schedule("default")
+        gc.collect()
+        kept = {type(o).__name__ for o in gc.garbage} & {
+            "PendingSession", "Snapshot", "AgentState", "Occupant", "Timeline", "Prediction"}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert Session.objects.get(name="waiting").status_data["scheduler"]["queue_position"] == 1
+    assert kept == set()
 
 
 def test_permanent_failures_cancel_with_the_reason(alice):

@@ -71,6 +71,18 @@ def test_project_and_domain_limits():
         session("s"), snap).msg
 
 
+def test_a_limit_may_fail_only_where_an_owner_project_or_domain_has_one():
+    limits = [predicates.KeypairResourceLimit(), predicates.ProjectResourceLimit(),
+              predicates.DomainResourceLimit(), predicates.Concurrency()]
+    unlimited = snapshot(agent("a"), keypair_limits={"AK1": Limit(ResourceSlots())},
+                         max_concurrency={"AK1": None})
+    assert [v.may_fail(unlimited) for v in limits] == [False, False, False, False]
+    limited = snapshot(agent("a"), keypair_limits={"AK1": Limit(slots(cpu=4))},
+                       project_limits={1: Limit(slots(cpu=4))},
+                       domain_limits={1: Limit(slots(cpu=4))}, max_concurrency={"AK1": 3})
+    assert [v.may_fail(limited) for v in limits] == [True, True, True, True]
+
+
 def test_concurrency():
     snap = snapshot(agent("a"), concurrency_used={"AK1": 2}, max_concurrency={"AK1": 2})
     failure = predicates.Concurrency().check(session("s"), snap)
@@ -201,6 +213,26 @@ def test_roundrobin_cycles_from_a_persisted_cursor():
     snap = snapshot(agent("a"), agent("b"), agent("c"), roundrobin_cursor="a")
     assert place(snap, "roundrobin", *[session(str(i)) for i in range(4)]) == [
         ["b"], ["c"], ["a"], ["b"]]
+
+
+@pytest.mark.parametrize("strategy", ["concentrated", "dispersed", "roundrobin"])
+def test_a_full_agent_is_skipped_until_released_then_chosen_in_its_turn_again(strategy):
+    # The index drops an agent full for a shape; a session's end (released) brings it back.
+    snap = snapshot(agent("a", cpu=2), agent("b", cpu=2), agent("c", cpu=2))
+    index = AgentIndex(snap, strategy)
+    chosen = []
+    for name in ("1", "2", "3", "4"):
+        s = session(name, cpu=2, mem="1g")
+        placement = select(s, index)
+        chosen.append(placement and placement[f"{name}-k0"])
+        if placement:
+            snap.commit(s, placement)
+            index.placed(placement[f"{name}-k0"])
+    assert sorted(chosen[:3]) == ["a", "b", "c"] and chosen[3] is None
+    snap.agents["b"].occupied = ResourceSlots()
+    index.released("b")
+    assert select(session("5", cpu=2, mem="1g"), index) == {"5-k0": "b"}
+    assert select(session("6", cpu=2, mem="1g"), index, excluded=frozenset({"b"})) is None
 
 
 def test_only_agents_with_room_for_every_slot_and_not_excluded():

@@ -122,6 +122,21 @@ def test_the_start_is_unknown_behind_a_session_with_no_end_bound(alice):
     assert queue["unknown_reason"] == "blocked by sessions with no end bound: forever"
 
 
+def test_the_idle_checkers_deadline_bounds_a_running_sessions_end(alice):
+    # No lifetime limit: only the deadline the idle checker wrote bounds "idle"'s end.
+    agent = make_agent(slots={"cpu": "4", "mem": "4g"})
+    idle = make_session(alice, S.RUNNING, agent=agent, name="idle",
+                        resources={"cpu": "4", "mem": "1g"})
+    Session.objects.filter(pk=idle.pk).update(status_data={"idle_checks": {
+        "network-timeout": {"expires_at": (T0 + timedelta(minutes=20)).isoformat()},
+        "utilization": {"expires_at": None}}})
+    make_session(alice, name="waiting", resources={"cpu": "1", "mem": "1g"})
+    with time_machine.travel(T0, tick=False):
+        schedule("default")
+    queue = Session.objects.get(name="waiting").queue
+    assert queue["predicted_start"] == "2026-03-02T13:20:00+00:00"
+
+
 def test_the_api_the_backendai_route_and_the_dashboard_show_the_queue(alice, as_alice):
     busy_agent_and_queue(alice)
     with time_machine.travel(T0 + timedelta(minutes=11), tick=False):

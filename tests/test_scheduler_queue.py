@@ -8,6 +8,7 @@ from scheduling_app.scheduler.predicates import validators_for
 from scheduling_app.scheduler.preemption import Candidate, Preemptor
 from scheduling_app.scheduler.selectors import AgentIndex
 from scheduling_app.scheduler.sequencers import SEQUENCERS
+from scheduling_app.scheduler.state import Limit
 from scheduling_app.scheduler.timeline import (
     Occupant,
     Placer,
@@ -132,6 +133,26 @@ def test_prediction_waits_for_the_owners_own_sessions_under_a_concurrency_limit(
                      timeline, T0)
     assert result["next"].start == T0 + 45 * MIN
     assert result["after"].start == T0 + 60 * MIN
+
+
+def test_prediction_holds_a_session_back_while_its_owners_resource_limit_is_in_use():
+    """a: 10 cpu; AK1's mine (2 cpu) ends at +10, AK2's big (6 cpu) at +20. AK1 may hold 4
+    cpu, AK2 is unlimited. +10: q1 (AK1, 4 cpu, 30 min) starts and fills AK1's limit.
+    +20: q2 (AK2) starts; q3 (AK1, 1 cpu) would fit on a but waits for q1's end, +40."""
+    snap = snapshot(agent("a", cpu=10, mem="8g", used_cpu=8, used_mem="2g"), keypair_limits={
+        "AK1": Limit(slots(cpu=4), slots(cpu=2, mem="1g")),
+        "AK2": Limit(slots(), slots(cpu=6, mem="1g"))})
+    timeline = Timeline(snap, [
+        occupant("mine", [("a", slots(cpu=2, mem="1g"))], T0 + 10 * MIN, owner="AK1"),
+        occupant("big", [("a", slots(cpu=6, mem="1g"))], T0 + 20 * MIN, owner="AK2")], T0)
+    queue = [session("q1", owner="AK1", cpu=4, mem="1g"),
+             session("q2", owner="AK2", cpu=2, mem="1g"),
+             session("q3", owner="AK1", cpu=1, mem="1g")]
+    queue[0].max_lifetime = 30 * 60
+    result = predict(queue, snap, AgentIndex(snap, "concentrated"), validators_for([]),
+                     timeline, T0)
+    assert {k: v.start for k, v in result.items()} == {
+        "q1": T0 + 10 * MIN, "q2": T0 + 20 * MIN, "q3": T0 + 40 * MIN}
 
 
 def test_prediction_of_a_session_waiting_for_a_dependency_is_unknown():

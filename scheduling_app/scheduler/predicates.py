@@ -1,7 +1,9 @@
 """Validators: small classes with one method, `check(session, snapshot)`.
 
 A check returns None when the session passes, or a Failure. A temporary failure keeps the
-session PENDING (and tells its owner why); a permanent one cancels it.
+session PENDING (and tells its owner why); a permanent one cancels it. The limits also say
+whether they `may_fail` on a snapshot at all (False: none of its owners, projects or domains
+has one), so that the prediction, which tries sessions many times over, skips them.
 """
 
 from dataclasses import dataclass
@@ -23,6 +25,9 @@ def _slots(names):
 
 class KeypairResourceLimit:
     name = "keypair-resources"
+
+    def may_fail(self, snap: Snapshot):
+        return any(limit.total for limit in snap.keypair_limits.values())
 
     def check(self, session: PendingSession, snap: Snapshot):
         limit = snap.keypair_limits.get(session.keypair_id)
@@ -46,6 +51,12 @@ class _GroupLimit:
     def limit_for(self, session, snap):
         raise NotImplementedError
 
+    def limits(self, snap):
+        raise NotImplementedError
+
+    def may_fail(self, snap: Snapshot):
+        return any(limit.total for limit in self.limits(snap).values())
+
     def check(self, session: PendingSession, snap: Snapshot):
         limit = self.limit_for(session, snap)
         short = limit.exceeded_by(session.total) if limit else []
@@ -60,6 +71,9 @@ class ProjectResourceLimit(_GroupLimit):
     def limit_for(self, session, snap):
         return snap.project_limits.get(session.project_id)
 
+    def limits(self, snap):
+        return snap.project_limits
+
 
 class DomainResourceLimit(_GroupLimit):
     name, label = "domain-resources", "domain"
@@ -67,9 +81,15 @@ class DomainResourceLimit(_GroupLimit):
     def limit_for(self, session, snap):
         return snap.domain_limits.get(session.domain_id)
 
+    def limits(self, snap):
+        return snap.domain_limits
+
 
 class Concurrency:
     name = "concurrency"
+
+    def may_fail(self, snap: Snapshot):
+        return any(allowed is not None for allowed in snap.max_concurrency.values())
 
     def check(self, session: PendingSession, snap: Snapshot):
         allowed = snap.max_concurrency.get(session.keypair_id)

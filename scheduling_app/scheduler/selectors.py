@@ -1,11 +1,12 @@
 """Selectors: which agent gets a session (or each kernel of a multi-node one).
 
-An AgentIndex keeps the schedulable agents ordered for its strategy, one ordered list per
-distinct request shape. Within a pass agents only fill up, so an agent that cannot fit a
-shape never will: it leaves that shape's list for good, and a choice costs a few steps,
+An AgentIndex keeps, per distinct request shape, the schedulable agents that may fit it,
+in its strategy's order. Within a pass agents only fill up, so an agent that cannot fit a
+shape never will: it leaves that shape's set for good, and a choice costs a few steps,
 not a scan over every agent.
 """
 
+import heapq
 from bisect import bisect_right
 
 from sortedcontainers import SortedList
@@ -23,69 +24,132 @@ def dispersed_key(agent: AgentState):
     return (agent.utilization, -agent.size, agent.id)  # emptiest first; then larger
 
 
+def shape_of(need: ResourceSlots):
+    return tuple(sorted(need.items()))
+
+
 class AgentIndex:
+    """Per request shape, the agents that may fit it (`members`) and their order.
+
+    concentrated/dispersed: a heap of the members' keys per shape. An agent re-ordered by
+    a placement gets its new key pushed, and its old entry stays behind, skipped when it
+    comes to the top (stale: not the agent's key any more, or the agent no longer a
+    member): a placement costs a push per shape, not a search and a removal in a sorted
+    list per shape. roundrobin: the members' places in the id order, sorted, so that the
+    next one after the cursor is a search, not a walk over the agents that are full."""
+
     def __init__(self, snap: Snapshot, strategy: str):
         self.snap = snap
         self.strategy = strategy
         self.agents = [a for a in snap.agents.values() if a.schedulable]
         self.cursor = snap.roundrobin_cursor
+        self.members = {}  # request shape → ids of the agents that may fit it
+        self.ordered = {}  # request shape → a heap of keys, or (roundrobin) of places
         if strategy == "roundrobin":
             self.order = sorted(a.id for a in self.agents)
+            self.place = {agent_id: n for n, agent_id in enumerate(self.order)}
             return
         self.key = concentrated_key if strategy == "concentrated" else dispersed_key
         self.keys = {a.id: self.key(a) for a in self.agents}
-        self.by_shape = {}  # request shape → SortedList of keys of agents that may fit it
 
-    def _shape_list(self, need):
-        shape = tuple(sorted(need.items()))
-        if shape not in self.by_shape:
-            self.by_shape[shape] = SortedList(
-                self.keys[a.id] for a in self.agents if need.fits_in(a.capacity))
-        return self.by_shape[shape]
-
-    def first_fit(self, need, excluded=frozenset()):
-        if self.strategy == "roundrobin":
-            return self._next_in_turn(need, excluded)
-        keys = self._shape_list(need)
-        position = 0
-        while position < len(keys):
-            agent = self.snap.agents[keys[position][-1]]
-            if not need.fits_in(agent.free):
-                del keys[position]  # full for this shape for the rest of the pass
-            elif agent.id in excluded:
-                position += 1
+    def _shape(self, need, shape):
+        if shape not in self.members:
+            if self.strategy == "roundrobin":
+                # Every agent at first, as the walk it replaces tried every one.
+                self.members[shape] = set(self.order)
+                self.ordered[shape] = SortedList(range(len(self.order)))
             else:
-                return agent
-        return None
+                fitting = [a.id for a in self.agents if need.fits_in(a.capacity)]
+                self.members[shape] = set(fitting)
+                heap = self.ordered[shape] = [self.keys[a] for a in fitting]
+                heapq.heapify(heap)
+        return self.members[shape], self.ordered[shape]
 
-    def _next_in_turn(self, need, excluded):
-        count = len(self.order)
-        start = bisect_right(self.order, self.cursor)
-        for step in range(count):
-            agent = self.snap.agents[self.order[(start + step) % count]]
-            if agent.id not in excluded and need.fits_in(agent.free):
+    def first_fit(self, need, excluded=frozenset(), shape=None):
+        """The first agent in the strategy's order with room for `need`, not in `excluded`
+        (`shape`: shape_of(need), when the caller has it)."""
+        if self.strategy == "roundrobin":
+            # Most often the next agent in turn has room: no search then.
+            if self.order:
+                agent = self.snap.agents[self.order[
+                    bisect_right(self.order, self.cursor) % len(self.order)]]
+                if agent.id not in excluded and need.fits_in(agent.free):
+                    return agent
+            members, places = self._shape(need, shape_of(need) if shape is None else shape)
+            return self._next_in_turn(need, excluded, members, places)
+        members, ordered = self._shape(need, shape_of(need) if shape is None else shape)
+        agents, keys = self.snap.agents, self.keys
+        aside, found = [], None
+        while ordered:
+            key = ordered[0]
+            agent_id = key[-1]
+            if agent_id not in members or keys[agent_id] != key:
+                heapq.heappop(ordered)  # stale: the agent is elsewhere in the heap, or out
+                continue
+            agent = agents[agent_id]
+            if not need.fits_in(agent.free):
+                heapq.heappop(ordered)
+                members.discard(agent_id)  # full for this shape for the rest of the pass
+            elif agent_id in excluded:
+                aside.append(heapq.heappop(ordered))
+            else:
+                found = agent
+                break
+        for key in aside:
+            heapq.heappush(ordered, key)
+        return found
+
+    def _next_in_turn(self, need, excluded, members, places):
+        """The first member after the cursor in id order, round the end, that fits."""
+        agents, order = self.snap.agents, self.order
+        if not places:
+            return None
+        position = places.bisect_left(bisect_right(order, self.cursor)) % len(places)
+        seen = 0
+        while seen < len(places):
+            place = places[position]
+            agent = agents[order[place]]
+            if not need.fits_in(agent.free):
+                del places[position]  # full for this shape for the rest of the pass
+                members.discard(agent.id)
+                if not places:
+                    return None
+                position %= len(places)
+                continue
+            if agent.id not in excluded:
                 return agent
+            position = (position + 1) % len(places)
+            seen += 1
         return None
 
     def forget_shapes(self):
-        if self.strategy != "roundrobin":
-            self.by_shape.clear()
+        self.members.clear()
+        self.ordered.clear()
 
     def released(self, agent_id):
-        """The agent has more room than before (a session ended): back into the shape
-        lists it fits again, and re-ordered."""
+        """The agent has more room than before (a session ended): back into the shapes it
+        fits again, at its new place."""
         if self.strategy == "roundrobin":
+            place = self.place.get(agent_id)
+            if place is None:
+                return  # not schedulable
+            for shape, members in self.members.items():
+                if agent_id not in members:
+                    members.add(agent_id)
+                    self.ordered[shape].add(place)
             return
-        agent = self.snap.agents[agent_id]
         if agent_id not in self.keys:
             return  # not schedulable
+        agent = self.snap.agents[agent_id]
         old, new = self.keys[agent_id], self.key(agent)
         self.keys[agent_id] = new
-        for shape, keys in self.by_shape.items():
-            if old in keys:
-                keys.remove(old)
-            if ResourceSlots(shape).fits_in(agent.capacity):
-                keys.add(new)
+        for shape, members in self.members.items():
+            if agent_id in members:
+                if new != old:
+                    heapq.heappush(self.ordered[shape], new)
+            elif ResourceSlots(shape).fits_in(agent.capacity):
+                members.add(agent_id)
+                heapq.heappush(self.ordered[shape], new)
 
     def placed(self, agent_id):
         """The snapshot's occupancy of this agent changed: re-order it."""
@@ -93,14 +157,12 @@ class AgentIndex:
         if self.strategy == "roundrobin":
             return
         old, new = self.keys[agent_id], self.key(self.snap.agents[agent_id])
-        self.keys[agent_id] = new
         if old == new:
             return
-        for keys in self.by_shape.values():
-            count = len(keys)
-            keys.discard(old)
-            if len(keys) < count:  # in this shape's list: back in at its new place
-                keys.add(new)
+        self.keys[agent_id] = new
+        for shape, members in self.members.items():
+            if agent_id in members:
+                heapq.heappush(self.ordered[shape], new)
 
 
 def select(session: PendingSession, index: AgentIndex, excluded=None):
@@ -112,7 +174,7 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
     if excluded is None:
         excluded = session.excluded_agents
     if session.cluster_mode == ClusterMode.SINGLE_NODE:
-        agent = index.first_fit(session.total, excluded)
+        agent = index.first_fit(session.total, excluded, session.shape[1])
         return None if agent is None else {k.id: agent.id for k in session.kernels}
     placement = _spread(session, index, excluded)
     if placement is None or len(set(placement.values())) == 1:
@@ -120,6 +182,9 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
     refusal = cross_host_problem(index.snap, set(placement.values()))
     if refusal is None:
         return placement
+    # The placement's tentative kernels may have evicted agents, free again, from the
+    # shape lists (as when a spread fails).
+    index.forget_shapes()
     # Not across these hosts: all kernels on one agent (a bridge), or spread over the
     # agents of one swarm only.
     agent = index.first_fit(session.total, excluded)
@@ -129,9 +194,10 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
         outside = frozenset(a.id for a in index.snap.agents.values()
                             if a.swarm_key is None or not a.swarm_key & key)
         placement = _spread(session, index, excluded | outside)
-        if placement is not None and cross_host_problem(
-                index.snap, set(placement.values())) is None:
-            return placement
+        if placement is not None:
+            if cross_host_problem(index.snap, set(placement.values())) is None:
+                return placement
+            index.forget_shapes()
     index.snap.refusals[session.shape] = refusal
     return None
 

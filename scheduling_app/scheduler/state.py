@@ -106,8 +106,11 @@ class AgentState:
         """Mean of occupied/capacity over the agent's resource types."""
         if not self._shares:
             return 1.0
-        occupied = self._occupied.get
-        return sum(float(occupied(k, 0)) / v for k, v in self._shares) / len(self._shares)
+        # Read at every re-ordering: a loop, not a generator (the same additions in order).
+        occupied, total = self._occupied.get, 0.0
+        for name, capacity in self._shares:
+            total += float(occupied(name, 0)) / capacity
+        return total / len(self._shares)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from common.json_keys import json_key
 from common.slots import ResourceSlots, SlotsCache
 from scheduling_app.scheduler.predicates import PERMANENT, Failure, evaluate
 from scheduling_app.scheduler.selectors import select
@@ -71,10 +72,11 @@ def load_occupants(group, now):
     sessions = {}
     for (pk, name, kp, project, domain, status, starts, stype, batch, lifetime, exempt,
          idle, occupying) in Session.objects.filter(
-            scaling_group=group, status__in=OCCUPYING).values_list(
+            scaling_group=group, status__in=OCCUPYING).annotate(
+            idle_checks=json_key("status_data__idle_checks")).values_list(
             "id", "name", "keypair_id", "project_id", "domain_id", "status", "starts_at",
             "session_type", "batch_timeout", "keypair__resource_policy__max_session_lifetime",
-            "idle_exempt", "status_data__idle_checks", "occupying_slots"):
+            "idle_exempt", "idle_checks", "occupying_slots"):
         sessions[pk] = Occupant(
             pk, name, kp, project, domain, parse(occupying), [],
             latest_end(status=status, starts_at=starts, now=now, session_type=stype,
@@ -234,7 +236,7 @@ class Placer:
         self.reservations = {}  # session id → (time or None, [agent ids])
         self.reserved = {}  # agent id → the earliest time it is due (None: unknown)
         self.holders = {}  # agent id → the session it is reserved for
-        self.kept_by_lifetime = {}  # kept_out of a non-holder, by its lifetime
+        self.kept = {}  # (lifetime, reservation held) → kept_out, until the next hold
         self.blocked = set()  # (shape, reserved agents kept out)
 
     def kept_out(self, session):
@@ -250,17 +252,14 @@ class Placer:
         (None: holds none)."""
         if not self.reserved:
             return frozenset()
-        if holder is not None:  # a holder may use its own agents
-            end = None if lifetime is None else self.t + timedelta(seconds=lifetime)
-            return frozenset(a for a, due in self.reserved.items()
-                             if self.holders[a] != holder
-                             and (end is None or due is None or end > due))
-        kept = self.kept_by_lifetime.get(lifetime)
+        kept = self.kept.get((lifetime, holder))
         if kept is None:
             end = None if lifetime is None else self.t + timedelta(seconds=lifetime)
-            kept = self.kept_by_lifetime[lifetime] = frozenset(
+            # A holder may use its own agents.
+            kept = self.kept[lifetime, holder] = frozenset(
                 a for a, due in self.reserved.items()
-                if end is None or due is None or end > due)
+                if (holder is None or self.holders[a] != holder)
+                and (end is None or due is None or end > due))
         return kept
 
     def try_place(self, session):
@@ -290,14 +289,13 @@ class Placer:
             self.index.placed(agent_id)
         return placement, [], passed
 
-    def blocked_everywhere(self, kinds):
-        """True when no session of these kinds, (shape, lifetime, reservation held or
-        None), can be placed any more in this scan: each kind's shape found no room on
-        the agents such a session may use."""
-        blocked = self.blocked
-        return all((shape, frozenset()) in blocked
-                   or (shape, self.kept_out_of(lifetime, holder)) in blocked
-                   for shape, lifetime, holder in kinds)
+    def blocks(self, kind):
+        """True when no session of this kind, (shape, lifetime, reservation held or None),
+        can be placed any more in this scan: its shape found no room on the agents such a
+        session may use."""
+        shape, lifetime, holder = kind
+        return ((shape, frozenset()) in self.blocked
+                or (shape, self.kept_out_of(lifetime, holder)) in self.blocked)
 
     def _reserve(self, session):
         if (not self.reservation_after or self.timeline is None
@@ -313,7 +311,7 @@ class Placer:
     def hold(self, session_id, reservation):
         at, agents = reservation
         self.reservations[session_id] = reservation
-        self.kept_by_lifetime = {}
+        self.kept = {}
         for agent_id in agents:
             self.reserved[agent_id] = at
             self.holders[agent_id] = session_id
@@ -352,8 +350,11 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
             result[session.id] = Prediction(None, failures[0].msg)
         else:
             remaining.append(session)
-    # The sessions left have their dependencies met, and nothing simulated changes that.
-    validators = [v for v in validators if v.name != "dependencies"]
+    # The sessions left have their dependencies met, and nothing simulated changes that; a
+    # limit that holds no owner, project or domain of the snapshot cannot hold one back.
+    validators = [v for v in validators if v.name != "dependencies" and v.may_fail(snap)]
+    # Unlimited keypairs' occupancy was kept for DRF, whose order the queue already has.
+    snap.keypair_limits = {k: limit for k, limit in snap.keypair_limits.items() if limit.total}
     t = now
 
     def kind(session):  # sessions of one kind are placed, or blocked, alike in a scan
@@ -361,7 +362,8 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
 
     # A scan stops once every kind left is blocked: not only when every shape is blocked
     # on all agents, which reserved agents kept out of reach prevent while they are held.
-    kinds = Counter(kind(s) for s in remaining)
+    remaining = [(kind(s), s) for s in remaining]
+    kinds = Counter(k for k, _ in remaining)
     while remaining:
         t = timeline.next_time()
         if t is None or t - now > HORIZON:
@@ -372,26 +374,41 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
         placer = Placer(snap, index, validators, t, validate_first=False)
         for session_id, reservation in held.items():
             placer.hold(session_id, reservation)
+        # The kinds not blocked yet, by shape: a try that finds no room blocks kinds of its
+        # own shape only, so only those are looked at again after it.
+        unblocked = defaultdict(set)
+        for k in kinds:
+            unblocked[k[0]].add(k)
+        count = len(kinds)
         left, scanned = [], len(remaining)
-        for position, session in enumerate(remaining):
+        for position, entry in enumerate(remaining):
+            k, session = entry
             placement, _, _ = placer.try_place(session)
             if placement is None:
-                left.append(session)
-                if placer.blocked_everywhere(kinds):  # nothing further can fit now
+                left.append(entry)
+                same_shape = unblocked[k[0]]
+                closed = [other for other in same_shape if placer.blocks(other)]
+                if closed:
+                    same_shape.difference_update(closed)
+                    count -= len(closed)
+                if not count:  # nothing further can fit now
                     scanned = position + 1
                     break
                 continue
             result[session.id] = Prediction(t, agents=tuple(sorted(set(placement.values()))))
             timeline.add(occupant_of(session, placement, t))
-            placed_kind = kind(session)
-            held.pop(session.id, None)
-            kinds[placed_kind] -= 1
-            if not kinds[placed_kind]:
-                del kinds[placed_kind]
+            if k[2] is not None:
+                del held[k[2]]
+            kinds[k] -= 1
+            if not kinds[k]:
+                del kinds[k]
+                if k in unblocked[k[0]]:
+                    unblocked[k[0]].discard(k)
+                    count -= 1
         remaining[:scanned] = left  # the part not scanned stays as it is, not copied
     if remaining:
         why = _unknown_reason(timeline, t, now)
-        for session in remaining:
+        for _, session in remaining:
             result[session.id] = Prediction(None, why)
     return result
 
