@@ -74,12 +74,9 @@ def spans_hosts(session):
 def send_create_kernel(kernel):
     """Ask the kernel's agent to make its container; a multi-host session's overlay network
     first. The error when that network cannot be made (nothing is sent then), else None."""
-    import time as _t, logging as _l; _t0 = _t.monotonic()
     spec = kernel_spec(kernel)
-    _t1 = _t.monotonic()
     if spec["network_driver"] == "overlay":
         error = ensure_session_network(kernel.session, internal=not spec["allow_outbound"])
-        _l.getLogger("TIMING").warning("TIMING ensure %s spec=%.0f ensure=%.0f", str(kernel.pk)[:8], (_t1-_t0)*1000, (_t.monotonic()-_t1)*1000)
         if error:
             return f"session network: {error}"
     _send(kernel.agent_id, "agent.create_kernel", spec=spec)

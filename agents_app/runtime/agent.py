@@ -322,7 +322,6 @@ class Agent:
 
     def create_kernel(self, spec):
         kernel_id = spec["kernel_id"]
-        import time as _t; _ta = _t.monotonic()
         existing = backend.find_kernel_container(self.docker, self.id, kernel_id,
                                                  image=spec["image"])
         if existing is not None and existing.status == "running":
@@ -346,7 +345,6 @@ class Agent:
             self.report(kernel_id, "creation_failed", error=str(exc)[:500])
             return
         metrics.count("agent_container_starts", agent=self.id, outcome="started")
-        log.warning("TIMING agent create_kernel %s total=%.0f", kernel_id[:8], (_t.monotonic()-_ta)*1000)
         self.report(kernel_id, "kernel_started", container_id=container.id)
         try:  # the image's apps (Jupyter…) start with the kernel; opening one starts it too
             backend.start_services(self.docker, container)

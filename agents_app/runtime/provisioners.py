@@ -140,7 +140,6 @@ class KernelContainer:
                   backend.NETWORK_DRIVER: "overlay" if overlay else "bridge"}
         if mounts:
             labels[MOUNTS] = json.dumps(list(mounts))
-        import time as _t; _t0 = _t.monotonic()
         container = self.client.containers.create(
             spec["image"], command=backend.kernel_command(spec),
             name=backend.container_name(spec["image"], spec["kernel_id"]),
@@ -156,13 +155,9 @@ class KernelContainer:
                 self.client.networks.get(network).disconnect(container)
                 self.client.networks.get(network).connect(
                     container, aliases=[spec["cluster_hostname"]])
-            _t1 = _t.monotonic()
             if spec.get("ssh_keypair"):
                 container.put_archive("/", ssh_archive(spec["ssh_keypair"]))
-            _t2 = _t.monotonic()
             container.start()
-            _t3 = _t.monotonic()
-            log.warning("TIMING kernel %s driver=%s create=%.0f net/alias=%.0f ssh=%.0f start=%.0f", spec["kernel_id"][:8], spec.get("network_driver"), (_t1-_t0)*1000 if not (network and not overlay) else 0, 0, (_t2-_t1)*1000, (_t3-_t2)*1000)
         except Exception:
             container.remove(force=True)
             raise
