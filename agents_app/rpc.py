@@ -71,16 +71,24 @@ def spans_hosts(session):
         "agent").distinct().count() > 1
 
 
-def send_create_kernel(kernel):
-    """Ask the kernel's agent to make its container; a multi-host session's overlay network
-    first. The error when that network cannot be made (nothing is sent then), else None."""
-    spec = kernel_spec(kernel)
-    if spec["network_driver"] == "overlay":
-        error = ensure_session_network(kernel.session, internal=not spec["allow_outbound"])
-        if error:
-            return f"session network: {error}"
-    _send(kernel.agent_id, "agent.create_kernel", spec=spec)
-    return None
+def send_create_kernels(kernels):
+    """Ask each kernel's agent to make its container (kernels of one session); a multi-host
+    session's overlay network first, asked for once for all of them (each ask is a round
+    trip to a manager agent, and the last kernel's start waited for every one before).
+    {kernel id: error} of the kernels not sent: none when the network cannot be made."""
+    errors, network_error, asked = {}, None, False
+    for kernel in kernels:
+        spec = kernel_spec(kernel)
+        if spec["network_driver"] == "overlay":
+            if not asked:
+                network_error = ensure_session_network(
+                    kernel.session, internal=not spec["allow_outbound"])
+                asked = True
+            if network_error:
+                errors[kernel.pk] = f"session network: {network_error}"
+                continue
+        _send(kernel.agent_id, "agent.create_kernel", spec=spec)
+    return errors
 
 
 NETWORK_CALL_WAIT = 30  # seconds for a manager agent to make an overlay network

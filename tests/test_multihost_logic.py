@@ -235,3 +235,22 @@ def test_a_session_placed_across_hosts_has_its_overlay_made_while_images_are_che
     assert set(session.kernels.values_list("agent_id", flat=True)) == {"h1", "h2"}
     made = [(kw["session_id"]) for name, kw in sent if name == "agent.create_network"]
     assert made == [str(session.pk)]
+
+
+def test_a_sessions_kernels_are_sent_together_after_one_ask_for_its_network(
+        two_hosts, alice, sent, monkeypatch):
+    asked = []
+    monkeypatch.setattr(rpc, "call", lambda agent_id, task, wait, **kw: asked.append(
+        (agent_id, task)) or {})
+    session = spread_session(alice, S.PREPARED, two_hosts)
+    kernels = list(session.kernels.all())
+    assert rpc.send_create_kernels(kernels) == {}
+    assert asked == [("h1", "agent.create_network")]  # once, not once per kernel
+    assert sorted(kw["spec"]["kernel_id"] for name, kw in sent
+                  if name == "agent.create_kernel") == sorted(str(k.pk) for k in kernels)
+    # A network that cannot be made: no kernel is sent, each gets the reason.
+    monkeypatch.setattr(rpc, "call", lambda *args, **kw: {"error": "no room"})
+    sent.clear()
+    errors = rpc.send_create_kernels(kernels)
+    assert errors == {k.pk: "session network: no room" for k in kernels}
+    assert not [name for name, _ in sent if name == "agent.create_kernel"]

@@ -57,10 +57,13 @@ def start_sessions():
 @transaction.atomic(savepoint=False)
 def start_session(session):
     """PREPARED → CREATING for a session whose kernels are all prepared (the event-driven
-    path of start_sessions, inside the caller's transaction)."""
-    for kernel in session.kernels.filter(status=S.PREPARED).order_by("cluster_role",
-                                                                      "cluster_idx"):
-        _move(kernel, engine.mark_kernel_creating, create_kernel)
+    path of start_sessions, inside the caller's transaction); after commit its kernels are
+    sent together."""
+    moved = [kernel for kernel in (
+        engine.mark_kernel_creating(k) for k in session.kernels.filter(
+            status=S.PREPARED).order_by("cluster_role", "cluster_idx")) if kernel]
+    if moved:
+        transaction.on_commit(lambda: create_kernels(moved))
 
 
 def start_single_kernel(kernel, *, actor):
@@ -72,11 +75,17 @@ def start_single_kernel(kernel, *, actor):
 
 
 def create_kernel(kernel):
-    """The agent makes the container. A multi-host session's overlay network that cannot be
-    made counts as a failed creation: retried, then rescheduled."""
-    error = rpc.send_create_kernel(kernel)
-    if error:
-        retry_stage(kernel, "creating", f"failed-to-start: {error}")
+    create_kernels([kernel])
+
+
+def create_kernels(kernels):
+    """The agents make the containers (kernels of one session). A multi-host session's
+    overlay network that cannot be made counts as a failed creation: retried, then
+    rescheduled."""
+    errors = rpc.send_create_kernels(kernels)
+    for kernel in kernels:
+        if kernel.pk in errors:
+            retry_stage(kernel, "creating", f"failed-to-start: {errors[kernel.pk]}")
 
 
 def _advance(status, mark, send):
