@@ -91,7 +91,25 @@ def chromium():
 def browser_context(chromium, web):
     context = chromium.new_context(base_url=web.url, viewport={"width": 1280, "height": 900})
     context.set_default_timeout(TIMEOUT_MS)
+    # What the pages asked for and never got, printed with a failing test's output: a
+    # page that stays half drawn is most often one request that never finished.
+    unfinished, failed = {}, []
+    context.on("request", lambda r: unfinished.setdefault(id(r), (time.monotonic(), r)))
+    context.on("requestfinished", lambda r: unfinished.pop(id(r), None))
+
+    def on_failed(request):
+        unfinished.pop(id(request), None)
+        failed.append(f"{request.method} {request.url}: {request.failure}")
+    context.on("requestfailed", on_failed)
+    context.on("response", lambda r: r.status >= 400 and failed.append(
+        f"{r.request.method} {r.url}: HTTP {r.status}"))
+    context.on("weberror", lambda e: failed.append(f"page error: {e.error}"))
     yield context
+    now = time.monotonic()
+    for started, request in unfinished.values():
+        print(f"unfinished after {now - started:.1f} s: {request.method} {request.url}")
+    for line in failed:
+        print(f"failed: {line}")
     context.close()
 
 

@@ -102,6 +102,8 @@ class SecondHost:
         _wait(lambda: docker.DockerClient(base_url=self.url, timeout=5).ping(), 60,
               f"the second dockerd ({self.dir / 'dockerd.log'})")
         self.client = docker.DockerClient(base_url=self.url, timeout=60)
+        if self.client.info()["Swarm"]["LocalNodeState"] != "inactive":
+            self.client.swarm.leave(force=True)  # its swarm of a run that was killed
 
     def _swarm(self):
         """As an operator sets up agent hosts (README): `manage.py swarm_join --init` on
