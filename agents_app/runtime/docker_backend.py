@@ -8,6 +8,7 @@ import ipaddress
 import json
 import logging
 import socket
+import threading
 import time
 import uuid
 from datetime import datetime
@@ -514,9 +515,22 @@ def _kernels_report(kernels):
     return {"busy": busy, "last_activity": last, "kernels": len(kernels)}
 
 
-def start_service(client, container_id, name, command):
+_services_started = {}  # (container id, service) → monotonic time of its last start here
+_services_lock = threading.Lock()
+
+
+def start_service(client, container_id, name, command, unless_within=0.0):
     """Start a service the image declares (its ai.backend.service-start.<name> label) in
-    the background of the container."""
+    the background of the container; not when this process started it less than
+    `unless_within` seconds ago (it may be starting still: a second Jupyter would only
+    take the next port)."""
+    key, now = (container_id, name), time.monotonic()
+    with _services_lock:
+        if now - _services_started.get(key, -1e9) < unless_within:
+            return
+        for old in [k for k, at in _services_started.items() if now - at > 3600]:
+            del _services_started[old]
+        _services_started[key] = now
     log.info("starting service %s in %s", name, container_id[:12])
     exec_id = client.api.exec_create(container_id, ["/bin/sh", "-c", command])["Id"]
     client.api.exec_start(exec_id, detach=True)

@@ -88,7 +88,6 @@ class StreamServer:
         self.http = None
         self.terminals = {}  # (kernel id, terminal id) → Terminal
         self._containers = {}  # container id → (monotonic time, what _inspect found)
-        self._services_started = {}  # (container id, service) → monotonic time
         self._ready = threading.Event()
         self._error = None
 
@@ -294,13 +293,10 @@ class StreamServer:
                 raise Refused(502, f"service {name!r} failed: {exc}") from None
 
     def start_service(self, container_id, name, command):
-        """Run the service's start command in the container, unless it was started a
-        moment ago (it may be starting still)."""
-        key = (container_id, name)
-        if time.monotonic() - self._services_started.get(key, -1e9) < SERVICE_START_WAIT:
-            return
-        self._services_started[key] = time.monotonic()
-        backend.start_service(self.agent.docker, container_id, name, command)
+        """Run the service's start command in the container, unless this agent started it
+        a moment ago, with the kernel or for another request (it may be starting still)."""
+        backend.start_service(self.agent.docker, container_id, name, command,
+                              unless_within=SERVICE_START_WAIT)
 
 
 class Terminal:

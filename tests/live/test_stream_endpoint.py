@@ -234,3 +234,28 @@ def test_a_terminal_token_for_another_kernel_opens_nothing(agent_and_server, ker
             return refused.value.status
 
     assert run(attempt()) == 404
+
+
+def test_a_service_started_with_the_kernel_is_waited_for_not_started_again(
+        agent_and_server, docker_client):
+    """Opening an app while it is still starting (started with the kernel, not listening
+    yet) waits for it; a second copy is started only when this agent has not started one
+    in the last SERVICE_START_WAIT seconds."""
+    agent, server = agent_and_server
+    kernel_id = str(uuid.uuid4())
+    start = "echo start >> /www/starts; sleep 2; exec httpd -f -p 8080 -h /www"
+    container = docker_client.containers.run(
+        IMAGE, ["/bin/sh", "-c", "mkdir -p /www && echo slow-app > /www/index.html && "
+                                 "exec sleep 3600"], detach=True,
+        labels={backend.AGENT_ID: agent.id, backend.KERNEL_ID: kernel_id,
+                stream_tokens.SERVICE_PORTS_LABEL: "web:http:8080",
+                stream_tokens.SERVICE_START_LABEL + "web": start})
+    try:
+        container.reload()
+        backend.start_services(docker_client, container)  # as the agent does at start
+        status, body, _ = run(get(server, "/v1/app/index.html",
+                                  token(agent, (kernel_id, container), "service:web")))
+        assert (status, body) == (200, b"slow-app\n")
+        assert container.exec_run(["cat", "/www/starts"]).output == b"start\n"
+    finally:
+        container.remove(force=True)
