@@ -82,6 +82,15 @@ def make_file(path, size_mb):
             out.write(i.to_bytes(8, "big") + block[8:])
 
 
+def curl_download(base, headers, target):
+    """The download by curl: how much of the Python client's figure is the client's."""
+    path = "/api/v1/folders/bench/download/?path=big.bin"
+    args = ["curl", "-sSf", "-o", str(target), base + path]
+    for key, value in headers("GET", path, "application/json").items():
+        args[1:1] = ["-H", f"{key}: {value}"]
+    subprocess.run(args, check=True)
+
+
 def timed(function):
     started = time.monotonic()
     function()
@@ -200,6 +209,9 @@ def run(transfer, base, headers, pid, storage):
                      lambda: storage_file(storage, "big.bin"))
         down = to_disk(lambda: transfer.download(base, "bench", "big.bin", back,
                                                  headers=headers, http=http), back)
+        curled = WORK / "curl-back.bin"
+        curl_down = to_disk(lambda: curl_download(base, headers, curled), curled)
+        curled.unlink()
         cp_out = to_disk(lambda: subprocess.run(["cp", str(copy), str(WORK / "cp-back.bin")],
                                                 check=True), WORK / "cp-back.bin")
     (WORK / "cp-back.bin").unlink(missing_ok=True)
@@ -216,6 +228,8 @@ def run(transfer, base, headers, pid, storage):
     print(f"  cp (disk -> disk) + fsync:    {rate(cp_out[1])}")
     print(f"  download + fsync:             {rate(down[1])}, {cp_out[1] / down[1]:.2f} x cp "
           f"(goal >= {GOAL_RATIO})")
+    print(f"  download by curl + fsync:     {rate(curl_down[1])}, "
+          f"{cp_out[1] / curl_down[1]:.2f} x cp: the same web process, a client in C")
     print("until the copy returned (cp leaves its bytes in the page cache; the upload "
           "does not):")
     print(f"  cp (source -> disk):          {rate(cp_in[0])}; upload {cp_in[0] / up[0]:.2f} x")
