@@ -74,21 +74,18 @@ def spans_hosts(session):
 def send_create_kernels(kernels):
     """Ask each kernel's agent to make its container (kernels of one session); a multi-host
     session's overlay network first, asked for once for all of them (each ask is a round
-    trip to a manager agent, and the last kernel's start waited for every one before).
-    {kernel id: error} of the kernels not sent: none when the network cannot be made."""
-    errors, network_error, asked = {}, None, False
-    for kernel in kernels:
-        spec = kernel_spec(kernel)
-        if spec["network_driver"] == "overlay":
-            if not asked:
-                network_error = ensure_session_network(
-                    kernel.session, internal=not spec["allow_outbound"])
-                asked = True
-            if network_error:
-                errors[kernel.pk] = f"session network: {network_error}"
-                continue
+    trip to a manager agent). {kernel id: error} of the kernels not sent: every one when
+    the network cannot be made, else none."""
+    specs = [(kernel, kernel_spec(kernel)) for kernel in kernels]
+    overlay = [spec for _, spec in specs if spec["network_driver"] == "overlay"]
+    if overlay:  # the session's, so the same for all its kernels
+        error = ensure_session_network(kernels[0].session,
+                                       internal=not overlay[0]["allow_outbound"])
+        if error:
+            return {kernel.pk: f"session network: {error}" for kernel, _ in specs}
+    for kernel, spec in specs:
         _send(kernel.agent_id, "agent.create_kernel", spec=spec)
-    return errors
+    return {}
 
 
 NETWORK_CALL_WAIT = 30  # seconds for a manager agent to make an overlay network
