@@ -21,30 +21,22 @@ def send_check_and_pull(kernel):
                  image=kernel.image)
 
 
-def kernel_spec(kernel):
-    session = kernel.session
-    # The container's limits and network, in one read.
+def session_spec(session):
+    """What every kernel of the session is started with: read once for all of them."""
+    # The containers' limits and network, in one read.
     pids, open_files, outbound = Session.objects.filter(pk=session.pk).values_list(
         "keypair__resource_policy__kernel_pids_limit",
         "keypair__resource_policy__kernel_open_files_limit",
         "scaling_group__allow_outbound").get()
     return {
-        "kernel_id": str(kernel.pk),
         "session_id": str(session.pk),
         "session_name": session.name,
         "session_type": session.session_type,
         "owner_user_id": str(session.user_id),
-        "image": kernel.image,
-        "slots": kernel.occupied_slots or kernel.requested_slots,
         "startup_command": session.startup_command,
-        # Run once, in the main kernel only (Backend.AI's bootstrap.sh).
-        "bootstrap_script": session.bootstrap_script if kernel.is_main else "",
         "environ": session.environ or {},
         "grace_period": session.grace_period if session.grace_period is not None
         else settings.DEFAULT_GRACE_PERIOD,
-        "cluster_role": kernel.cluster_role,
-        "cluster_idx": kernel.cluster_idx,
-        "cluster_hostname": kernel.cluster_hostname,
         "cluster_size": session.cluster_size,
         "pre_stop_command": session.pre_stop_command,
         "ssh_keypair": session.cluster_ssh or None,
@@ -54,6 +46,23 @@ def kernel_spec(kernel):
         "network_driver": "overlay" if spans_hosts(session) else "bridge",
         "cluster_hosts": cluster_hosts(session),
         "mounts": mount_specs(session.pk),
+    }
+
+
+def kernel_spec(kernel, session_part=None):
+    """What the agent needs to start the kernel's container (`session_part`: the
+    session_spec of its session, when the caller has it)."""
+    session = kernel.session
+    return {
+        **(session_part or session_spec(session)),
+        "kernel_id": str(kernel.pk),
+        "image": kernel.image,
+        "slots": kernel.occupied_slots or kernel.requested_slots,
+        # Run once, in the main kernel only (Backend.AI's bootstrap.sh).
+        "bootstrap_script": session.bootstrap_script if kernel.is_main else "",
+        "cluster_role": kernel.cluster_role,
+        "cluster_idx": kernel.cluster_idx,
+        "cluster_hostname": kernel.cluster_hostname,
     }
 
 
@@ -76,15 +85,16 @@ def send_create_kernels(kernels):
     session's overlay network first, asked for once for all of them (each ask is a round
     trip to a manager agent). {kernel id: error} of the kernels not sent: every one when
     the network cannot be made, else none."""
-    specs = [(kernel, kernel_spec(kernel)) for kernel in kernels]
-    overlay = [spec for _, spec in specs if spec["network_driver"] == "overlay"]
-    if overlay:  # the session's, so the same for all its kernels
-        error = ensure_session_network(kernels[0].session,
-                                       internal=not overlay[0]["allow_outbound"])
+    if not kernels:
+        return {}
+    session = kernels[0].session
+    common = session_spec(session)
+    if common["network_driver"] == "overlay":
+        error = ensure_session_network(session, internal=not common["allow_outbound"])
         if error:
-            return {kernel.pk: f"session network: {error}" for kernel, _ in specs}
-    for kernel, spec in specs:
-        _send(kernel.agent_id, "agent.create_kernel", spec=spec)
+            return {kernel.pk: f"session network: {error}" for kernel in kernels}
+    for kernel in kernels:
+        _send(kernel.agent_id, "agent.create_kernel", spec=kernel_spec(kernel, common))
     return {}
 
 

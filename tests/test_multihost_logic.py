@@ -5,6 +5,8 @@ counted (tests/test_multihost_live.py has the two real engines)."""
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from agents_app import rpc
 from agents_app.models import Agent, swarm_key
@@ -254,3 +256,23 @@ def test_a_sessions_kernels_are_sent_together_after_one_ask_for_its_network(
     errors = rpc.send_create_kernels(kernels)
     assert errors == {k.pk: "session network: no room" for k in kernels}
     assert not [name for name, _ in sent if name == "agent.create_kernel"]
+
+
+def test_what_a_session_gives_all_its_kernels_is_read_once_not_per_kernel(
+        two_hosts, alice, sent):
+    """Sending a session's kernels costs the same queries for 2 kernels as for 4."""
+    def queries_to_send(size, name):
+        session = create_session(keypair=main_keypair(alice), user=alice, name=name,
+                                 image="bai-local/busybox:latest", cluster_size=size,
+                                 cluster_mode="multi-node",
+                                 resources={"cpu": "0.25", "mem": "64m"})
+        for kernel in session.kernels.all():
+            walk(kernel, S.PREPARED, two_hosts[0])  # one agent: its bridge, no network call
+        kernels = list(session.kernels.select_related("session"))
+        with CaptureQueriesContext(connection) as queries:
+            assert rpc.send_create_kernels(kernels) == {}
+        assert len([n for n, _ in sent if n == "agent.create_kernel"]) == size
+        sent.clear()
+        return len(queries)
+
+    assert queries_to_send(2, "two") == queries_to_send(4, "four")
