@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -59,19 +58,11 @@ def prepare(env, storage):
 
 
 def signer(access_key, secret_key, base_url):
-    from sessions_app.api.authentication import sign
+    from tests.signing import signed_headers  # after Django's set-up, as the caller's
 
     host = urlsplit(base_url).netloc
-    version = "v7.20230615"
-
-    def headers(method, path, content_type):
-        date = datetime.now(UTC).isoformat()
-        signature = sign(secret_key, method=method, path=path, date=date, host=host,
-                         content_type=content_type, version=version)
-        return {"Date": date, "Content-Type": content_type, "X-BackendAI-Version": version,
-                "Authorization": f"BackendAI signMethod=HMAC-SHA256, "
-                                 f"credential={access_key}:{signature}"}
-    return headers
+    return lambda method, path, content_type: signed_headers(
+        access_key, secret_key, method, path, host, content_type=content_type)
 
 
 def make_file(path, size_mb):
@@ -89,12 +80,6 @@ def curl_download(base, headers, target):
     for key, value in headers("GET", path, "application/json").items():
         args[1:1] = ["-H", f"{key}: {value}"]
     subprocess.run(args, check=True)
-
-
-def timed(function):
-    started = time.monotonic()
-    function()
-    return time.monotonic() - started
 
 
 def fsync_file(path):
