@@ -4,8 +4,11 @@ web process's peak memory growth (VmHWM from /proc, against its RSS after a warm
 
 Each step starts with no dirty pages (sync) and is timed until its bytes are on disk: the
 server puts a finished upload on disk before it answers, so the cp is followed by an
-fsync of its copy, and the download's file is fsynced by the client. The times at which
-cp and the download returned (their bytes then in the page cache) are printed too.
+fsync of its copy, and the download's file is fsynced by the client. The steps run in
+rounds (cp, the bare upload, the upload, cp, the download, the download by curl; 5 rounds
+unless BENCH_STORAGE_ROUNDS says otherwise): how fast this disk takes a GiB swings from
+one minute to the next, so each ratio is taken within its round and the median of the
+rounds is the figure.
 
 Everything is private to the run: a fresh SQLite database and storage root under
 var/bench-storage/, the embedded redis-server on a free port, one web process
@@ -13,11 +16,13 @@ var/bench-storage/, the embedded redis-server on a free port, one web process
 downloads stream.
 
     python -m bench storage            # or: make bench BENCH=storage
-    BENCH_STORAGE_MB=1024 BENCH_STORAGE_PART_MB=16 BENCH_WEB_PORT=8270 python -m bench storage
+    BENCH_STORAGE_MB=1024 BENCH_STORAGE_PART_MB=16 BENCH_STORAGE_ROUNDS=5 \
+        BENCH_WEB_PORT=8270 python -m bench storage
 """
 
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -35,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "var" / "bench-storage"
 SIZE_MB = int(os.environ.get("BENCH_STORAGE_MB", 1024))
 PART_MB = int(os.environ.get("BENCH_STORAGE_PART_MB", 16))
+ROUNDS = int(os.environ.get("BENCH_STORAGE_ROUNDS", 5))
 GOAL_RATIO = 0.6
 GOAL_RSS_MB = 50
 
@@ -91,14 +97,13 @@ def fsync_file(path):
 
 
 def to_disk(copy, target):
-    """(seconds until `copy()` returned, seconds until `target` was on disk too), started
-    with no dirty pages left from before, so each step pays only its own writes."""
+    """Seconds until `copy()` returned and `target` was on disk, started with no dirty
+    pages left from before, so each step pays only its own writes."""
     os.sync()
     started = time.monotonic()
     copy()
-    returned = time.monotonic() - started
     fsync_file(target() if callable(target) else target)
-    return returned, time.monotonic() - started
+    return time.monotonic() - started
 
 
 def main():
@@ -170,58 +175,89 @@ def run(transfer, base, headers, pid, storage):
     transfer.upload(base, "bench", "warm.bin", warm, headers=headers, http=http,
                     part_size=PART_MB << 20)
     transfer.download(base, "bench", "warm.bin", WORK / "warm.out", headers=headers, http=http)
-    size = SIZE_MB << 20
     print(f"one web process; a {SIZE_MB} MiB file; uploads in {PART_MB} MiB parts; "
-          f"storage {storage} (same disk as the source)", flush=True)
+          f"storage {storage} (same disk as the source); {ROUNDS} rounds, each step "
+          "timed until its bytes are on disk", flush=True)
     bare_target = WORK / "bare-upload.bin"
     bare = serve_bare(free_port(), bare_target)
     bare_base = f"http://127.0.0.1:{bare.args[bare.args.index('--port') + 1]}"
+    bare_upload(bare_base, warm, PART_MB << 20, http)  # warm-up
+    bare_target.unlink()
+    rounds, same = [], True
     try:
-        bare_upload(bare_base, warm, PART_MB << 20, http)  # warm-up
-        bare_target.unlink()
-        ceiling = to_disk(lambda: bare_upload(bare_base, source, PART_MB << 20, http),
-                          bare_target)
+        with PeakMemory(web=pid) as peak:
+            for number in range(1, ROUNDS + 1):
+                times = one_round(transfer, base, headers, http, storage, bare_base,
+                                  bare_target)
+                same = same and transfer.sha256_of(back) == transfer.sha256_of(source)
+                rounds.append(times)
+                print(f"  round {number}: " + ", ".join(
+                    f"{name} {SIZE_MB * 1.048576 / seconds:.0f}" for name, seconds
+                    in times.items()) + " MB/s", flush=True)
     finally:
         bare.terminate()
         bare.wait(timeout=15)
-        bare_target.unlink(missing_ok=True)
-    with PeakMemory(web=pid) as peak:
-        cp_in = to_disk(lambda: subprocess.run(["cp", str(source), str(copy)], check=True),
-                        copy)
-        # The server puts the file on disk before it answers the last part.
-        up = to_disk(lambda: transfer.upload(base, "bench", "big.bin", source, headers=headers,
-                                             http=http, part_size=PART_MB << 20),
-                     lambda: storage_file(storage, "big.bin"))
-        down = to_disk(lambda: transfer.download(base, "bench", "big.bin", back,
-                                                 headers=headers, http=http), back)
-        curled = WORK / "curl-back.bin"
-        curl_down = to_disk(lambda: curl_download(base, headers, curled), curled)
-        curled.unlink()
-        cp_out = to_disk(lambda: subprocess.run(["cp", str(copy), str(WORK / "cp-back.bin")],
-                                                check=True), WORK / "cp-back.bin")
-    (WORK / "cp-back.bin").unlink(missing_ok=True)
-    same = transfer.sha256_of(back) == transfer.sha256_of(source)
-    mb = size / 1e6
-    growth = peak.growth()["web"] / 2**20
-    rate = lambda seconds: f"{mb / seconds:7.1f} MB/s ({seconds:.2f} s)"  # noqa: E731
-    print("until the bytes are on disk (the goal's figures):")
-    print(f"  cp (source -> disk) + fsync:  {rate(cp_in[1])}")
-    print(f"  upload through the API:       {rate(up[1])}, {cp_in[1] / up[1]:.2f} x cp "
-          f"(goal >= {GOAL_RATIO})")
-    print(f"  bare ASGI upload (ceiling):   {rate(ceiling[1])}, {cp_in[1] / ceiling[1]:.2f} x "
-          "cp: bench/bare_upload.py, which only writes the body")
-    print(f"  cp (disk -> disk) + fsync:    {rate(cp_out[1])}")
-    print(f"  download + fsync:             {rate(down[1])}, {cp_out[1] / down[1]:.2f} x cp "
-          f"(goal >= {GOAL_RATIO})")
-    print(f"  download by curl + fsync:     {rate(curl_down[1])}, "
-          f"{cp_out[1] / curl_down[1]:.2f} x cp: the same web process, a client in C")
-    print("until the copy returned (cp leaves its bytes in the page cache; the upload "
-          "does not):")
-    print(f"  cp (source -> disk):          {rate(cp_in[0])}; upload {cp_in[0] / up[0]:.2f} x")
-    print(f"  cp (disk -> disk):            {rate(cp_out[0])}; download "
-          f"{cp_out[0] / down[0]:.2f} x")
-    print(f"bytes back match: {same}")
-    print(f"web process RSS: {peak.before['web'] / 2**20:.0f} MiB after warm-up, peak "
-          f"growth {growth:.1f} MiB (goal <= {GOAL_RSS_MB})", flush=True)
+        for name in (bare_target, copy, WORK / "cp-back.bin", WORK / "curl-back.bin"):
+            name.unlink(missing_ok=True)
+    report(rounds, peak, same)
     if not same:
         sys.exit(1)
+
+
+def one_round(transfer, base, headers, http, storage, bare_base, bare_target):
+    """Seconds until on disk of each step, in this order: the cp against which the
+    uploads are compared (of the source), the uploads, the cp against which the downloads
+    are compared (of the stored file they read), the downloads."""
+    source, back, copy = WORK / "source.bin", WORK / "back.bin", WORK / "cp-copy.bin"
+    for stale in (copy, WORK / "cp-back.bin", bare_target, back):
+        stale.unlink(missing_ok=True)
+    for stored in storage.glob("*/big.bin"):
+        stored.unlink()
+    times = {}
+    times["cp in"] = to_disk(lambda: subprocess.run(["cp", str(source), str(copy)],
+                                                    check=True), copy)
+    times["bare upload"] = to_disk(
+        lambda: bare_upload(bare_base, source, PART_MB << 20, http), bare_target)
+    # The server puts the file on disk before it answers the last part.
+    times["upload"] = to_disk(
+        lambda: transfer.upload(base, "bench", "big.bin", source, headers=headers, http=http,
+                                part_size=PART_MB << 20),
+        lambda: storage_file(storage, "big.bin"))
+    # The file the download reads, copied by cp on the same disk.
+    times["cp out"] = to_disk(
+        lambda: subprocess.run(["cp", str(storage_file(storage, "big.bin")),
+                                str(WORK / "cp-back.bin")], check=True),
+        WORK / "cp-back.bin")
+    times["download"] = to_disk(lambda: transfer.download(
+        base, "bench", "big.bin", back, headers=headers, http=http), back)
+    curled = WORK / "curl-back.bin"
+    curled.unlink(missing_ok=True)
+    times["curl download"] = to_disk(lambda: curl_download(base, headers, curled), curled)
+    return times
+
+
+def report(rounds, peak, same):
+    """Medians over the rounds; each ratio is taken within its round (the same disk, the
+    same moment) and the median of those is the figure."""
+    rate = lambda seconds: SIZE_MB * 1.048576 / seconds  # noqa: E731 (MB/s)
+    median = lambda values: statistics.median(values)  # noqa: E731
+    steps = rounds[0].keys()
+    print(f"medians of {len(rounds)} rounds (MB/s = 10^6 bytes/s), until the bytes are on disk:")
+    for step in steps:
+        print(f"  {step + ':':15}{median([rate(r[step]) for r in rounds]):8.0f} MB/s")
+    for step, against, what in (
+            ("upload", "cp in", f"goal >= {GOAL_RATIO}"),
+            ("bare upload", "cp in", "the ceiling: bench/bare_upload.py only writes the body"),
+            ("download", "cp out", f"goal >= {GOAL_RATIO}"),
+            ("curl download", "cp out", "the same web process, a client in C"),
+            ("download", "cp in", "cp of the source instead, which copies faster")):
+        ratios = [r[against] / r[step] for r in rounds]
+        print(f"  {step} / {against}: median {median(ratios):.2f} x "
+              f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)}); {what}")
+    share = [r["bare upload"] / r["upload"] for r in rounds]
+    print(f"  upload / bare upload: median {median(share):.2f} "
+          f"(rounds: {', '.join(f'{x:.2f}' for x in share)})")
+    print(f"bytes back match: {same}")
+    growth = peak.growth()["web"] / 2**20
+    print(f"web process RSS: {peak.before['web'] / 2**20:.0f} MiB after warm-up, peak "
+          f"growth {growth:.1f} MiB over all rounds (goal <= {GOAL_RSS_MB})", flush=True)
