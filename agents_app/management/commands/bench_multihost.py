@@ -10,6 +10,7 @@ it down afterwards. Latencies come from the sessions' status_history.
 """
 
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -48,6 +49,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, repeat, **opts):
         sys.path.insert(0, str(ROOT))
+        # Every session's events would otherwise be logged between the figures.
+        logging.getLogger("sessions_app.events").setLevel(logging.WARNING)
         if tools_problem():
             raise CommandError(f"no second Docker host here: {tools_problem()}")
         tag = f"bench-{uuid.uuid4().hex[:6]}"
