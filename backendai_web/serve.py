@@ -24,6 +24,8 @@ import sys
 import django
 import uvicorn
 
+from common import malloc
+
 APPLICATION = "backendai_web.asgi:application"
 
 
@@ -41,6 +43,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backendai_web.settings")
     django.setup()  # LOGGING first: uvicorn's own start-up lines are quiet (logs.py)
+    malloc.tune_for_transfers()  # uploads, downloads and app traffic: common/malloc.py
     logging.getLogger("backendai_web.serve").info(
         "web process %d on http://%s:%d", os.getpid(), args.host, args.port)
     uvicorn.run(

@@ -7,6 +7,9 @@ ceiling any upload view can reach on the machine, server and client included."""
 import os
 from urllib.parse import parse_qs
 
+from common import malloc
+
+malloc.tune_for_transfers()  # as the web process does (backendai_web/serve.py)
 TARGET = os.environ.get("BENCH_BARE_TARGET", "bare-upload.bin")
 
 

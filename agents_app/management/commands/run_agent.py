@@ -9,6 +9,7 @@ from agents_app.runtime import firewall
 from agents_app.runtime.agent import Agent, install
 from agents_app.runtime.streams import StreamServer
 from backendai_web.celery import agent_queue, app
+from common import malloc
 from common.slots import ResourceSlots, SlotError
 
 
@@ -46,6 +47,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         connection_created.connect(forbid_database)
+        malloc.tune_for_transfers()  # the stream endpoint relays app traffic
         slots = parse_slots(options["slots"]) if options["slots"] else None
         agent = install(Agent(options["id"], options["scaling_group"], slots=slots,
                               heartbeat_interval=options["heartbeat_interval"],
