@@ -34,6 +34,7 @@ import requests
 from backendai_web import serve
 from bench.bench_websocket import free_port, setup_django, wait_for_port
 from bench.common import PeakMemory, embedded_redis
+from common import malloc
 from storage_app import client as transfer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,6 +108,7 @@ def to_disk(copy, target):
 
 
 def main():
+    malloc.tune_for_transfers()  # this process is the client: as the web process
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     storage = WORK / "storage"
@@ -174,7 +176,7 @@ def run(transfer, base, headers, pid, storage):
     warm.write_bytes(os.urandom(3 * PART_MB << 20))
     transfer.upload(base, "bench", "warm.bin", warm, headers=headers, http=http,
                     part_size=PART_MB << 20)
-    transfer.download(base, "bench", "warm.bin", WORK / "warm.out", headers=headers, http=http)
+    transfer.download(base, "bench", "warm.bin", WORK / "warm.out", headers=headers)
     print(f"one web process; a {SIZE_MB} MiB file; uploads in {PART_MB} MiB parts; "
           f"storage {storage} (same disk as the source); {ROUNDS} rounds, each step "
           "timed until its bytes are on disk", flush=True)
@@ -229,7 +231,7 @@ def one_round(transfer, base, headers, http, storage, bare_base, bare_target):
                                 str(WORK / "cp-back.bin")], check=True),
         WORK / "cp-back.bin")
     times["download"] = to_disk(lambda: transfer.download(
-        base, "bench", "big.bin", back, headers=headers, http=http), back)
+        base, "bench", "big.bin", back, headers=headers), back)
     curled = WORK / "curl-back.bin"
     curled.unlink(missing_ok=True)
     times["curl download"] = to_disk(lambda: curl_download(base, headers, curled), curled)

@@ -6,6 +6,8 @@ authentication (a keypair signature, or a session cookie and CSRF token)."""
 import base64
 import hashlib
 import os
+from collections import namedtuple
+from http.client import HTTPConnection, HTTPSConnection
 from urllib.parse import quote, urlsplit
 
 import requests
@@ -48,27 +50,43 @@ def upload(base_url, folder, path, source, *, headers, part_size=PART_SIZE, http
     return offset
 
 
-def download(base_url, folder, path, target, *, headers, byte_range=None, http=None):
-    """Stream `path` of `folder` into the file `target`; returns the response (its body
-    already written)."""
-    http = http or requests.Session()
+class DownloadFailed(Exception):
+    def __init__(self, status, body):
+        super().__init__(f"the download was answered {status}: {body[:500]!r}")
+        self.status = status
+
+
+Downloaded = namedtuple("Downloaded", "status_code headers")
+
+
+def download(base_url, folder, path, target, *, headers, byte_range=None, timeout=300):
+    """Stream `path` of `folder` into the file `target`; returns its (status_code,
+    headers), the body already written. The body is read into one buffer, used again for
+    every chunk, and written from it unbuffered: through `requests` (a new object per chunk
+    and a copy into a file buffer) the client was the slower end of a download."""
     url = f"/api/v1/folders/{quote(folder)}/download/?path={quote(path)}"
     extra = {"Range": f"bytes={byte_range[0]}-{byte_range[1]}"} if byte_range else {}
-    with http.get(base_url + url, headers={**headers("GET", url, "application/json"), **extra},
-                  stream=True, timeout=300) as response:
-        response.raise_for_status()
-        # Unbuffered: a chunk goes to the file in one write, not through a buffer of
-        # 8 KiB (which made the client the slower end of a download).
+    parts = urlsplit(base_url)
+    kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+    connection = kind(parts.netloc, timeout=timeout)
+    try:
+        connection.request("GET", url, headers={**headers("GET", url, "application/json"),
+                                                **extra})
+        response = connection.getresponse()
+        if response.status >= 400:
+            raise DownloadFailed(response.status, response.read(4096))
+        buffer = memoryview(bytearray(CHUNK_SIZE))
         with open(target, "wb", buffering=0) as out:
-            for chunk in response.iter_content(CHUNK_SIZE):
-                _write_all(out, chunk)
-    return response
+            while size := response.readinto(buffer):
+                _write_all(out, buffer[:size])
+        return Downloaded(response.status, response.headers)
+    finally:
+        connection.close()
 
 
 def _write_all(out, data):
-    view = memoryview(data)
-    while view:
-        view = view[out.write(view):]
+    while data:
+        data = data[out.write(data):]
 
 
 def sha256_of(path):

@@ -43,7 +43,7 @@ def test_a_200_mb_file_goes_up_and_down_with_the_web_process_memory_flat(
     small.write_bytes(b"warm" * 1000)
     transfer.upload(web_server.url, "big", "small.bin", small, headers=headers, http=http)
     transfer.download(web_server.url, "big", "small.bin", tmp_path / "small.out",
-                      headers=headers, http=http)
+                      headers=headers)
     # A whole-body PUT (small files), read by the view straight from the server too.
     put_path = "/api/v1/folders/big/files/?path=put.bin"
     put = http.put(web_server.url + put_path, data=b"p" * 300_000,
@@ -58,15 +58,21 @@ def test_a_200_mb_file_goes_up_and_down_with_the_web_process_memory_flat(
     target = tmp_path / "back.bin"
     with PeakMemory(web=pid) as download:
         response = transfer.download(web_server.url, "big", "dir-less.bin", target,
-                                     headers=headers, http=http)
+                                     headers=headers)
 
     assert response.headers["Content-Length"] == str(SIZE)
     assert transfer.sha256_of(target) == transfer.sha256_of(source)
     assert upload.growth()["web"] <= MAX_GROWTH, upload.growth()
     assert download.growth()["web"] <= MAX_GROWTH, download.growth()
     part = transfer.download(web_server.url, "big", "dir-less.bin", tmp_path / "part.bin",
-                             headers=headers, http=http, byte_range=(SIZE - 10, SIZE + 5))
+                             headers=headers, byte_range=(SIZE - 10, SIZE + 5))
     assert part.status_code == 206
     with open(source, "rb") as file:
         file.seek(SIZE - 10)
         assert (tmp_path / "part.bin").read_bytes() == file.read()
+    # A refused download says so, and writes nothing.
+    with pytest.raises(transfer.DownloadFailed) as refused:
+        transfer.download(web_server.url, "big", "missing.bin", tmp_path / "missing.out",
+                          headers=headers)
+    assert refused.value.status == 404
+    assert not (tmp_path / "missing.out").exists()
