@@ -12,6 +12,8 @@ from urllib.parse import quote, urlsplit
 
 import requests
 
+from storage_app.files import write_all
+
 PART_SIZE = 16 * 1024 * 1024
 CHUNK_SIZE = 1024 * 1024
 
@@ -78,15 +80,10 @@ def download(base_url, folder, path, target, *, headers, byte_range=None, timeou
         buffer = memoryview(bytearray(CHUNK_SIZE))
         with open(target, "wb", buffering=0) as out:
             while size := response.readinto(buffer):
-                _write_all(out, buffer[:size])
+                write_all(out.fileno(), buffer[:size])
         return Downloaded(response.status, response.headers)
     finally:
         connection.close()
-
-
-def _write_all(out, data):
-    while data:
-        data = data[out.write(data):]
 
 
 def sha256_of(path):

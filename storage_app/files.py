@@ -250,9 +250,7 @@ class FolderFiles:
                         if limit is not None and size > limit:
                             raise QuotaExceeded(f"The folder would hold more than its quota "
                                                 f"allows ({limit} more bytes fit).")
-                        view = memoryview(chunk)
-                        while view:
-                            view = view[os.write(out, view):]
+                        write_all(out, chunk)
                     os.fsync(out)
                 finally:
                     os.close(out)
@@ -334,6 +332,14 @@ def kind(mode):
     if stat.S_ISLNK(mode):
         return "symlink"
     return "other"
+
+
+def write_all(fd, data):
+    """Write all of `data` (bytes or a memoryview) to a descriptor: os.write may take
+    less than it is given."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def read_range(fd, start, end, chunk_size):

@@ -29,7 +29,7 @@ from sessions_app.keypairs import main_keypair
 from sessions_app.models import KeyPair
 from sessions_app.querysets import is_admin
 from storage_app import folders as domain
-from storage_app.files import FileError, FolderFiles, read_range
+from storage_app.files import FileError, FolderFiles, read_range, write_all
 from storage_app.models import Folder, Upload
 
 TUS_VERSION = "1.0.0"
@@ -347,9 +347,7 @@ class FolderViewSet(viewsets.GenericViewSet):
                 if offset > upload.length:
                     os.ftruncate(fd, int(headers["Upload-Offset"]))
                     raise FolderRequestFailed("The part goes past Upload-Length.", 413)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
+                write_all(fd, chunk)
             if offset == upload.length:
                 # The file is on disk before its last part is answered: a finished upload
                 # survives a crash of the host, as the client was told it would.
