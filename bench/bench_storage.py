@@ -44,6 +44,9 @@ PART_MB = int(os.environ.get("BENCH_STORAGE_PART_MB", 16))
 ROUNDS = int(os.environ.get("BENCH_STORAGE_ROUNDS", 5))
 GOAL_RATIO = 0.6
 GOAL_RSS_MB = 50
+SOURCE, BACK = WORK / "source.bin", WORK / "back.bin"  # the file, and its download
+COPY, CP_BACK = WORK / "cp-copy.bin", WORK / "cp-back.bin"  # cp's copies
+CURLED = WORK / "curl-back.bin"  # the download by curl
 
 
 def prepare(env, storage):
@@ -95,6 +98,11 @@ def fsync_file(path):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def mb_per_s(seconds):
+    """The file's size over `seconds`, in 10^6 bytes per second."""
+    return SIZE_MB * 1.048576 / seconds
 
 
 def to_disk(copy, target):
@@ -158,8 +166,8 @@ def serve_and_measure(env, storage, web_port):
             web.terminate()
             web.wait(timeout=15)
         shutil.rmtree(WORK / "storage", ignore_errors=True)
-        for name in ("source.bin", "back.bin", "cp-copy.bin"):
-            (WORK / name).unlink(missing_ok=True)
+        for name in (SOURCE, BACK, COPY, CP_BACK, CURLED, WORK / "warm.bin", WORK / "warm.out"):
+            name.unlink(missing_ok=True)
 
 
 def storage_file(storage, name):
@@ -170,8 +178,7 @@ def storage_file(storage, name):
 
 def run(transfer, base, headers, pid, storage):
     http = requests.Session()
-    source, back, copy = WORK / "source.bin", WORK / "back.bin", WORK / "cp-copy.bin"
-    make_file(source, SIZE_MB)
+    make_file(SOURCE, SIZE_MB)
     warm = WORK / "warm.bin"
     warm.write_bytes(os.urandom(3 * PART_MB << 20))
     transfer.upload(base, "bench", "warm.bin", warm, headers=headers, http=http,
@@ -191,16 +198,15 @@ def run(transfer, base, headers, pid, storage):
             for number in range(1, ROUNDS + 1):
                 times = one_round(transfer, base, headers, http, storage, bare_base,
                                   bare_target)
-                same = same and transfer.sha256_of(back) == transfer.sha256_of(source)
+                same = same and transfer.sha256_of(BACK) == transfer.sha256_of(SOURCE)
                 rounds.append(times)
                 print(f"  round {number}: " + ", ".join(
-                    f"{name} {SIZE_MB * 1.048576 / seconds:.0f}" for name, seconds
+                    f"{name} {mb_per_s(seconds):.0f}" for name, seconds
                     in times.items()) + " MB/s", flush=True)
     finally:
         bare.terminate()
         bare.wait(timeout=15)
-        for name in (bare_target, copy, WORK / "cp-back.bin", WORK / "curl-back.bin"):
-            name.unlink(missing_ok=True)
+        bare_target.unlink(missing_ok=True)
     report(rounds, peak, same)
     if not same:
         sys.exit(1)
@@ -210,43 +216,38 @@ def one_round(transfer, base, headers, http, storage, bare_base, bare_target):
     """Seconds until on disk of each step, in this order: the cp against which the
     uploads are compared (of the source), the uploads, the cp against which the downloads
     are compared (of the stored file they read), the downloads."""
-    source, back, copy = WORK / "source.bin", WORK / "back.bin", WORK / "cp-copy.bin"
-    for stale in (copy, WORK / "cp-back.bin", bare_target, back):
+    for stale in (COPY, CP_BACK, bare_target, BACK, CURLED):
         stale.unlink(missing_ok=True)
     for stored in storage.glob("*/big.bin"):
         stored.unlink()
     times = {}
-    times["cp in"] = to_disk(lambda: subprocess.run(["cp", str(source), str(copy)],
-                                                    check=True), copy)
+    times["cp in"] = to_disk(lambda: subprocess.run(["cp", str(SOURCE), str(COPY)],
+                                                    check=True), COPY)
     times["bare upload"] = to_disk(
-        lambda: bare_upload(bare_base, source, PART_MB << 20, http), bare_target)
+        lambda: bare_upload(bare_base, SOURCE, PART_MB << 20, http), bare_target)
     # The server puts the file on disk before it answers the last part.
     times["upload"] = to_disk(
-        lambda: transfer.upload(base, "bench", "big.bin", source, headers=headers, http=http,
+        lambda: transfer.upload(base, "bench", "big.bin", SOURCE, headers=headers, http=http,
                                 part_size=PART_MB << 20),
         lambda: storage_file(storage, "big.bin"))
     # The file the download reads, copied by cp on the same disk.
     times["cp out"] = to_disk(
-        lambda: subprocess.run(["cp", str(storage_file(storage, "big.bin")),
-                                str(WORK / "cp-back.bin")], check=True),
-        WORK / "cp-back.bin")
+        lambda: subprocess.run(["cp", str(storage_file(storage, "big.bin")), str(CP_BACK)],
+                               check=True), CP_BACK)
     times["download"] = to_disk(lambda: transfer.download(
-        base, "bench", "big.bin", back, headers=headers), back)
-    curled = WORK / "curl-back.bin"
-    curled.unlink(missing_ok=True)
-    times["curl download"] = to_disk(lambda: curl_download(base, headers, curled), curled)
+        base, "bench", "big.bin", BACK, headers=headers), BACK)
+    times["curl download"] = to_disk(lambda: curl_download(base, headers, CURLED), CURLED)
     return times
 
 
 def report(rounds, peak, same):
     """Medians over the rounds; each ratio is taken within its round (the same disk, the
     same moment) and the median of those is the figure."""
-    rate = lambda seconds: SIZE_MB * 1.048576 / seconds  # noqa: E731 (MB/s)
-    median = lambda values: statistics.median(values)  # noqa: E731
+    median = statistics.median
     steps = rounds[0].keys()
     print(f"medians of {len(rounds)} rounds (MB/s = 10^6 bytes/s), until the bytes are on disk:")
     for step in steps:
-        print(f"  {step + ':':15}{median([rate(r[step]) for r in rounds]):8.0f} MB/s")
+        print(f"  {step + ':':15}{median([mb_per_s(r[step]) for r in rounds]):8.0f} MB/s")
     for step, against, what in (
             ("upload", "cp in", f"goal >= {GOAL_RATIO}"),
             ("bare upload", "cp in", "the ceiling: bench/bare_upload.py only writes the body"),
