@@ -7,6 +7,7 @@ response), so a view that reads with `direct_chunks` holds a chunk, not the file
 """
 
 import asyncio
+import queue
 
 from asgiref.sync import async_to_sync
 
@@ -46,9 +47,12 @@ class DirectBody:
 def direct_chunks(receive, size, ahead=4):
     """The body from an ASGI `receive`, in chunks of about `size` bytes, for a sync view.
     The event loop reads up to `ahead` chunks ahead while the view writes the one it has:
-    the socket and the disk work at once, and no more than `ahead` chunks are held."""
-    queue = asyncio.Queue(ahead)
-    reader = None
+    the socket and the disk work at once, and no more than `ahead` chunks are held.
+    Chunks cross to the view's thread through a plain thread-safe queue and the view gives
+    room back with call_soon_threadsafe: one async_to_sync per chunk (its futures, context
+    copies and thread hand-offs) cost the web process more than the bytes did."""
+    chunks = queue.SimpleQueue()
+    loop = room = reader = None
 
     async def read_one():
         parts, got = [], 0
@@ -59,33 +63,37 @@ def direct_chunks(receive, size, ahead=4):
             parts.append(message.get("body", b""))
             got += len(parts[-1])
             if not message.get("more_body", False):
-                return b"".join(parts), True
-        return b"".join(parts), False
+                return parts, True
+        return parts, False
 
     async def read_all():
         try:
             done = False
             while not done:
+                await room.acquire()
                 chunk, done = await read_one()
-                await queue.put((chunk, done, None))
+                chunks.put((chunk, done, None))
         except Exception as exc:  # handed to the view, which raises it
-            await queue.put((b"", True, exc))
+            chunks.put(([], True, exc))
 
     async def start():
-        nonlocal reader
-        reader = asyncio.ensure_future(read_all())
-
-    async def stop():
-        reader.cancel()
+        nonlocal loop, room, reader
+        loop = asyncio.get_running_loop()
+        room = asyncio.Semaphore(ahead)
+        reader = loop.create_task(read_all())
 
     async_to_sync(start)()
     try:
         done = False
         while not done:
-            chunk, done, error = async_to_sync(queue.get)()
+            parts, done, error = chunks.get()
+            loop.call_soon_threadsafe(room.release)
             if error is not None:
                 raise error
+            # Joined here, in the view's thread: the event loop only reads the socket.
+            chunk = parts[0] if len(parts) == 1 else b"".join(parts)
             if chunk:
                 yield chunk
     finally:
-        async_to_sync(stop)()  # the view stopped early (refused the part): read no more
+        # The view stopped early (refused the part): read no more.
+        loop.call_soon_threadsafe(reader.cancel)
