@@ -29,7 +29,7 @@ from sessions_app.keypairs import main_keypair
 from sessions_app.models import KeyPair
 from sessions_app.querysets import is_admin
 from storage_app import folders as domain
-from storage_app.files import FileError, FolderFiles, read_range, write_all
+from storage_app.files import DiskWriter, FileError, FolderFiles, read_range
 from storage_app.models import Folder, Upload
 
 TUS_VERSION = "1.0.0"
@@ -341,13 +341,14 @@ class FolderViewSet(viewsets.GenericViewSet):
             raise FolderRequestFailed(f"Upload-Offset must be {offset}, the bytes received "
                                       "so far.", 409)
         fd = os.open(partial, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        writer = DiskWriter(fd, offset)
         try:
             for chunk in body_chunks(request._request):
                 offset += len(chunk)
                 if offset > upload.length:
                     os.ftruncate(fd, int(headers["Upload-Offset"]))
                     raise FolderRequestFailed("The part goes past Upload-Length.", 413)
-                write_all(fd, chunk)
+                writer.write(chunk)
             if offset == upload.length:
                 # The file is on disk before its last part is answered: a finished upload
                 # survives a crash of the host, as the client was told it would.
