@@ -1,7 +1,8 @@
 """A small client of the folder files API for scripts, tests and the benchmark: a
-resumable upload in parts (tus 1.0) and a streamed download, neither holding more than a
-part in memory. `headers(method, path, content_type)` gives each request its
-authentication (a keypair signature, or a session cookie and CSRF token)."""
+resumable upload in parts (tus 1.0), sent from the file by sendfile, and a streamed
+download; neither holds the file in memory. `headers(method, path, content_type)` gives
+each request its authentication (a keypair signature, or a session cookie and CSRF
+token)."""
 
 import base64
 import hashlib
@@ -10,11 +11,11 @@ from collections import namedtuple
 from http.client import HTTPConnection, HTTPSConnection
 from urllib.parse import quote, urlsplit
 
-import requests
+from storage_app.files import DiskWriter
 
-from storage_app.files import write_all
-
-PART_SIZE = 16 * 1024 * 1024
+# The server keeps each part's bytes as they arrive, so a broken part resumes where it broke:
+# large parts cost nothing and save a request each.
+PART_SIZE = 256 * 1024 * 1024
 CHUNK_SIZE = 1024 * 1024
 
 
@@ -23,39 +24,66 @@ def _relative(url):
     return parts.path + (f"?{parts.query}" if parts.query else "")
 
 
-def upload(base_url, folder, path, source, *, headers, part_size=PART_SIZE, http=None,
-           progress=None):
+class Refused(Exception):
+    """The server answered a transfer's request with an error status."""
+
+    def __init__(self, status, body):
+        super().__init__(f"the server answered {status}: {body[:500]!r}")
+        self.status = status
+
+
+def _connection(base_url, timeout):
+    parts = urlsplit(base_url)
+    kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+    return kind(parts.netloc, timeout=timeout)
+
+
+def _answer(connection, expected):
+    response = connection.getresponse()
+    body = response.read()
+    if response.status not in expected:
+        raise Refused(response.status, body)
+    return response
+
+
+def upload(base_url, folder, path, source, *, headers, part_size=PART_SIZE, progress=None,
+           timeout=300):
     """Upload the file `source` to `path` in `folder`; returns the bytes sent.
-    `progress(offset, length)` is called after each part."""
-    http = http or requests.Session()
+    `progress(offset, length)` is called after each part. Each part goes from the file to
+    the socket by sendfile: the client neither reads the file nor holds a part."""
     length = os.path.getsize(source)
     start = f"/api/v1/folders/{quote(folder)}/uploads/"
     metadata = "path " + base64.b64encode(path.encode()).decode()
-    response = http.post(base_url + start, headers={
-        **headers("POST", start, "application/octet-stream"), "Tus-Resumable": "1.0.0",
-        "Upload-Length": str(length), "Upload-Metadata": metadata}, timeout=60)
-    response.raise_for_status()
-    location = _relative(response.headers["Location"])
-    offset = int(response.headers.get("Upload-Offset", "0"))
-    content_type = "application/offset+octet-stream"
-    with open(source, "rb") as file:
-        file.seek(offset)
-        while offset < length:
-            part = file.read(part_size)
-            response = http.patch(base_url + location, data=part, headers={
-                **headers("PATCH", location, content_type), "Tus-Resumable": "1.0.0",
-                "Upload-Offset": str(offset)}, timeout=300)
-            response.raise_for_status()
-            offset = int(response.headers["Upload-Offset"])
-            if progress:
-                progress(offset, length)
+    connection = _connection(base_url, timeout)
+    try:
+        connection.request("POST", start, headers={
+            **headers("POST", start, "application/octet-stream"), "Tus-Resumable": "1.0.0",
+            "Upload-Length": str(length), "Upload-Metadata": metadata})
+        response = _answer(connection, {201})
+        location = _relative(response.getheader("Location"))
+        offset = int(response.getheader("Upload-Offset", "0"))
+        content_type = "application/offset+octet-stream"
+        with open(source, "rb") as file:
+            while offset < length:
+                count = min(part_size, length - offset)
+                connection.putrequest("PATCH", location, skip_accept_encoding=True)
+                for key, value in {**headers("PATCH", location, content_type),
+                                   "Tus-Resumable": "1.0.0", "Upload-Offset": str(offset),
+                                   "Content-Length": str(count)}.items():
+                    connection.putheader(key, value)
+                connection.endheaders()
+                try:
+                    connection.sock.sendfile(file, offset, count)
+                except OSError:  # refused before the part was read: the answer says why
+                    _answer(connection, {204})
+                    raise
+                response = _answer(connection, {204})
+                offset = int(response.getheader("Upload-Offset"))
+                if progress:
+                    progress(offset, length)
+    finally:
+        connection.close()
     return offset
-
-
-class DownloadFailed(Exception):
-    def __init__(self, status, body):
-        super().__init__(f"the download was answered {status}: {body[:500]!r}")
-        self.status = status
 
 
 Downloaded = namedtuple("Downloaded", "status_code headers")
@@ -68,19 +96,18 @@ def download(base_url, folder, path, target, *, headers, byte_range=None, timeou
     and a copy into a file buffer) the client was the slower end of a download."""
     url = f"/api/v1/folders/{quote(folder)}/download/?path={quote(path)}"
     extra = {"Range": f"bytes={byte_range[0]}-{byte_range[1]}"} if byte_range else {}
-    parts = urlsplit(base_url)
-    kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
-    connection = kind(parts.netloc, timeout=timeout)
+    connection = _connection(base_url, timeout)
     try:
         connection.request("GET", url, headers={**headers("GET", url, "application/json"),
                                                 **extra})
         response = connection.getresponse()
         if response.status >= 400:
-            raise DownloadFailed(response.status, response.read(4096))
+            raise Refused(response.status, response.read(4096))
         buffer = memoryview(bytearray(CHUNK_SIZE))
         with open(target, "wb", buffering=0) as out:
+            writer = DiskWriter(out.fileno())
             while size := response.readinto(buffer):
-                write_all(out.fileno(), buffer[:size])
+                writer.write(buffer[:size])
         return Downloaded(response.status, response.headers)
     finally:
         connection.close()

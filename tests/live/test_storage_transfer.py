@@ -11,6 +11,7 @@ from bench.common import PeakMemory
 from scheduling_app.models import ScalingGroup
 from sessions_app.keypairs import main_keypair
 from storage_app import client as transfer
+from storage_app.models import Folder
 from tests.signing import signed_headers
 
 SIZE = 200 * 1024 * 1024
@@ -41,7 +42,7 @@ def test_a_200_mb_file_goes_up_and_down_with_the_web_process_memory_flat(
     # A small round trip first, so that what the first requests load is not counted.
     small = tmp_path / "small.bin"
     small.write_bytes(b"warm" * 1000)
-    transfer.upload(web_server.url, "big", "small.bin", small, headers=headers, http=http)
+    transfer.upload(web_server.url, "big", "small.bin", small, headers=headers)
     transfer.download(web_server.url, "big", "small.bin", tmp_path / "small.out",
                       headers=headers)
     # A whole-body PUT (small files), read by the view straight from the server too.
@@ -54,7 +55,7 @@ def test_a_200_mb_file_goes_up_and_down_with_the_web_process_memory_flat(
 
     with PeakMemory(web=pid) as upload:
         assert transfer.upload(web_server.url, "big", "dir-less.bin", source,
-                               headers=headers, http=http) == SIZE
+                               headers=headers) == SIZE
     target = tmp_path / "back.bin"
     with PeakMemory(web=pid) as download:
         response = transfer.download(web_server.url, "big", "dir-less.bin", target,
@@ -71,8 +72,13 @@ def test_a_200_mb_file_goes_up_and_down_with_the_web_process_memory_flat(
         file.seek(SIZE - 10)
         assert (tmp_path / "part.bin").read_bytes() == file.read()
     # A refused download says so, and writes nothing.
-    with pytest.raises(transfer.DownloadFailed) as refused:
+    with pytest.raises(transfer.Refused) as refused:
         transfer.download(web_server.url, "big", "missing.bin", tmp_path / "missing.out",
                           headers=headers)
     assert refused.value.status == 404
     assert not (tmp_path / "missing.out").exists()
+    # An upload past the folder's quota is refused before a byte of it is sent.
+    Folder.objects.filter(name="big").update(quota=SIZE)
+    with pytest.raises(transfer.Refused) as refused:
+        transfer.upload(web_server.url, "big", "one-too-many.bin", source, headers=headers)
+    assert refused.value.status == 413 and "quota" in str(refused.value)
