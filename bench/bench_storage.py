@@ -8,9 +8,10 @@ fsync of its copy, and the download's file is fsynced by the client.
 
 Each step also starts with the same kind of free memory. This machine is a virtual
 machine whose balloon device reports memory that has stayed free for a few seconds to the
-host (free page reporting), and the first write into such a page costs about ten times
-as much: 1 GiB written into the page cache took 2.4 s of CPU against 0.25 s into pages
-freed just before. Without care the first step of a round (cp) got the pages that the
+host (free page reporting), and at times the first write into such a page costs about ten
+times as much: 1 GiB written into the page cache took 2.4 s of CPU against 0.25 s into
+pages freed just before (`python -m bench.page_reuse` measures it; at other times there is
+no difference). Without care the first step of a round (cp) got the pages that the
 round's clean-up had just freed, and the later steps got reported ones. So before each
 step a scratch file a little larger than the step's is written and deleted, and every
 step writes into pages just freed. The steps run in
@@ -161,10 +162,8 @@ def bare_upload(base, source, part_size):
     with open(source, "rb") as file:
         for offset in range(0, length, part_size):
             count = min(part_size, length - offset)
-            connection.putrequest("PUT", "/?last=1" if offset + count == length else "/")
-            connection.putheader("Content-Length", str(count))
-            connection.endheaders()
-            connection.sock.sendfile(file, offset, count)
+            transfer.send_part(connection, "PUT", "/?last=1" if offset + count == length
+                               else "/", {}, file, offset, count)
             response = connection.getresponse()
             response.read()
             assert response.status == 204, response.status

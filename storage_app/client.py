@@ -46,6 +46,16 @@ def _answer(connection, expected):
     return response
 
 
+def send_part(connection, method, path, headers, file, offset, count):
+    """Send `count` bytes of `file` from `offset` as the body of one request, by sendfile;
+    the answer is the caller's to read."""
+    connection.putrequest(method, path, skip_accept_encoding=True)
+    for key, value in {**headers, "Content-Length": str(count)}.items():
+        connection.putheader(key, value)
+    connection.endheaders()
+    connection.sock.sendfile(file, offset, count)
+
+
 def upload(base_url, folder, path, source, *, headers, part_size=PART_SIZE, progress=None,
            timeout=300):
     """Upload the file `source` to `path` in `folder`; returns the bytes sent.
@@ -65,15 +75,11 @@ def upload(base_url, folder, path, source, *, headers, part_size=PART_SIZE, prog
         content_type = "application/offset+octet-stream"
         with open(source, "rb") as file:
             while offset < length:
-                count = min(part_size, length - offset)
-                connection.putrequest("PATCH", location, skip_accept_encoding=True)
-                for key, value in {**headers("PATCH", location, content_type),
-                                   "Tus-Resumable": "1.0.0", "Upload-Offset": str(offset),
-                                   "Content-Length": str(count)}.items():
-                    connection.putheader(key, value)
-                connection.endheaders()
+                part = {**headers("PATCH", location, content_type), "Tus-Resumable": "1.0.0",
+                        "Upload-Offset": str(offset)}
                 try:
-                    connection.sock.sendfile(file, offset, count)
+                    send_part(connection, "PATCH", location, part, file, offset,
+                              min(part_size, length - offset))
                 except OSError:  # refused before the part was read: the answer says why
                     _answer(connection, {204})
                     raise

@@ -347,7 +347,7 @@ def write_all(fd, data):
 
 def _sync_file_range():
     try:
-        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+        call = ctypes.CDLL(None).sync_file_range
     except (AttributeError, OSError):  # not Linux: the final fsync does it all
         return None
     call.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
