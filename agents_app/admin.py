@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from agents_app.models import Agent, Image
+from agents_app.models import Agent, Image, WarmNetwork
 from sessions_app import admin_actions
 
 
@@ -20,3 +20,17 @@ class AgentAdmin(admin_actions.DestroyActionsMixin, admin.ModelAdmin):
 class ImageAdmin(admin.ModelAdmin):
     list_display = ["name", "architecture", "registry"]
     search_fields = ["name"]
+
+
+@admin.register(WarmNetwork)
+class WarmNetworkAdmin(admin.ModelAdmin):
+    """Read only: the heartbeats make, claim and remove them (agents_app/network_pool.py)."""
+    list_display = ["name", "scaling_group", "internal", "session_id", "claimed_at",
+                    "retired", "created_at"]
+    list_filter = ["scaling_group", "retired"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

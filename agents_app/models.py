@@ -62,6 +62,32 @@ class Agent(models.Model):
         return ResourceSlots.parse(self.available_slots) - ResourceSlots.parse(self.occupied_slots)
 
 
+class WarmNetwork(models.Model):
+    """An overlay network made ahead of time for the next session of its scaling group that
+    spans hosts. Every swarm agent of the group attaches a holder container to it, so each
+    engine has made its part of the network (the load-balancer sandbox and VXLAN device,
+    ~0.5 s per engine) before a session needs it. A session placed across hosts claims one
+    (`session_id`); its kernels' starts remove the holders, and it is removed with the
+    session like a network made for it (agents_app/network_pool.py)."""
+    name = models.CharField(max_length=80, primary_key=True)
+    scaling_group = models.ForeignKey(ScalingGroup, on_delete=models.CASCADE,
+                                      related_name="warm_networks")
+    internal = models.BooleanField(help_text="No way out (the group allows no outbound).")
+    session_id = models.UUIDField(null=True, blank=True, unique=True,
+                                  help_text="The session that claimed it; none while warm.")
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    retired = models.BooleanField(
+        default=False, help_text="Unclaimed and no longer wanted (fewer wanted, or the "
+                                 "group's outbound changed): removed, never claimed.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["scaling_group", "session_id"])]
+
+    def __str__(self):
+        return self.name
+
+
 class Image(models.Model):
     name = models.CharField(max_length=255, help_text="For example bai-local/busybox:latest.")
     architecture = models.CharField(max_length=32, default="x86_64")

@@ -6,7 +6,7 @@ status that could still roll back.
 
 from django.conf import settings
 
-from agents_app.models import Agent, AgentStatus, swarm_key
+from agents_app.models import Agent, AgentStatus, WarmNetwork, swarm_key
 from backendai_web.celery import agent_queue, app, send_task_safely
 from sessions_app.models import Session
 from storage_app.folders import mount_specs
@@ -28,6 +28,7 @@ def session_spec(session):
         "keypair__resource_policy__kernel_pids_limit",
         "keypair__resource_policy__kernel_open_files_limit",
         "scaling_group__allow_outbound").get()
+    overlay = spans_hosts(session)
     return {
         "session_id": str(session.pk),
         "session_name": session.name,
@@ -43,7 +44,8 @@ def session_spec(session):
         "pids_limit": pids,
         "open_files_limit": open_files,
         "allow_outbound": outbound,
-        "network_driver": "overlay" if spans_hosts(session) else "bridge",
+        "network_driver": "overlay" if overlay else "bridge",
+        "network_name": warm_network_name(session.pk) if overlay else None,
         "cluster_hosts": cluster_hosts(session),
         "mounts": mount_specs(session.pk),
     }
@@ -72,6 +74,13 @@ def cluster_hosts(session):
         return ["main1"]
     return [f"{role}{idx}" for role, idx in session.kernels.order_by(
         "cluster_role", "cluster_idx").values_list("cluster_role", "cluster_idx")]
+
+
+def warm_network_name(session_id):
+    """The warm overlay network the session claimed (agents_app/network_pool.py), or None:
+    its overlay, if it has one, is then named after it (made when it is placed)."""
+    return WarmNetwork.objects.filter(session_id=session_id).values_list(
+        "name", flat=True).first()
 
 
 def spans_hosts(session):
@@ -136,8 +145,10 @@ def ensure_session_network(session, *, internal=False):
     if agent is None:
         return "no ALIVE swarm manager agent to make the overlay network"
     try:
+        warm = warm_network_name(session.pk)  # made by name, as a warm network is
         answer = call(agent.pk, "agent.create_network", NETWORK_CALL_WAIT, from_task=True,
-                      session_id=str(session.pk), internal=internal)
+                      session_id=None if warm else str(session.pk), internal=internal,
+                      name=warm)
     except Exception as exc:  # the broker, or no answer in time
         return f"agent {agent.pk} did not make the network: {exc or type(exc).__name__}"
     return (answer or {}).get("error")
@@ -149,16 +160,31 @@ def departed_swarm_nodes():
                    for n in (swarm or {}).get("departed", [])})
 
 
-def send_remove_network(session_id, agent_id=None, session=None):
+def send_remove_network(session_id, agent_id=None, session=None, name=None):
     """Ask for the removal of a session's network: of `agent_id`'s engine (a bridge it
-    still lists), or of the swarm (the overlay, through a manager agent)."""
+    still lists), or of the swarm (the overlay, through a manager agent; the warm network
+    it claimed, if it did). `name`: a warm network's, when the caller knows it."""
     if agent_id is None:
         agent = network_agent(session)
         if agent is None:
             return None  # heartbeats ask again once a manager agent reports it
         agent_id = agent.pk
-    return _send(agent_id, "agent.remove_network", session_id=str(session_id),
-                 departed_nodes=departed_swarm_nodes())
+        name = name or warm_network_name(session_id)
+    return _send(agent_id, "agent.remove_network",
+                 session_id=str(session_id) if session_id else None,
+                 departed_nodes=departed_swarm_nodes(), name=name)
+
+
+def send_create_warm_network(agent_id, name, internal):
+    return _send(agent_id, "agent.create_network", name=name, internal=internal)
+
+
+def send_hold_network(agent_id, name, image):
+    return _send(agent_id, "agent.hold_network", name=name, image=image)
+
+
+def send_release_network(agent_id, name):
+    return _send(agent_id, "agent.release_network", name=name)
 
 
 def call(agent_id, task, wait, *, from_task=False, **kwargs):

@@ -45,10 +45,20 @@ def execute(kernel_id, container_id, command, timeout=30):
 
 
 @shared_task(name="agent.create_network")
-def create_network(session_id, internal=False):
-    return current().create_network(session_id, internal)
+def create_network(session_id=None, internal=False, name=None):
+    return current().create_network(session_id, internal, name)
 
 
 @shared_task(name="agent.remove_network")
-def remove_network(session_id, departed_nodes=()):
-    return current().remove_network(session_id, departed_nodes)
+def remove_network(session_id=None, departed_nodes=(), name=None):
+    return current().remove_network(session_id, departed_nodes, name)
+
+
+@shared_task(name="agent.hold_network", ignore_result=True)
+def hold_network(name, image):
+    current().hold_network(name, image)
+
+
+@shared_task(name="agent.release_network", ignore_result=True)
+def release_network(name):
+    current().release_network(name)

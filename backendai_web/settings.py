@@ -250,6 +250,9 @@ DEFAULT_GRACE_PERIOD = env_int("DEFAULT_GRACE_PERIOD", 10)
 MAX_GRACE_PERIOD = env_int("MAX_GRACE_PERIOD", 3600)
 MAX_CLUSTER_SIZE = env_int("MAX_CLUSTER_SIZE", 32)
 DEFAULT_KERNEL_IMAGE = env("DEFAULT_KERNEL_IMAGE", "bai-local/busybox:latest")
+# Overlay networks kept made and attached on every swarm agent of a scaling group whose
+# agents span hosts, for its next multi-host sessions (agents_app/network_pool.py); 0: none.
+OVERLAY_POOL_SIZE = env_int("OVERLAY_POOL_SIZE", 1)
 # Each session's own bridge network takes a /26 of this pool (agents_app.runtime).
 KERNEL_NETWORK_POOL = env("KERNEL_NETWORK_POOL", "10.211.0.0/16")
 # The agent closes its host's own services to kernels with iptables (firewall.py).

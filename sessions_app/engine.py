@@ -12,7 +12,7 @@ import logging
 from django.db import transaction
 from django.db.models import F
 
-from agents_app import rpc
+from agents_app import network_pool, rpc
 from agents_app.models import Agent
 from common import clock
 from common.bulk import MergedJSON, insert_rows, set_json_key, update_rows
@@ -493,12 +493,14 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
     spread = [sid for sid, placement in placements
               if sid in placed_ids and len(set(placement.values())) > 1]
     if spread:
-        transaction.on_commit(lambda: _create_session_networks(spread))
+        warm = network_pool.claim(spread)  # a network made ahead, where there is one
+        transaction.on_commit(lambda: _create_session_networks(spread, warm))
     return placed
 
 
-def _create_session_networks(session_ids):
-    rpc.send_create_network(session_ids)
+def _create_session_networks(session_ids, warm):
+    rpc.send_create_network([sid for sid in session_ids if sid not in warm])
+    network_pool.release_others(warm)
 
 
 class _KernelRef:

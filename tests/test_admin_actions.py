@@ -3,6 +3,8 @@
 from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 
+from agents_app.models import WarmNetwork
+from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
 from sessions_app.models import Session
 from tests.factories import make_agent, make_session
@@ -105,3 +107,12 @@ def test_session_admin_pages_render(carol, alice, client):
     for url in ("/admin/sessions_app/kernel/", "/admin/sessions_app/sessionevent/",
                 "/admin/agents_app/agent/", "/admin/sessions_app/keypair/"):
         assert client.get(url).status_code == 200, url
+
+
+def test_warm_networks_are_listed_read_only(carol, client, db, defaults):
+    WarmNetwork.objects.create(name="bai-warm-listed", internal=False,
+                               scaling_group=ScalingGroup.objects.get(name="default"))
+    client.force_login(carol)
+    listing = client.get("/admin/agents_app/warmnetwork/")
+    assert listing.status_code == 200 and b"bai-warm-listed" in listing.content
+    assert client.get("/admin/agents_app/warmnetwork/add/").status_code == 403

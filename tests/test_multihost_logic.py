@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from agents_app import rpc
-from agents_app.models import Agent, swarm_key
+from agents_app.models import Agent, WarmNetwork, swarm_key
 from agents_app.runtime.docker_backend import kernel_environment
 from common import clock
 from common.slots import ResourceSlots
@@ -19,6 +19,7 @@ from scheduling_app.scheduler.selectors import AgentIndex, cross_host_problem, s
 from scheduling_app.scheduler.state import AgentState, PendingKernel, PendingSession, Snapshot
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
+from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.create import create_session
 from sessions_app.lifecycle.heartbeats import handle_heartbeat, left_swarm, swarm_record
 from sessions_app.lifecycle.invariants import check_invariants
@@ -276,3 +277,150 @@ def test_what_a_session_gives_all_its_kernels_is_read_once_not_per_kernel(
         return len(queries)
 
     assert queries_to_send(2, "two") == queries_to_send(4, "four")
+
+
+# Warm overlay networks (agents_app/network_pool.py): made ahead, held on every swarm agent
+# of the group, claimed by a session placed across hosts, removed with it.
+
+@pytest.fixture
+def sent_to(monkeypatch):
+    """(agent queue, task, kwargs) of each message this process would send."""
+    calls = []
+    monkeypatch.setattr("backendai_web.celery.app.send_task", lambda name, **kw: calls.append(
+        (kw.get("queue", "").removeprefix("agent."), name, kw.get("kwargs"))))
+    return calls
+
+
+def warm_listing(name, held=False):
+    return {"name": name, "session_id": "", "warm": True, "driver": "overlay",
+            "scope": "swarm", "held": held}
+
+
+def test_a_group_across_hosts_keeps_a_warm_network_made_and_held_on_each_swarm_agent(
+        two_hosts, sent_to, django_capture_on_commit_callbacks, settings):
+    settings.OVERLAY_POOL_SIZE = 1
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h1", SWARM)  # the group's manager agent: it makes the group's one
+    [row] = WarmNetwork.objects.all()
+    assert row.name.startswith("bai-warm-") and row.session_id is None and not row.internal
+    hold = {"name": row.name, "image": "bai-local/busybox:latest"}
+    # Its holders are asked for at once (each waits for the network to appear).
+    assert sent_to == [("h1", "agent.create_network", {"name": row.name, "internal": False}),
+                       ("h1", "agent.hold_network", hold), ("h2", "agent.hold_network", hold)]
+    sent_to.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h1", SWARM)  # not listed yet, but just asked for: nothing more
+        heartbeat("h2", WORKER)  # not made yet (its maker lists it not): nothing to hold
+    assert sent_to == [] and WarmNetwork.objects.count() == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h1", SWARM, networks=[warm_listing(row.name)])
+        heartbeat("h2", WORKER)
+    # Made, not held yet (those asks were lost): asked again.
+    assert sorted(sent_to) == [("h1", "agent.hold_network", hold),
+                               ("h2", "agent.hold_network", hold)]
+    sent_to.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h1", SWARM, networks=[warm_listing(row.name, held=True)])
+        heartbeat("h2", WORKER, networks=[warm_listing(row.name, held=True)])
+    assert sent_to == []  # made and held on both: the pool is full and warm
+
+    # No longer wanted (0 kept): released on every agent, then removed, then forgotten.
+    settings.OVERLAY_POOL_SIZE = 0
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h1", SWARM, networks=[warm_listing(row.name, held=True)])
+        heartbeat("h2", WORKER, networks=[warm_listing(row.name, held=True)])
+    assert sorted((queue, name, kw["name"]) for queue, name, kw in sent_to) == [
+        ("h1", "agent.release_network", row.name), ("h1", "agent.remove_network", row.name),
+        ("h2", "agent.release_network", row.name)]
+    assert WarmNetwork.objects.get().retired
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h1", SWARM)
+    assert not WarmNetwork.objects.exists()
+
+
+def test_a_warm_network_never_made_is_asked_for_again_and_one_agent_keeps_none(
+        two_hosts, sent_to, django_capture_on_commit_callbacks, settings):
+    settings.OVERLAY_POOL_SIZE = 1
+    lost = WarmNetwork.objects.create(name="bai-warm-lost", scaling_group=two_hosts[0]
+                                      .scaling_group, internal=False)
+    WarmNetwork.objects.filter(pk=lost.pk).update(created_at=clock.now() - timedelta(
+        minutes=5))
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h1", SWARM)
+    [row] = WarmNetwork.objects.all()
+    assert row.name != lost.name
+    assert [(queue, name) for queue, name, _ in sent_to] == [
+        ("h1", "agent.create_network"), ("h1", "agent.hold_network"),
+        ("h2", "agent.hold_network")]
+    # Alone in the group (the other agent lost): no session can span hosts, none is kept.
+    Agent.objects.filter(pk="h2").update(status="LOST")
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h1", SWARM, networks=[warm_listing(row.name)])
+    assert WarmNetwork.objects.get().retired
+
+
+def test_a_session_placed_across_hosts_claims_a_warm_network_and_removes_it_at_its_end(
+        two_hosts, alice, sent_to, django_capture_on_commit_callbacks, settings):
+    settings.OVERLAY_POOL_SIZE = 1
+    make_agent("h3", slots={"cpu": "0", "mem": "0"}, swarm={**WORKER, "node_id": "n3"})
+    ScalingGroup.objects.filter(name="default").update(agent_selection_strategy="dispersed")
+    group = ScalingGroup.objects.get(name="default")
+    warm = WarmNetwork.objects.create(name="bai-warm-1", scaling_group=group, internal=False)
+    first, second = (create_session(
+        keypair=main_keypair(alice), user=alice, name=name, image="bai-local/busybox:latest",
+        cluster_size=2, cluster_mode="multi-node", resources={"cpu": "0.5", "mem": "64m"})
+        for name in ("first", "second"))
+    with django_capture_on_commit_callbacks(execute=True):
+        result = run_pass(group)
+    assert sorted(result.scheduled) == sorted([first.pk, second.pk])
+    warm.refresh_from_db()
+    claimer = Session.objects.get(pk=warm.session_id)
+    other = second if claimer == first else first
+    # The other session's overlay is made for it; the claimed one exists already.
+    assert [kw["session_id"] for _, name, kw in sent_to if name == "agent.create_network"] \
+        == [str(other.pk)]
+    # The agent outside the session drops its holder at once (the others as they start).
+    assert [(queue, kw["name"]) for queue, name, kw in sent_to
+            if name == "agent.release_network"] == [("h3", "bai-warm-1")]
+    spec = rpc.kernel_spec(claimer.kernels.get(cluster_role="sub"))
+    assert (spec["network_driver"], spec["network_name"]) == ("overlay", "bai-warm-1")
+    assert rpc.kernel_spec(other.kernels.get(cluster_role="sub"))["network_name"] is None
+
+    sent_to.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        destroy_session(claimer, reason="user-requested", forced=True)
+    assert Session.objects.get(pk=claimer.pk).status in (S.CANCELLED, S.TERMINATED)
+    assert [(queue, kw["name"]) for queue, name, kw in sent_to
+            if name == "agent.remove_network"] == [("h1", "bai-warm-1")]
+    # Listed after the session's end: asked again, and counted as a leak until gone.
+    Session.objects.filter(pk=claimer.pk).update(
+        terminated_at=clock.now() - timedelta(seconds=60))
+    sent_to.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h1", SWARM, networks=[warm_listing("bai-warm-1")])
+    assert ("h1", "agent.remove_network", "bai-warm-1") in [
+        (queue, name, kw["name"]) for queue, name, kw in sent_to]
+    leaked = next(c for c in check_invariants()
+                  if c.name == "session networks without a live session")
+    assert [v for v in leaked.violations if "bai-warm-1" in v]
+    heartbeat("h1", SWARM)
+    assert not WarmNetwork.objects.filter(pk="bai-warm-1").exists()
+    assert not next(c for c in check_invariants()
+                    if c.name == "session networks without a live session").violations
+
+
+def test_no_warm_network_is_made_while_kernels_start_right_after_a_claim(
+        two_hosts, alice, sent_to, django_capture_on_commit_callbacks, settings):
+    settings.OVERLAY_POOL_SIZE = 1
+    session = spread_session(alice, S.CREATING, two_hosts)
+    group = ScalingGroup.objects.get(name="default")
+    WarmNetwork.objects.create(name="bai-warm-1", scaling_group=group, internal=False,
+                               session_id=session.pk, claimed_at=clock.now())
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h1", SWARM)  # its holders would slow the claimant's start
+    assert WarmNetwork.objects.count() == 1 and not sent_to
+    WarmNetwork.objects.filter(pk="bai-warm-1").update(
+        claimed_at=clock.now() - timedelta(seconds=20))  # a start that takes this long
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h1", SWARM)
+    assert WarmNetwork.objects.filter(session_id=None).count() == 1

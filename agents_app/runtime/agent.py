@@ -8,6 +8,7 @@ it may be killed at any moment and started again.
 """
 
 import collections
+import contextlib
 import logging
 import platform
 import socket
@@ -136,6 +137,7 @@ class Agent:
             # Still alive, but without Docker: no slots, no kernel list to reconcile.
             return {**info, "docker_error": self._docker_error, "slots": {}, "images": []}
         containers = backend.list_kernel_containers(self.docker, self.id)
+        self.drop_orphan_holders()
         return {
             **info,
             "docker_error": None,
@@ -144,7 +146,7 @@ class Agent:
             "kernels": [self.container_report(c) for c in containers],
             "stopping": self.stopping_kernels(),
             "swarm": backend.swarm_state(self.docker),
-            "networks": backend.session_networks(self.docker),
+            "networks": backend.session_networks(self.docker, self.id),
         }
 
     def stopping_kernels(self):
@@ -346,6 +348,8 @@ class Agent:
             return
         metrics.count("agent_container_starts", agent=self.id, outcome="started")
         self.report(kernel_id, "kernel_started", container_id=container.id)
+        if spec.get("network_driver") == "overlay" and spec.get("network_name"):
+            self.release_network(spec["network_name"])  # its own container holds it now
         try:  # the image's apps (Jupyter…) start with the kernel; opening one starts it too
             backend.start_services(self.docker, container)
         except (DockerException, OSError) as exc:
@@ -399,26 +403,63 @@ class Agent:
     # as the manager side asks (rpc.ensure_session_network, rpc.send_remove_network).
     _overlay_lock = threading.Lock()
 
-    def create_network(self, session_id, internal=False):
-        """{"name"} of the session's overlay network, made if missing; {"error"} when
-        Docker refuses (this engine not a swarm manager, for one)."""
+    def create_network(self, session_id=None, internal=False, name=None):
+        """{"name"} of the session's overlay network (or of warm network `name`), made if
+        missing; {"error"} when Docker refuses (this engine not a swarm manager, for one)."""
         try:
             with self._overlay_lock:  # the kernels of one session ask at the same time
-                network = backend.create_overlay_network(self.docker, session_id,
+                network = backend.create_overlay_network(self.docker, session_id, name=name,
                                                          internal=internal)
         except (DockerException, OSError) as exc:
-            log.warning("overlay network of session %s not made: %s", session_id, exc)
+            log.warning("overlay network %s not made: %s", name or session_id, exc)
             return {"error": str(getattr(exc, "explanation", None) or exc)[:500]}
         return {"name": network.name}
 
-    def remove_network(self, session_id, departed_nodes=()):
+    def remove_network(self, session_id=None, departed_nodes=(), name=None):
         try:
             with self._overlay_lock:
                 return backend.remove_session_network(self.docker, session_id,
-                                                      departed_nodes)
+                                                      departed_nodes, name=name)
         except (DockerException, OSError) as exc:
-            log.warning("overlay network of session %s not removed: %s", session_id, exc)
+            log.warning("overlay network %s not removed: %s", name or session_id, exc)
             return False
+
+    _hold_lock = threading.Lock()  # asks for one holder may come twice, at once
+
+    def hold_network(self, name, image):
+        """Attach this engine to warm network `name` with a holder container, so that a
+        kernel's start finds the network made here (agents_app/network_pool.py)."""
+        try:
+            with self._hold_lock:
+                backend.hold_network(self.docker, self.id, name, image)
+        except (DockerException, OSError) as exc:
+            log.info("warm network %s not held: %s", name, exc)
+
+    def release_network(self, name):
+        if not name:
+            return
+        try:
+            backend.release_network(self.docker, self.id, name)
+        except (DockerException, OSError) as exc:
+            log.info("holder of warm network %s not removed: %s", name, exc)
+
+    def drop_orphan_holders(self):
+        """Holders whose warm network this engine no longer has (it left the swarm): they
+        hold nothing, and nobody else would ask for their removal."""
+        held = backend.holders(self.docker, self.id)  # first: a running one's network is on
+        if not held:
+            return
+        warm = {n["name"] for n in backend.session_networks(self.docker) if n.get("warm")}
+        for name, container in held.items():
+            if name not in warm:
+                log.info("removing the holder of warm network %s: the network is gone", name)
+                with contextlib.suppress(DockerException):
+                    container.remove(force=True)
+
+    def release_all_networks(self):
+        """At the agent's stop: no holder outlives it (the manager asks again later)."""
+        with contextlib.suppress(DockerException, OSError):
+            backend.release_network(self.docker, self.id)
 
     def remove_dangling(self, container_id):
         """A container with this agent's labels whose kernel the manager does not know."""

@@ -4,6 +4,7 @@ Labels on a container are the whole record of its kernel (no pickle, no local st
 so that an agent that restarts, or one that never saw the container start, can stop it.
 """
 
+import contextlib
 import ipaddress
 import json
 import logging
@@ -15,7 +16,7 @@ from datetime import datetime
 
 import docker
 from django.conf import settings
-from docker.errors import APIError, ImageNotFound, NotFound
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import IPAMConfig, IPAMPool, Ulimit
 
 from agents_app.stream_tokens import SERVICE_START_LABEL, service_ports
@@ -255,40 +256,99 @@ def join_swarm(client, manager, token, advertise_addr=None):
             f"({'manager' if state['manager'] else 'worker'})"]
 
 
-def session_networks(client):
+def session_networks(client, agent_id=None):
     """This engine's session networks (bridges; on a swarm manager also the overlays):
-    name, session id, driver, and how many containers use them here."""
+    name, session id, driver. Warm overlay networks (no session yet: `warm`) are listed
+    too, `held` when this agent's holder container is attached to one here."""
     found = []
     for network in client.networks.list(filters={"label": SESSION_ID}):
         found.append({"name": network.name, "session_id": network.attrs["Labels"][SESSION_ID],
                       "driver": network.attrs.get("Driver", ""),
                       "scope": network.attrs.get("Scope", "")})
+    held = set(holders(client, agent_id)) if agent_id else set()
+    for network in client.networks.list(filters={"label": WARM_NETWORK}):
+        found.append({"name": network.name, "session_id": "", "warm": True,
+                      "driver": network.attrs.get("Driver", ""),
+                      "scope": network.attrs.get("Scope", ""),
+                      "held": network.name in held})
     return found
 
 
-def create_overlay_network(client, session_id, *, internal=False):
-    """The attachable overlay network of a session whose kernels are on several hosts;
+def create_overlay_network(client, session_id=None, *, name=None, internal=False):
+    """The attachable overlay network of a session whose kernels are on several hosts,
+    or (`name` without `session_id`) a warm one made ahead for the next such session;
     called on a swarm manager. Swarm allocates its subnet from the swarm's address pool.
     Idempotent: an existing one is kept (swarm allows two of one name: look first)."""
-    name = session_network_name(session_id)
+    name = name or session_network_name(session_id)
     existing = [n for n in client.networks.list(names=[name], filters={"driver": "overlay"})
                 if n.name == name]
     if existing:
         return existing[0]
+    labels = {SESSION_ID: str(session_id)} if session_id else {WARM_NETWORK: "1"}
     return client.networks.create(
         name, driver="overlay", attachable=True, internal=internal, check_duplicate=True,
-        labels={SESSION_ID: str(session_id), NETWORK_DRIVER: "overlay"})
+        labels={**labels, NETWORK_DRIVER: "overlay"})
 
 
-def remove_session_network(client, session_id, departed_nodes=()):
+# A warm overlay network is attached on an engine as long as a container of this engine
+# is attached to it: a holder (the kernel image's `sleep`, no capabilities, no slots).
+WARM_NETWORK = "ai.backend.warm-network"
+HOLDER = "ai.backend.network-holder"
+HOLDER_AGENT = "ai.backend.holder-agent"
+
+
+def hold_network(client, agent_id, name, image, wait=15):
+    """This engine's holder of warm network `name` for `agent_id`, started if missing;
+    up to `wait` seconds for the network to be made."""
+    if name in holders(client, agent_id):
+        return
+    container_name = f"bai-hold-{agent_id}-{name}"[:200]
+    with contextlib.suppress(NotFound):
+        client.containers.get(container_name).remove(force=True)  # an exited one
+    container = client.containers.create(
+        image, ["sleep", "2147483647"], name=container_name, network=name, detach=True,
+        labels={HOLDER: name, HOLDER_AGENT: agent_id}, cap_drop=["ALL"],
+        security_opt=["no-new-privileges"], mem_limit="16m", pids_limit=4)
+    deadline = time.monotonic() + wait
+    try:
+        while True:  # asked for with the network itself: it may not be made yet
+            try:
+                container.start()
+                return
+            except NotFound:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    except BaseException:
+        with contextlib.suppress(DockerException):
+            container.remove(force=True)
+        raise
+
+
+def holders(client, agent_id):
+    """{network name: container} of `agent_id`'s running holders on this engine."""
+    return {c.labels[HOLDER]: c for c in client.containers.list(
+        filters={"label": [HOLDER, f"{HOLDER_AGENT}={agent_id}"]})}
+
+
+def release_network(client, agent_id, name=None):
+    """Remove `agent_id`'s holders (of network `name`, or all of them) on this engine."""
+    labels = [f"{HOLDER}={name}" if name else HOLDER, f"{HOLDER_AGENT}={agent_id}"]
+    for container in client.containers.list(all=True, filters={"label": labels}):
+        with contextlib.suppress(NotFound):
+            container.remove(force=True)
+
+
+def remove_session_network(client, session_id, departed_nodes=(), name=None):
     """Remove a session's network, once the session has ended: True when it is gone. A
     bridge still used by a container here is kept (its kernel's teardown removes it).
     An overlay is removed on a swarm manager.
     A host that left the swarm while one of its containers was attached leaves a network
     attachment task on its node that holds the network until the node is removed; the
     manager side names such nodes (`departed_nodes`: engines that report another node id
-    or no swarm any more), and only those, once Down, are removed here."""
-    name = session_network_name(session_id)
+    or no swarm any more), and only those, once Down, are removed here. `name`: a warm
+    network the session claimed (or one no longer wanted: no session)."""
+    name = name or session_network_name(session_id)
     for network in client.networks.list(names=[name]):
         if network.name != name:
             continue  # names=[…] matches a prefix too

@@ -95,13 +95,15 @@ class ClusterNetwork:
     # Sibling kernels start at the same time; Docker may accept two networks of one name.
     _creating = threading.Lock()
 
-    def setup(self, session_id, cluster_size, allow_outbound=True, driver="bridge"):
+    def setup(self, session_id, cluster_size, allow_outbound=True, driver="bridge",
+              overlay_name=None):
         name = backend.session_network_name(session_id)
         if driver == "overlay":
             # Swarm-scoped: a manager agent made it before any kernel was sent (the
-            # manager side asks it, rpc.ensure_session_network) and removes it when the
-            # session has ended; a worker engine sees it once a container attaches.
-            return name
+            # manager side asks it, rpc.ensure_session_network), or ahead of time as a warm
+            # network the session claimed, and removes it when the session has ended; a
+            # worker engine sees it once a container attaches.
+            return overlay_name or name
         with self._creating:
             if self.client.networks.list(names=[name]):
                 return name
@@ -273,7 +275,8 @@ class KernelRunner:
             volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
             network = runner.setup(ClusterNetwork(client), spec["session_id"],
                                    spec["cluster_size"], spec.get("allow_outbound", True),
-                                   spec.get("network_driver") or "bridge")
+                                   spec.get("network_driver") or "bridge",
+                                   spec.get("network_name"))
             container = runner.setup(KernelContainer(client, agent_id), spec, volume, network,
                                      mounts)
         except Exception:

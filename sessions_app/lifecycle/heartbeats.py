@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
-from agents_app import rpc
+from agents_app import network_pool, rpc
 from agents_app.models import Agent, AgentStatus, Image
 from common import clock
 from common.bulk import update_rows
@@ -84,6 +84,8 @@ def handle_heartbeat(info):
         end_kernels_off_swarm(agent, previous_swarm, info["swarm"])
     if "networks" in info:
         reconcile_networks(agent, info["networks"], info.get("taken_at"))
+        snapshot_at = _snapshot_time(info.get("taken_at"))
+        network_pool.reconcile(agent, snapshot_at, snapshot_at - SNAPSHOT_MARGIN)
     if takes_kernels_again:
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return agent

@@ -9,6 +9,7 @@ judged by it.
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from agents_app import network_pool
 from agents_app.models import Agent, AgentStatus
 from common import clock
 from scheduling_app.models import ScalingGroup
@@ -81,10 +82,14 @@ def _networks(agents):
     are another deployment's on a shared engine, not counted."""
     leaked = Check("session networks without a live session")
     listed = {}
+    warm = network_pool.claimed_by([n["name"] for agent in agents
+                                    for n in agent.networks or [] if n.get("warm")])
     for agent in agents:
         for network in agent.networks or []:
-            if is_uuid(network.get("session_id")):
-                listed.setdefault(network["session_id"], []).append((agent, network))
+            session_id = warm.get(network["name"]) if network.get("warm") else \
+                network.get("session_id")
+            if is_uuid(session_id):
+                listed.setdefault(session_id, []).append((agent, network))
     ended = Session.objects.filter(pk__in=list(listed), status__in=StatusGroup.FINISHED)
     for session in ended:
         for agent, network in listed[str(session.pk)]:

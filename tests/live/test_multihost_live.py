@@ -8,7 +8,8 @@ import time
 import docker
 import pytest
 
-from agents_app.models import Agent
+from agents_app import rpc
+from agents_app.models import Agent, WarmNetwork
 from scheduling_app.models import ScalingGroup
 from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import Kernel, Session
@@ -70,8 +71,27 @@ def serve(engine, container_id, port, answer):
         detach=True)
 
 
+def network_name(session_id):
+    """A session's overlay: the warm network it claimed, else one made for it."""
+    return rpc.warm_network_name(session_id) or f"bai-session-{session_id}"
+
+
 def networks_of(engine, session_id):
-    return [n.name for n in engine.networks.list(names=[f"bai-session-{session_id}"])]
+    name = network_name(session_id)
+    return [n.name for n in engine.networks.list(names=[name]) if n.name == name]
+
+
+def holders_of(engine, name):
+    return engine.containers.list(all=True,
+                                  filters={"label": f"ai.backend.network-holder={name}"})
+
+
+def warm_and_held(agent_ids):
+    """An unclaimed warm network of the group held on every one of these agents."""
+    held = [{n["name"] for n in Agent.objects.get(pk=a).networks if n.get("held")}
+            for a in agent_ids]
+    return WarmNetwork.objects.filter(session_id=None, retired=False,
+                                      name__in=set.intersection(*held)).first()
 
 
 def containers_of(engine, session_id):
@@ -82,19 +102,31 @@ def containers_of(engine, session_id):
 def test_a_multi_node_session_spans_two_engines_on_an_overlay_network_of_its_own(
         two_agents, second_host, as_alice, host_listener):  # noqa: F811
     main_agent, h2_agent = two_agents
-    first, other = cluster(as_alice, "spread"), cluster(as_alice, "other")
+    # The group keeps an overlay network made ahead and held on both engines.
+    warm = wait_for(lambda: warm_and_held(two_agents), timeout=60,
+                    message="a warm network held on both engines")
+    main_engine = docker.from_env()
+    assert holders_of(main_engine, warm.name) and holders_of(second_host.client, warm.name)
+    first = cluster(as_alice, "spread")
     wait_status(first, S.RUNNING, timeout=RUNNING_TIMEOUT)
+    other = cluster(as_alice, "other")
     wait_status(other, S.RUNNING, timeout=RUNNING_TIMEOUT)
+    assert network_name(first) == warm.name  # claimed by the first session across hosts
+    assert network_name(other) != warm.name
     kernels = {k.cluster_hostname: k for k in Kernel.objects.filter(session_id=first)}
     assert {k.agent_id for k in kernels.values()} == {main_agent, h2_agent}
     engines = {name: engine_of(second_host, k.agent_id, main_agent)
                for name, k in kernels.items()}
     for name, kernel in kernels.items():
         attrs = engines[name].containers.get(kernel.container_id).attrs
-        assert list(attrs["NetworkSettings"]["Networks"]) == [f"bai-session-{first}"]
-        driver = engines[name].networks.get(f"bai-session-{first}").attrs["Driver"]
+        assert list(attrs["NetworkSettings"]["Networks"]) == [warm.name]
+        driver = engines[name].networks.get(warm.name).attrs["Driver"]
         assert driver == "overlay"
         assert attrs["Config"]["Hostname"] == name
+    # Its holders went as the kernels started: the network carries the session's only.
+    for engine in (main_engine, second_host.client):
+        wait_for(lambda e=engine: not holders_of(e, warm.name), timeout=30,
+                 message="the warm network's holders to go")
 
     # The cluster variables are those of kernels on one host.
     for name, kernel in kernels.items():
@@ -118,7 +150,7 @@ def test_a_multi_node_session_spans_two_engines_on_an_overlay_network_of_its_own
     # A kernel of another session (another overlay, across the same hosts) reaches
     # neither by name nor by address.
     addresses = [engines[n].containers.get(k.container_id).attrs["NetworkSettings"][
-        "Networks"][f"bai-session-{first}"]["IPAddress"] for n, k in kernels.items()]
+        "Networks"][warm.name]["IPAddress"] for n, k in kernels.items()]
     intruder = Kernel.objects.get(session_id=other, cluster_role="main")
     intruder_engine = engine_of(second_host, intruder.agent_id, main_agent)
     for target in ["main1", "sub1", *addresses]:
@@ -151,7 +183,6 @@ def test_a_multi_node_session_spans_two_engines_on_an_overlay_network_of_its_own
         assert response.status_code in (200, 202, 204), response.content
     for session_id in (first, other):
         wait_status(session_id, S.TERMINATED, timeout=60)
-    main_engine = docker.from_env()
     for session_id in (first, other):
         for engine in (main_engine, second_host.client):
             wait_for(lambda e=engine, s=session_id: not containers_of(e, s)
@@ -165,6 +196,11 @@ def test_a_multi_node_session_spans_two_engines_on_an_overlay_network_of_its_own
     leaked = next(c for c in check_invariants()
                   if c.name == "session networks without a live session")
     assert leaked.violations == []
+    # The claimed network is forgotten; another is made and held for the next session.
+    wait_for(lambda: not WarmNetwork.objects.filter(pk=warm.name).exists(), timeout=30,
+             message="the claimed network's row to go")
+    wait_for(lambda: warm_and_held(two_agents), timeout=60,
+             message="a new warm network held on both engines")
 
 
 def test_an_engine_that_leaves_the_swarm_ends_its_session_naming_the_kernel(
@@ -186,6 +222,10 @@ def test_an_engine_that_leaves_the_swarm_ends_its_session_naming_the_kernel(
         wait_for(lambda e=engine: not containers_of(e, session_id)
                  and not networks_of(e, session_id), timeout=90,
                  message="no container and no network left after the host left")
+    # Nor any holder of a warm network: the engine has none of them any more.
+    wait_for(lambda: not second_host.client.containers.list(
+        all=True, filters={"label": "ai.backend.network-holder"}), timeout=30,
+        message="no holder left on the engine out of the swarm")
     # Out of the swarm, the agent takes no part in a session across hosts: a session
     # too big for one agent waits, with the reason.
     wait_for(lambda: Agent.objects.get(pk=h2_agent).swarm.get("state") == "inactive",

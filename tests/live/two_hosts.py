@@ -144,6 +144,10 @@ class SecondHost:
         self.client.swarm.leave(force=True)
 
     def down(self):
+        with contextlib.suppress(Exception):  # warm networks' holders, of any agent here
+            for container in self.main.containers.list(
+                    all=True, filters={"label": "ai.backend.network-holder"}):
+                container.remove(force=True)
         if self.client is not None:
             with contextlib.suppress(Exception):
                 for container in self.client.containers.list(all=True):

@@ -6,7 +6,10 @@ Sets up the second engine as the tests do (tests/two_hosts.py: a dockerd in netw
 namespace h2, joined to a swarm with the main engine), starts its own manager worker and
 three agents — `<tag>-one` alone in a scaling group on the main engine, `<tag>-a` (main
 engine) and `<tag>-b` (second engine) together in another, dispersed — and tears all of
-it down afterwards. Latencies come from the sessions' status_history.
+it down afterwards. Latencies come from the sessions' status_history. Before each
+session (of either kind) it waits until the second group's warm overlay network
+(agents_app/network_pool.py) is made and held on both engines: sessions are timed one at a
+time, with no refill of the pool under way, as sessions that come a few seconds apart.
 """
 
 import json
@@ -24,8 +27,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from agents_app import rpc
 from agents_app.management.commands.bench_agent import session_status, since, wait_until
-from agents_app.models import Agent
+from agents_app.models import Agent, WarmNetwork
 from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
@@ -46,8 +50,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--repeat", type=int, default=5,
                             help="Sessions of each size on each setup.")
+        parser.add_argument("--pool-size", type=int, default=settings.OVERLAY_POOL_SIZE,
+                            help="OVERLAY_POOL_SIZE of the bench's manager worker; 0: every "
+                                 "session across the engines makes its overlay network.")
 
-    def handle(self, *args, repeat, **opts):
+    def handle(self, *args, repeat, pool_size, **opts):
         sys.path.insert(0, str(ROOT))
         # Every session's events would otherwise be logged between the figures.
         logging.getLogger("sessions_app.events").setLevel(logging.WARNING)
@@ -63,7 +70,7 @@ class Command(BaseCommand):
         policy.max_concurrent_sessions = max(policy.max_concurrent_sessions, 10)
         policy.save()
         host = SecondHost(settings.DEFAULT_KERNEL_IMAGE).up()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OVERLAY_POOL_SIZE": str(pool_size)}
         logs = open(ROOT / "var" / f"{tag}.log", "w")  # noqa: SIM115 (for every process)
         celery = str(Path(sys.executable).with_name("celery"))
 
@@ -90,17 +97,22 @@ class Command(BaseCommand):
                                          swarm__state="active").count() == 2,
                 "the agents' heartbeats", timeout=120)
             result = {"repeat": repeat}
+            waits = []
             for size in (2, 4):
                 times = {"one engine": [], "two engines": []}
+                warm = 0  # two-engine sessions that found a warm network
                 stages = {"one engine": {}, "two engines": {}}
                 for i in range(repeat):  # alternated: the same load for both
                     for label, group in (("one engine", one), ("two engines", two)):
+                        if pool_size:
+                            waits.append(self._warm_pool(two, [f"{tag}-a", f"{tag}-b"]))
                         session, agents = self._session(keypair, user, group,
                                                         f"{size}-{i}-{group.pk}", size)
                         want = 1 if group == one else 2
                         if len(agents) != want:
                             raise CommandError(f"{session.name}: kernels on {agents}")
                         times[label].append(since(session, S.RUNNING, S.PENDING))
+                        warm += group == two and bool(rpc.warm_network_name(session.pk))
                         for earlier, later in zip(STAGES, STAGES[1:], strict=False):
                             if earlier in session.status_history and \
                                     later in session.status_history:
@@ -120,8 +132,17 @@ class Command(BaseCommand):
                 ratio = statistics.median(times["two engines"]) / statistics.median(
                     times["one engine"])
                 result[f"create_{size}k_ratio"] = round(ratio, 2)
+                result[f"create_{size}k_warm_networks"] = warm
+                self.stdout.write(f"{size} kernels: {warm} of {repeat} sessions across the "
+                                  "engines found a warm network")
                 self.stdout.write(f"{size} kernels: two engines / one engine = {ratio:.2f} "
                                   "(goal <= 1.5)")
+            result["pool_size"] = pool_size
+            if waits:
+                result["pool_wait_p50_ms"] = round(statistics.median(waits) * 1000)
+                self.stdout.write(f"waited for the warm network before each session: p50 "
+                                  f"{statistics.median(waits) * 1000:.0f} ms "
+                                  f"(max {max(waits) * 1000:.0f})")
             engines = {f"{tag}-one": docker.from_env(), f"{tag}-a": docker.from_env(),
                        f"{tag}-b": host.client}
             for label, group in (("bridge", one), ("overlay", two)):
@@ -161,6 +182,21 @@ class Command(BaseCommand):
         if session.status != S.RUNNING:
             raise CommandError(f"session {name}: {session.status} ({session.status_info})")
         return session, sorted(set(session.kernels.values_list("agent_id", flat=True)))
+
+    @staticmethod
+    def _warm_pool(group, agent_ids):
+        """Wait until the group has a warm network held on both engines (the last
+        claim's refill done), so that no session is timed while holders start; seconds."""
+        started = time.monotonic()
+
+        def held():
+            names = [{n["name"] for n in Agent.objects.get(pk=a).networks if n.get("held")}
+                     for a in agent_ids]
+            return WarmNetwork.objects.filter(scaling_group=group, session_id=None,
+                                              retired=False,
+                                              name__in=names[0] & names[1]).exists()
+        wait_until(held, "a warm network held on both engines", timeout=60)
+        return time.monotonic() - started
 
     def _destroy(self, session):
         destroy_session(session, reason="user-requested", forced=True)

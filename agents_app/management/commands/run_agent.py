@@ -67,3 +67,4 @@ class Command(BaseCommand):
             worker.start()
         finally:
             agent.stopping.set()
+            agent.release_all_networks()

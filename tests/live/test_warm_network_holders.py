@@ -1,0 +1,60 @@
+"""The holder containers of warm overlay networks (agents_app/network_pool.py) on a real
+Docker engine. A bridge stands in for the overlay here: what is tried is the holder's own
+life (waiting for its network, once per agent, its limits, its removal); the overlay
+path is tests/live/test_multihost_live.py, on two engines in one swarm."""
+
+import threading
+import time
+import uuid
+
+import pytest
+from docker.errors import NotFound
+
+from agents_app.runtime import docker_backend as backend
+from tests.support import IMAGE
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def name(docker_client):
+    name = f"bai-warm-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    for agent_id in ("holder-a", "holder-b"):
+        backend.release_network(docker_client, agent_id)
+    for network in docker_client.networks.list(names=[name]):
+        network.remove()
+
+
+def test_a_holder_waits_for_its_network_is_started_once_and_goes_when_released(
+        docker_client, name):
+    made = threading.Timer(1.0, lambda: docker_client.networks.create(name, driver="bridge"))
+    made.start()
+    started = time.monotonic()
+    backend.hold_network(docker_client, "holder-a", name, IMAGE)  # asked before it exists
+    assert time.monotonic() - started >= 0.9
+    made.join()
+    backend.hold_network(docker_client, "holder-a", name, IMAGE)  # asked again: kept
+    backend.hold_network(docker_client, "holder-b", name, IMAGE)  # another agent's own
+    held = backend.holders(docker_client, "holder-a")
+    assert list(held) == [name]
+    container = held[name]
+    container.reload()
+    assert list(container.attrs["NetworkSettings"]["Networks"]) == [name]
+    host_config = container.attrs["HostConfig"]
+    assert host_config["CapDrop"] == ["ALL"] and host_config["PidsLimit"] == 4
+    assert len(docker_client.containers.list(
+        filters={"label": f"{backend.HOLDER}={name}"})) == 2
+    # Nothing of an agent's kernels: its containers' list and events leave holders out.
+    assert backend.list_kernel_containers(docker_client, "holder-a") == []
+
+    backend.release_network(docker_client, "holder-a", name)
+    assert backend.holders(docker_client, "holder-a") == {}
+    assert list(backend.holders(docker_client, "holder-b")) == [name]
+
+
+def test_a_holder_whose_network_never_comes_leaves_no_container(docker_client, name):
+    with pytest.raises(NotFound):
+        backend.hold_network(docker_client, "holder-a", name, IMAGE, wait=0.5)
+    assert not docker_client.containers.list(
+        all=True, filters={"label": f"{backend.HOLDER}={name}"})
