@@ -31,7 +31,7 @@ from sessions_app.compat.streams import (
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
 from storage_app.files import FileError
-from tests.factories import make_session
+from tests.factories import make_agent, make_session
 from tests.signing import API_VERSION, signed_call
 
 
@@ -160,7 +160,11 @@ def _ws_headers(keypair, path):
 @pytest.mark.asyncio
 async def test_unsigned_and_foreign_stream_handshakes_are_refused(settings, alice, bob):
     settings.ALLOWED_HOSTS = ["server", "testserver"]
-    session = await database_sync_to_async(make_session)(user=alice, status=Status.RUNNING)
+    # An agent of its own: in the live system's database the first agent is the live one,
+    # whose heartbeats would reconcile this container-less kernel under the test's locks.
+    agent = await database_sync_to_async(make_agent)("streams-refusal-agent")
+    session = await database_sync_to_async(make_session)(user=alice, status=Status.RUNNING,
+                                                         agent=agent)
     path = f"/stream/session/{session.pk}/execute"
     assert not await _handshake(path)  # not signed
     bob_kp = await database_sync_to_async(main_keypair)(bob)
