@@ -78,22 +78,12 @@ def release_others(claimed):
             rpc.send_release_network(agent_id, name)
 
 
-def group_network_agent(group_id):
-    """The agent that makes and removes the group's warm networks: its first ALIVE agent
-    whose engine is a swarm manager. None when it has none."""
-    for agent in Agent.objects.filter(scaling_group_id=group_id, status=AgentStatus.ALIVE,
-                                      swarm__manager=True).order_by("pk"):
-        if swarm_key(agent.swarm):
-            return agent
-    return None
-
-
 def reconcile(agent, snapshot_at, settled):
     """At a heartbeat of `agent` (in its transaction, its networks just saved) taken at
     `snapshot_at`; sessions that ended before `settled` are surely out of its lists."""
     if swarm_key(agent.swarm) is None:
         return
-    maker = group_network_agent(agent.scaling_group_id)
+    maker = rpc.manager_agent(agent.scaling_group_id)  # makes and removes them
     if maker is None:
         return
     key = swarm_key(maker.swarm)

@@ -115,8 +115,14 @@ def network_agent(session):
     manager, one of the session's own agents if one is, else any ALIVE manager agent of
     the scaling group in the same swarm. None when there is none."""
     own = set(session.kernels.exclude(agent=None).values_list("agent_id", flat=True))
+    return manager_agent(session.scaling_group_id, own)
+
+
+def manager_agent(group_id, own=()):
+    """An ALIVE agent of the group whose engine is a swarm manager, one of `own` if one
+    is, in the swarm of all of `own` (the first by id when `own` is empty)."""
     managers = [a for a in Agent.objects.filter(
-        scaling_group_id=session.scaling_group_id, status=AgentStatus.ALIVE,
+        scaling_group_id=group_id, status=AgentStatus.ALIVE,
         swarm__manager=True).order_by("id") if swarm_key(a.swarm)]
     keys = [swarm_key(a.swarm) for a in Agent.objects.filter(pk__in=own)]
     keys = [k for k in keys if k]

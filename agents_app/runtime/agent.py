@@ -348,8 +348,7 @@ class Agent:
             return
         metrics.count("agent_container_starts", agent=self.id, outcome="started")
         self.report(kernel_id, "kernel_started", container_id=container.id)
-        if spec.get("network_driver") == "overlay" and spec.get("network_name"):
-            self.release_network(spec["network_name"])  # its own container holds it now
+        self.release_network(spec.get("network_name"))  # a warm one: its kernel holds it
         try:  # the image's apps (Jupyter…) start with the kernel; opening one starts it too
             backend.start_services(self.docker, container)
         except (DockerException, OSError) as exc:
@@ -449,7 +448,8 @@ class Agent:
         held = backend.holders(self.docker, self.id)  # first: a running one's network is on
         if not held:
             return
-        warm = {n["name"] for n in backend.session_networks(self.docker) if n.get("warm")}
+        warm = {n.name for n in self.docker.networks.list(
+            filters={"label": backend.WARM_NETWORK})}
         for name, container in held.items():
             if name not in warm:
                 log.info("removing the holder of warm network %s: the network is gone", name)
