@@ -158,13 +158,17 @@ def _ws_headers(keypair, path):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.asyncio
-async def test_unsigned_and_foreign_stream_handshakes_are_refused(settings, alice, bob):
+async def test_unsigned_and_foreign_stream_handshakes_are_refused(settings, alice, bob,
+                                                                 monkeypatch):
     settings.ALLOWED_HOSTS = ["server", "testserver"]
-    # An agent of its own: in the live system's database the first agent is the live one,
-    # whose heartbeats would reconcile this container-less kernel under the test's locks.
-    agent = await database_sync_to_async(make_agent)("streams-refusal-agent")
-    session = await database_sync_to_async(make_session)(user=alice, status=Status.RUNNING,
-                                                         agent=agent)
+    # Out of the live system's way, as in tests/test_websocket.py: this test commits, and a
+    # manager worker or agent of a `live` test would otherwise schedule or reconcile its
+    # container-less kernel under the test's own locks (a deadlock, seen once in CI).
+    monkeypatch.setattr("sessions_app.lifecycle.create.kick_scheduler", lambda group: None)
+    agent = await database_sync_to_async(make_agent)(
+        "streams-refusal-agent", group="streams-no-agents", schedulable=False)
+    session = await database_sync_to_async(make_session)(
+        user=alice, status=Status.RUNNING, agent=agent, scaling_group="streams-no-agents")
     path = f"/stream/session/{session.pk}/execute"
     assert not await _handshake(path)  # not signed
     bob_kp = await database_sync_to_async(main_keypair)(bob)
