@@ -53,9 +53,11 @@ SESSION_TRANSITIONS = {**TRANSITIONS, S.PENDING: TRANSITIONS[S.PENDING] | {S.TER
 
 # A kernel holds its agent's slots from allocation until its container is gone.
 SLOT_HOLDING = frozenset(_ALLOCATED | {S.RUNNING, S.TERMINATING, S.ERROR})
-# A session counts against its keypair's concurrency from allocation until it is asked
-# to terminate (Backend.AI releases concurrency when the destroy is accepted).
-CONCURRENCY_HOLDING = frozenset(_ALLOCATED | {S.RUNNING, S.ERROR})
+# A session counts against its keypair's concurrency from allocation until its destroy is
+# accepted (Backend.AI releases concurrency then) or its main kernel fails (ERROR, or ended);
+# nothing takes it back afterwards: ERROR holds slots (its container may run) but no
+# concurrency, so TERMINATING → ERROR changes nothing.
+CONCURRENCY_HOLDING = frozenset(_ALLOCATED | {S.RUNNING})
 
 KERNEL_EVENT_NAMES = {
     S.PENDING: "kernel_pending",

@@ -16,7 +16,7 @@ PULLING_REFUSAL = "Cannot destroy kernels in pulling status"
 TRANSIT_REFUSAL = "Cannot destroy kernels in scheduled/preparing/terminating/error status"
 SLOT_HOLDING = {S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING, S.RUNNING,
                 S.TERMINATING, S.ERROR}
-CONCURRENCY_HOLDING = SLOT_HOLDING - {S.TERMINATING}
+CONCURRENCY_HOLDING = SLOT_HOLDING - {S.TERMINATING, S.ERROR}
 
 
 def expected_outcome(status, forced, role):
@@ -170,7 +170,9 @@ def test_a_refused_destroy_says_when_the_status_times_out(status, timeout_field,
                                                          alice, client):
     ScalingGroup.objects.filter(name="default").update(**{timeout_field: 90})
     with time_machine.travel("2026-01-01 10:00:00Z", tick=False):
-        session = make_session(alice, status)
+        # No grace period: TERMINATING's timeout is then the group's margin alone
+        # (test_stopping.py counts a grace period in).
+        session = make_session(alice, status, grace_period=0)
     client.force_login(alice)
     with time_machine.travel("2026-01-01 10:00:30Z", tick=False):
         assert clock.now().isoformat().startswith("2026-01-01T10:00:30")

@@ -58,7 +58,7 @@ def _refusal(kernel, forced):
 def _times_out(kernel):
     """When the kernel's status ends by itself (its scaling group's timeout), in words."""
     group = kernel.session.scaling_group
-    timeout = group.timeout_of(kernel.status) if group else None
+    timeout = group.timeout_of(kernel.status, kernel.session.grace_seconds) if group else None
     if kernel.status == S.ERROR:
         return "; it stays in ERROR until its container is removed or an admin " \
                "force-terminates it"

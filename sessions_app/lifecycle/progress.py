@@ -183,8 +183,9 @@ def check_progress():
     - SCHEDULED and PREPARED: the session is rescheduled on another agent;
     - PREPARING, PULLING and CREATING: retried on the same agent, then rescheduled (a pull
       is never killed: the kernel moves on and the agent discards the result);
-    - TERMINATING: the agent is told to kill the container at once; without an answer
-      for as long again, the kernel goes to ERROR (its container may still run).
+    - TERMINATING (after the kernel's grace period plus the group's margin): the agent is
+      told to kill the container at once; without an answer for as long again, the kernel
+      goes to ERROR (its container may still run).
     Also ends the kernels of sessions one of whose kernels ended by itself."""
     now = clock.now()
     moved = 0
@@ -222,13 +223,16 @@ def _reschedule_stuck(kernel, reason):
 
 
 def _force_stuck_terminations(group, now):
-    """TERMINATING past the group's timeout: a forced destroy (SIGKILL now, no hook);
-    unanswered for as long again: ERROR, for an admin to see (the terminate handler keeps
-    asking the agent to remove the container)."""
-    timeout = timedelta(seconds=group.terminate_timeout)
+    """TERMINATING past its grace period plus the group's margin (terminate_timeout): a
+    forced destroy (SIGKILL now, no hook); unanswered for as long again: ERROR, for an
+    admin to see (the terminate handler keeps asking the agent to remove the container)."""
     moved = 0
     for kernel in _kernels(S.TERMINATING, session__scaling_group=group,
-                           status_changed__lt=now - timeout):
+                           status_changed__lt=now - timedelta(seconds=group.terminate_timeout)):
+        seconds = group.timeout_of(S.TERMINATING, kernel.session.grace_seconds)
+        timeout = timedelta(seconds=seconds)
+        if kernel.status_changed >= now - timeout:
+            continue  # still within its grace period and the margin
         forced_at = StatusData(kernel.status_data).forced_at
         if forced_at is None:
             reason = kernel.status_info or "force-terminated"
@@ -237,15 +241,14 @@ def _force_stuck_terminations(group, now):
                 Key.DESTROY_REASON: reason, Key.LAST_DESTROY_REQUEST: now.isoformat()})
             engine.record_event(kernel.session, "kernel_force_kill", actor="system",
                                 reason=f"{kernel.cluster_hostname} TERMINATING for over "
-                                       f"{group.terminate_timeout}s: killed at once",
+                                       f"{seconds}s: killed at once",
                                 data={"kernel_id": str(kernel.pk)})
-            log.warning("kernel %s TERMINATING past %ss: killed at once", kernel.pk,
-                        group.terminate_timeout)
+            log.warning("kernel %s TERMINATING past %ss: killed at once", kernel.pk, seconds)
             rpc.send_destroy_kernel(kernel, reason, forced=True)
             moved += 1
         elif forced_at < now - timeout:
             error = (f"terminate-timeout: agent {kernel.agent_id} did not confirm the "
-                     f"container's removal within {2 * group.terminate_timeout}s")
+                     f"container's removal within {2 * seconds}s")
             if engine.mark_kernel_error(kernel, reason=error[:255],
                                         from_statuses={S.TERMINATING},
                                         status_data={Key.TEARDOWN_ERROR: error}):
