@@ -2,6 +2,7 @@
 
 import pytest
 import time_machine
+from django.contrib.auth.models import Permission
 
 from agents_app.models import Agent
 from common import clock
@@ -23,7 +24,7 @@ def expected_outcome(status, forced, role):
     """(HTTP code, message or None, kernel status after, reason after, kernel event)."""
     if role == "other":
         return 404, "Session not found.", status, None, None
-    if forced and role == "owner":
+    if forced and role in ("owner", "staff"):  # forcing needs the permission
         return 403, "You are not allowed to force-terminate", status, None, None
     reason = "force-terminated" if forced else "user-requested"
     if status in (S.TERMINATED, S.CANCELLED):
@@ -43,13 +44,16 @@ def expected_outcome(status, forced, role):
 
 @pytest.fixture
 def users(alice, bob, carol, django_user_model):
-    dave = django_user_model.objects.create_user("dave", is_staff=True)  # admin, not superuser
-    return {"owner": alice, "other": bob, "admin": dave, "superadmin": carol}
+    # Admins, not superusers: one with the force-terminate permission, one without.
+    dave = django_user_model.objects.create_user("dave", is_staff=True)
+    dave.user_permissions.add(Permission.objects.get(codename="force_terminate_session"))
+    sam = django_user_model.objects.create_user("sam", is_staff=True)
+    return {"owner": alice, "other": bob, "staff": sam, "admin": dave, "superadmin": carol}
 
 
 
 
-@pytest.mark.parametrize("role", ["owner", "other", "admin", "superadmin"])
+@pytest.mark.parametrize("role", ["owner", "other", "staff", "admin", "superadmin"])
 @pytest.mark.parametrize("forced", [False, True])
 @pytest.mark.parametrize("status", list(Status))
 def test_destroy_rules(status, forced, role, users, client, sent,
