@@ -503,7 +503,8 @@ class SessionEvents(CompatView):
 
 def session_facts(session_id):
     return Session.objects.filter(pk=session_id).values(
-        "keypair_id", "project_id", "user_id").first()
+        "keypair_id", "project_id", "user_id", "domain__name", "project__name",
+        "user__username").first()
 
 
 async def event_stream(groups, spec):
@@ -561,10 +562,17 @@ async def event_stream(groups, spec):
 
 
 def sse_data(msg, fact):
+    """An event as Backend.AI's manager streams it (its field names: `kernelId`,
+    `clusterRole` and `clusterIdx` for a kernel's events), with the session's domain,
+    project (Backend.AI's group) and owner by name, the status and the time."""
     data = {"reason": msg.get("reason", ""), "sessionName": msg.get("session_name"),
             "ownerAccessKey": fact.get("keypair_id"), "sessionId": msg.get("session_id"),
             "exitCode": (msg.get("data") or {}).get("exit_code"),
+            "domainName": fact.get("domain__name"), "groupName": fact.get("project__name"),
+            "userName": fact.get("user__username"),
             "status": msg.get("status"), "at": msg.get("at")}
     if msg.get("kernel_id"):
         data["kernelId"] = msg["kernel_id"]
+        data["clusterRole"] = msg.get("cluster_role")
+        data["clusterIdx"] = msg.get("cluster_idx")
     return data
