@@ -1,6 +1,10 @@
 """Tasks that run inside an agent process, on its own queue `agent.<ID>`.
 
-The manager sends them with agents_app.rpc; they only touch Docker and report back.
+The manager sends them with agents_app.rpc; they only touch Docker and report back. Pulls,
+creates, destroys and restarts are handed to the agent's lanes (runtime/lanes.py) and the
+task returns at once: its thread is free for the next message, and a slow pull never
+delays a stop. A crash loses what a lane had not finished; the manager asks again for what
+it got no answer to.
 """
 
 from celery import shared_task

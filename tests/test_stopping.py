@@ -1,11 +1,15 @@
 """Stopping: kubelet's grace rules on the agent, the TERMINATING timeout (grace period plus
-the group's margin), and a stopped or failed session's concurrency."""
+the group's margin), a stopped or failed session's concurrency, no destroy re-sent while
+the agent is stopping the kernel, and the agent's lanes."""
 
+import threading
 from datetime import timedelta
 
 import pytest
 import time_machine
 
+from agents_app.models import Agent
+from agents_app.runtime.lanes import LifecycleLane, PullLane
 from agents_app.runtime.provisioners import MIN_GRACE, grace_after_hook, runs_hook
 from common import clock
 from scheduling_app.models import ScalingGroup
@@ -17,6 +21,7 @@ from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import KeyPair, SessionEvent
 from tests.factories import make_session
+from tests.support import wait_for
 
 S = Status
 
@@ -188,3 +193,145 @@ def test_reconcile_counts_an_error_session_as_not_holding_concurrency(alice, sen
                                   "concurrency_used 2, live sessions 1"]
     reconcile_usage()
     assert concurrency(alice) == 1
+
+
+# The manager does not re-send a destroy the agent says it is carrying out.
+
+def heartbeat_listing(agent, kernel, state, *, ago=0, status="ALIVE"):
+    Agent.objects.filter(pk=agent.pk).update(
+        status=status, containers_at=clock.now() - timedelta(seconds=ago),
+        containers=[{"kernel_id": str(kernel.pk), "container_id": kernel.container_id,
+                     "state": state}])
+
+
+@pytest.mark.parametrize(("state", "ago", "status", "resent"), [
+    ("stopping", 2, "ALIVE", False),  # the agent is at it: its grace period may be long
+    ("running", 2, "ALIVE", True),  # not (yet) stopping: the request was lost
+    ("stopping", 45, "ALIVE", True),  # an old list is no evidence
+    ("stopping", 2, "LOST", True),
+])
+def test_a_destroy_is_not_resent_while_the_agent_says_it_is_stopping_the_kernel(
+        alice, frozen, sent, state, ago, status, resent):
+    session = make_session(alice, S.TERMINATING)
+    kernel = session.kernels.get()
+    later(frozen, 31)
+    heartbeat_listing(kernel.agent, kernel, state, ago=ago, status=status)
+    assert progress.terminate_sessions() == int(resent)
+    assert len([1 for name, _ in sent if name == "agent.destroy_kernel"]) == int(resent)
+
+
+def test_the_stuck_stop_is_still_killed_while_the_agent_says_it_is_stopping(
+        alice, frozen, sent):
+    ScalingGroup.objects.filter(name="default").update(terminate_timeout=20)
+    session = make_session(alice, S.TERMINATING, grace_period=10)
+    kernel = session.kernels.get()
+    later(frozen, 31)
+    heartbeat_listing(kernel.agent, kernel, "stopping")
+    assert progress.terminate_sessions() == 0
+    assert progress.check_progress() == 1  # the forced kill goes through: it escalates
+    assert [kw["forced"] for name, kw in sent if name == "agent.destroy_kernel"] == [True]
+
+
+# The agent's lanes (pure threading; the live tests run them on Docker).
+
+def test_the_lifecycle_lane_starts_in_order_and_keeps_one_kernels_operations_in_order():
+    lane = LifecycleLane(threads=2)
+    started, release = [], threading.Event()
+    done = threading.Semaphore(0)
+
+    def operation(name, block=False):
+        def run():
+            started.append(name)
+            if block:
+                release.wait(10)
+            done.release()
+        return run
+
+    lane.submit("k1", operation("k1-create", block=True))
+    lane.submit("k1", operation("k1-destroy"))  # waits for k1's create
+    lane.submit("k2", operation("k2-destroy"))  # another kernel: not held up by k1
+    assert done.acquire(timeout=5)
+    assert started == ["k1-create", "k2-destroy"]
+    assert lane.busy("k1") and not lane.busy("k2")
+    release.set()
+    assert done.acquire(timeout=5) and done.acquire(timeout=5)
+    assert started == ["k1-create", "k2-destroy", "k1-destroy"]
+    wait_for(lambda: not lane.busy("k1"), timeout=5)
+    lane.shutdown()
+
+
+def test_a_failing_operation_does_not_stop_its_kernels_next_one():
+    lane = LifecycleLane(threads=1)
+    ran = threading.Event()
+    lane.submit("k", lambda: 1 / 0)
+    lane.submit("k", ran.set)
+    assert ran.wait(5)
+    lane.shutdown()
+
+
+def test_kernels_needing_one_image_share_its_one_pull():
+    lane = PullLane(threads=4)
+    pulls, release = [], threading.Event()
+    progress, outcomes = [], {}
+    finished = threading.Semaphore(0)
+
+    def pull(report):
+        pulls.append(1)
+        report({"layers_done": 0})
+        release.wait(10)
+        report({"layers_done": 1})
+
+    def done(kernel, error):
+        outcomes[kernel] = error
+        finished.release()
+
+    def ask(kernel, image="img:1", fn=pull):
+        return lane.join(image, kernel, fn, lambda k, p: progress.append((k, p)), done)
+
+    assert ask("k1") is False
+    wait_for(lambda: progress, timeout=5)
+    assert ask("k2") is True  # the same image, being pulled: it waits for that pull
+    assert lane.in_flight() == {"img:1": ["k1", "k2"]}
+    release.set()
+    assert finished.acquire(timeout=5) and finished.acquire(timeout=5)
+    assert len(pulls) == 1
+    assert outcomes == {"k1": None, "k2": None}
+    assert ("k2", {"layers_done": 1}) in progress  # the joiner got the progress too
+    assert lane.in_flight() == {}
+    assert ask("k3") is False  # the pull is over: a later kernel pulls afresh (Docker
+    assert finished.acquire(timeout=5)  # answers at once for an image it now has)
+    lane.shutdown()
+
+
+def test_a_failed_pull_is_reported_to_every_kernel_waiting_for_it():
+    lane = PullLane(threads=1)
+    release, outcomes = threading.Event(), {}
+    finished = threading.Semaphore(0)
+
+    def pull(report):
+        release.wait(10)
+        raise OSError("connection refused")
+
+    def done(kernel, error):
+        outcomes[kernel] = str(error)
+        finished.release()
+
+    lane.join("img:1", "k1", pull, lambda k, p: None, done)
+    lane.join("img:1", "k2", pull, lambda k, p: None, done)
+    release.set()
+    assert finished.acquire(timeout=5) and finished.acquire(timeout=5)
+    assert outcomes == {"k1": "connection refused", "k2": "connection refused"}
+    lane.shutdown()
+
+
+def test_slow_pulls_fill_only_the_pull_lane():
+    pulls, lifecycle = PullLane(threads=2), LifecycleLane(threads=2)
+    release, stopped = threading.Event(), threading.Event()
+    for n in range(6):  # more slow pulls (of different images) than either lane has threads
+        pulls.join(f"img:{n}", f"k{n}", lambda report: release.wait(10), lambda k, p: None,
+                   lambda k, e: None)
+    lifecycle.submit("k9", stopped.set)
+    assert stopped.wait(2)
+    release.set()
+    pulls.shutdown()
+    lifecycle.shutdown()

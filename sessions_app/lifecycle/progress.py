@@ -113,9 +113,26 @@ def check_pulling_progress():
 def terminate_sessions():
     """Re-send the destroy request of TERMINATING kernels that got no answer, and keep
     asking for the removal of any container of ERROR kernels (forced): an ERROR kernel
-    ends when its agent confirms it has no container left."""
-    return (_resend_stale(S.TERMINATING, Key.LAST_DESTROY_REQUEST, _send_destroy_again)
-            + _resend_stale(S.ERROR, Key.LAST_DESTROY_REQUEST, _send_destroy_again))
+    ends when its agent confirms it has no container left. Not while the kernel's agent
+    says it is stopping it: the request arrived, and the stop may rightly take its grace
+    period (the agent would only join it)."""
+    return (_resend_stale(S.TERMINATING, Key.LAST_DESTROY_REQUEST, _send_destroy_again,
+                          skip=being_stopped)
+            + _resend_stale(S.ERROR, Key.LAST_DESTROY_REQUEST, _send_destroy_again,
+                            skip=being_stopped))
+
+
+def being_stopped(kernels):
+    """The ids of `kernels` that their ALIVE agent listed as `stopping` in a heartbeat of
+    the last RESEND_AFTER (Agent.containers); an older list is no evidence."""
+    recent = clock.now() - RESEND_AFTER
+    stopping = set()
+    for containers in Agent.objects.filter(
+            pk__in={k.agent_id for k in kernels if k.agent_id}, status=AgentStatus.ALIVE,
+            containers_at__gte=recent).values_list("containers", flat=True):
+        stopping |= {c.get("kernel_id") for c in containers or ()
+                     if c.get("state") == "stopping"}
+    return {k.pk for k in kernels if str(k.pk) in stopping}
 
 
 def _send_destroy_again(kernel):
@@ -124,14 +141,17 @@ def _send_destroy_again(kernel):
     rpc.send_destroy_kernel(kernel, data.destroy_reason or kernel.status_info, forced=forced)
 
 
-def _resend_stale(status, marker, send, **filters):
+def _resend_stale(status, marker, send, skip=None, **filters):
     """Send again the request of kernels in `status` for RESEND_AFTER, at most once per
-    RESEND_AFTER (the time of the last resend is kept in status_data[marker])."""
+    RESEND_AFTER (the time of the last resend is kept in status_data[marker]); not to
+    the kernels whose ids skip(kernels) gives."""
     stale = clock.now() - RESEND_AFTER
     sent = 0
-    for kernel in _kernels(status, status_changed__lt=stale, **filters):
+    kernels = _kernels(status, status_changed__lt=stale, **filters)
+    skipped = skip(kernels) if skip is not None and kernels else set()
+    for kernel in kernels:
         last = StatusData(kernel.status_data).time_of(marker)
-        if last and last > stale:
+        if kernel.pk in skipped or (last and last > stale):
             continue
         engine.merge_status_data(kernel, {marker: clock.now().isoformat()})
         send(kernel)
