@@ -291,6 +291,7 @@ def test_kernels_needing_one_image_share_its_one_pull():
     assert ask("k1") is False
     wait_for(lambda: progress, timeout=5)
     assert ask("k2") is True  # the same image, being pulled: it waits for that pull
+    assert ask("k1") is True  # asked again (the manager's retry): no second pull either
     assert lane.in_flight() == {"img:1": ["k1", "k2"]}
     release.set()
     assert finished.acquire(timeout=5) and finished.acquire(timeout=5)

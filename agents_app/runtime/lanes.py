@@ -85,7 +85,8 @@ class PullLane:
             joined = current is not None and not current.closed
             if not joined:
                 current = self._pulls[image] = Pull()
-            current.kernels.append(kernel_id)
+            if kernel_id not in current.kernels:  # asked again (a retry): told once
+                current.kernels.append(kernel_id)
         if not joined:
             self._pool.submit(self._run, image, current, pull, on_progress, on_done)
         return joined
