@@ -566,7 +566,8 @@ def _bounded_get(address, port, path, deadline):
 def _kernels_report(kernels):
     if not isinstance(kernels, list) or not all(isinstance(k, dict) for k in kernels):
         raise ValueError("not a list of kernels")
-    busy = any(k.get("execution_state") == "busy" for k in kernels)
+    # Kubeflow's rule: a kernel in any state but idle (busy, starting, restarting) is use.
+    busy = any(k.get("execution_state", "idle") != "idle" for k in kernels)
     times = [datetime.fromisoformat(k["last_activity"]) for k in kernels
              if k.get("last_activity")]
     if any(t.tzinfo is None for t in times):
