@@ -632,11 +632,18 @@ exec "$sshd" -r "$key" -p {SSHD_PORT} -s
 """
 
 
+_images_without_sshd = set()  # image ids found without one: not asked again (an exec each)
+
+
 def start_sshd(container):
     """Start the image's SSH server (it puts itself in the background): True when it has
     one, False when not; raises APIError when it has one that did not start."""
+    image = container.attrs.get("Image")
+    if image in _images_without_sshd:
+        return False
     result = container.exec_run(["/bin/sh", "-c", SSHD_START])
     if result.exit_code == NO_SSHD:
+        _images_without_sshd.add(image)
         return False
     if result.exit_code != 0:
         output = (result.output or b"").decode("utf-8", "replace")[-300:]
