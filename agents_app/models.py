@@ -43,6 +43,10 @@ class Agent(models.Model):
     networks = models.JSONField(
         default=list, blank=True, editable=False,
         help_text="The session networks its last heartbeat listed: name, session id, driver.")
+    images = models.JSONField(
+        default=list, blank=True, editable=False,
+        help_text="The kernel images its Docker engine holds, as its last heartbeat listed "
+                  "them: the scheduler prefers agents that need no pull.")
     containers_at = models.DateTimeField(
         null=True, blank=True, editable=False,
         help_text="When the agent took that list.")

@@ -25,7 +25,7 @@ def use_django_logging(**kwargs):
     logging.captureWarnings(True)  # Python warnings as log lines too (JSON with LOG_FORMAT)
 
 
-def send_task_safely(name, *, queue, kwargs=None):
+def send_task_safely(name, *, queue, kwargs=None, countdown=None):
     """Send a task; a broker that does not answer is logged, not raised.
 
     Callers send after commit, so the change is safe in the database; the periodic
@@ -34,7 +34,7 @@ def send_task_safely(name, *, queue, kwargs=None):
     """
     try:
         return app.send_task(name, kwargs=kwargs or {}, queue=queue, retry=False,
-                             ignore_result=True)
+                             ignore_result=True, countdown=countdown)
     except Exception as exc:  # kombu raises OperationalError and friends
         log.warning("could not send %s to %s: %s", name, queue, exc)
         return None

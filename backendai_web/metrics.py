@@ -35,6 +35,8 @@ KEY = "bai-metrics"  # Redis hashes KEY:<metric>[:bucket|:sum|:count], field = l
 # Seconds: a local image starts in about a second, a pull takes minutes.
 START_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# One step of a kernel's start: milliseconds for a volume, seconds for an app to listen.
+PROVISION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 # name → (help, label names); kept in Redis by count().
 COUNTERS = {
@@ -56,6 +58,9 @@ HISTOGRAMS = {
     "agent_container_start_seconds": ("Time an agent took to set up a kernel (volume, "
                                       "network, container) and start it.", ("agent",),
                                       START_BUCKETS),
+    "agent_provision_seconds": ("Time an agent took for one step of a kernel's start, by "
+                                "provisioner (scratch-volume, container, readiness...).",
+                                ("agent", "provisioner"), PROVISION_BUCKETS),
 }
 # Kept in Redis by add().
 GAUGES = {
@@ -108,13 +113,22 @@ def add(name, amount, **labels):
 
 def observe(name, value, **labels):
     """One observation of a histogram that every process shares."""
+    observe_many(name, [(value, labels)])
+
+
+def observe_many(name, observations):
+    """Observations [(value, labels)] of one histogram, in one write."""
     _, _, buckets = HISTOGRAMS[name]
-    field = _field(labels)
-    # The bucket an observation falls in; cumulated when read.
-    le = buckets[bisect.bisect_left(buckets, value)] if value <= buckets[-1] else "+Inf"
-    _write([lambda p: p.hincrbyfloat(f"{KEY}:{name}:bucket", _field([labels, le]), 1),
-            lambda p: p.hincrbyfloat(f"{KEY}:{name}:sum", field, value),
-            lambda p: p.hincrbyfloat(f"{KEY}:{name}:count", field, 1)])
+    increments = []
+    for value, labels in observations:
+        field = _field(labels)
+        # The bucket an observation falls in; cumulated when read.
+        le = buckets[bisect.bisect_left(buckets, value)] if value <= buckets[-1] else "+Inf"
+        increments += [(f"{KEY}:{name}:bucket", _field([labels, le]), 1),
+                       (f"{KEY}:{name}:sum", field, value),
+                       (f"{KEY}:{name}:count", field, 1)]
+    if increments:
+        _write([lambda p: [p.hincrbyfloat(*increment) for increment in increments]])
 
 
 class Timer:

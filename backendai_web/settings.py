@@ -279,6 +279,8 @@ STORAGE_CHUNK_SIZE = env_int("STORAGE_CHUNK_SIZE", 1024 * 1024)  # bytes per rea
 DEFAULT_BATCH_TIMEOUT = env_int("DEFAULT_BATCH_TIMEOUT", 0)  # seconds; 0 = none
 SCHEDULER_CHUNK_SIZE = env_int("SCHEDULER_CHUNK_SIZE", 1000)  # sessions per allocator write
 RETRY_LIMIT = env_int("RETRY_LIMIT", 3)  # tries at one stage before rescheduling elsewhere
+# Seconds an agent waits for a new kernel's services (and a cluster's sshd) to listen.
+KERNEL_READY_TIMEOUT = env_int("KERNEL_READY_TIMEOUT", 60)
 
 # Idle culling (per-policy limits: ResourcePolicy.idle_timeout, max_session_lifetime)
 IDLE_CHECK_INTERVAL = env_int("IDLE_CHECK_INTERVAL", 15)  # seconds between passes (beat)

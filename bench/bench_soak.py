@@ -1,7 +1,10 @@
 """Soak under faults (issue 14): sessions created and destroyed through the API for a few
-minutes while the agent, the manager worker, Redis and PostgreSQL are each killed and
-started again once. Prints what invariant 7 promises: no session ended by a fault, no
-leaked container, no drift, nothing stuck.
+minutes while the agent, the manager worker, Redis, PostgreSQL and the image registry are
+each killed and started again once. Prints what invariant 7 promises: no session ended by a
+fault, no leaked container, no drift, nothing stuck. One session in ten uses an image the
+agent pulls from a local registry (Debian's docker-registry); during the registry's
+outage the engine's copy is removed, so those sessions wait through it (retries with a
+backoff, the agent excluded for a while) and start once it answers.
 
 `make bench BENCH=soak` (about 6 minutes; SOAK_SECONDS sets the load's length). Runs its
 own web, manager worker, beat and agent on the configured database and Redis, in a scaling
@@ -25,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SECONDS = int(os.environ.get("SOAK_SECONDS", "300"))
 # At what fraction of the run each fault starts, and how long it lasts (seconds).
 FAULTS = [(0.10, "agent", 45), (0.35, "worker", 5), (0.50, "redis", 30),
-          (0.70, "postgres", 5)]
+          (0.70, "postgres", 5), (0.80, "registry", 40)]
 # By request, or a batch session's own exit.
 EXPECTED_ENDS = {"interactive": {"user-requested"},
                  "batch": {"user-requested", "self-terminated"}}
@@ -62,6 +65,8 @@ class Soak:
         self.refused = 0  # create or destroy calls answered 503/5xx during an outage
         self.created = []
         self.stop = threading.Event()
+        self.registry = None
+        self.pulled_image = ""
 
     # The system's processes.
     def command(self, name):
@@ -106,6 +111,12 @@ class Soak:
             server.stop()
             time.sleep(seconds)
             server.start()
+        elif kind == "registry":
+            self.registry.stop()
+            # The engine's copy goes too: every session of the image must pull meanwhile.
+            subprocess.run(["docker", "rmi", "-f", self.pulled_image], capture_output=True)
+            time.sleep(seconds)
+            self.registry.start()
         elif kind == "postgres" and self.pg:
             subprocess.run([*self.pg, "stop", "-m", "fast"], check=True)
             time.sleep(seconds)
@@ -137,8 +148,9 @@ class Soak:
         raise RuntimeError(f"{method} {path} failed for a minute")
 
     def one_session(self, i):
-        kind = random.choices(["interactive", "batch", "cluster"], [5, 3, 2])[0]
-        body = {"name": f"{self.tag}-{i}", "image": self.settings.DEFAULT_KERNEL_IMAGE,
+        kind = random.choices(["interactive", "batch", "cluster", "pulled"], [5, 3, 1, 1])[0]
+        image = self.pulled_image if kind == "pulled" else self.settings.DEFAULT_KERNEL_IMAGE
+        body = {"name": f"{self.tag}-{i}", "image": image,
                 "scaling_group": self.tag, "resources": {"cpu": "0.1", "mem": "32m"}}
         if kind == "batch":
             body |= {"session_type": "batch",
@@ -152,7 +164,7 @@ class Soak:
         session_id = answer.json()["id"]
         self.created.append(session_id)
         if kind != "batch":
-            time.sleep(random.uniform(10, 40))
+            time.sleep(random.uniform(10, 40) if kind != "pulled" else 60)
             self.destroy(session_id)
 
     def destroy(self, session_id):
@@ -171,7 +183,9 @@ class Soak:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        ScalingGroup.objects.create(name=self.tag)
+        # An agent excluded after a failed pull is tried again after 20 s.
+        ScalingGroup.objects.create(name=self.tag, exclusion_timeout=20)
+        self.start_registry()
         policy = ResourcePolicy.objects.create(name=self.tag, max_concurrent_sessions=1000)
         user = get_user_model().objects.create(username=self.tag)
         self.keypair = main_keypair(user)
@@ -186,6 +200,22 @@ class Soak:
         finally:
             for name in list(self.processes):
                 self.kill(name, 15)
+            self.registry.stop()
+            subprocess.run(["docker", "rmi", "-f", self.pulled_image], capture_output=True)
+
+    def start_registry(self):
+        """The registry the "pulled" sessions' image comes from: the kernel image pushed
+        there, the engine's copy removed, the image registered."""
+        from agents_app.models import Image
+        from tests.support import Registry
+
+        self.registry = Registry(self.log_dir)
+        self.registry.start()
+        self.pulled_image = f"127.0.0.1:{self.registry.port}/bai-local/busybox:{self.tag}"
+        for command in (["tag", self.settings.DEFAULT_KERNEL_IMAGE, self.pulled_image],
+                        ["push", self.pulled_image], ["rmi", self.pulled_image]):
+            subprocess.run(["docker", *command], check=True, capture_output=True)
+        Image.objects.update_or_create(name=self.pulled_image)
 
     def wait_until_up(self):
         from agents_app.models import Agent, AgentStatus
@@ -254,3 +284,7 @@ class Soak:
         print(f"create -> RUNNING p50 / p95           {statistics.median(waits):.2f} s / "
               f"{waits[int(0.95 * (len(waits) - 1))]:.2f} s")
         print(f"API calls retried during outages      {self.refused}")
+        pulled = sessions.filter(image=self.pulled_image)
+        ran = sum("RUNNING" in h for h in pulled.values_list("status_history", flat=True))
+        print(f"sessions of the registry's image run  {ran} of {pulled.count()} "
+              "(the others ended by request while they waited)")

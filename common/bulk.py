@@ -76,20 +76,25 @@ def _source(fields, columns, ordered=False):
     return f"VALUES {values}", [value for row in zip(*columns, strict=True) for value in row]
 
 
-def update_rows(model, fields, rows, batch_size=1000):
+def update_rows(model, fields, rows, batch_size=1000, advance=False):
     """Each row is (pk, value of fields[0], value of fields[1], ...). Only for rows the
-    caller holds locks on: the UPDATE is not conditional."""
+    caller holds locks on: the UPDATE is not conditional, unless `advance`: then a row is
+    written only where its fields[0] is older (or null), so that a time only moves
+    forward whoever else writes it meanwhile."""
     table = connection.ops.quote_name(model._meta.db_table)
     names = [model._meta.pk.name] + list(fields)
     quoted = [connection.ops.quote_name(model._meta.get_field(n).column) for n in names]
     assignments = ", ".join(f"{q} = v.{q}" for q in quoted[1:])
+    condition = f"{table}.{quoted[0]} = v.{quoted[0]}"
+    if advance:
+        first = quoted[1]
+        condition += f" AND ({table}.{first} IS NULL OR {table}.{first} < v.{first})"
     for start in range(0, len(rows), batch_size):
         source, params = _source(*_columns(model, names, rows[start:start + batch_size]))
         with connection.cursor() as cursor:
             cursor.execute(
                 f"WITH v ({', '.join(quoted)}) AS ({source}) "
-                f"UPDATE {table} SET {assignments} FROM v "
-                f"WHERE {table}.{quoted[0]} = v.{quoted[0]}", params)
+                f"UPDATE {table} SET {assignments} FROM v WHERE {condition}", params)
 
 
 def set_json_key(model, field, key, rows, where=None):

@@ -106,12 +106,25 @@ def checks_of(session, now):
             for name, record in session.status_data.get("idle_checks", {}).items()}
 
 
+def last_use(s: IdleSession, now):
+    """The newest use of any kind (Kubeflow's last-activity): the owner's (commands, the
+    terminal, app traffic through the proxy, API calls on it: Session.last_activity), a
+    Jupyter-style app's kernels (any kernel not idle is use now), or the start."""
+    times = [s.starts_at, s.last_activity]
+    if s.app is not None:
+        if s.app.get("busy"):
+            return now
+        reported = s.app.get("last_activity")
+        times.append(datetime.fromisoformat(reported) if reported else None)
+    return max(filter(None, times))
+
+
 def network_timeout(s: IdleSession, now):
     if s.session_type == SessionType.BATCH or not s.idle_timeout:
         return None
-    if s.app is not None:
-        return None  # a Jupyter-style app says better than traffic whether work goes on
-    last = max(filter(None, [s.starts_at, s.last_activity]))
+    if s.app is not None and "app-activity" in _enabled(s):
+        return None  # the app-activity checker reports the same deadline, with the app's
+    last = last_use(s, now)
     return Report("network-timeout", last + seconds(s.idle_timeout), now,
                   limit=s.idle_timeout, extra={"last_activity": last.isoformat()})
 
@@ -131,15 +144,11 @@ def batch_timeout(s: IdleSession, now):
 
 
 def app_activity(s: IdleSession, now):
-    """Kubeflow's rule: any app kernel busy is activity now; else its newest activity."""
+    """Kubeflow's rule: any app kernel not idle is activity now; else its newest activity.
+    The owner's other use (the terminal, commands) counts too, whatever the image."""
     if s.app is None or not s.idle_timeout:
         return None
-    if s.app.get("busy"):
-        last = now
-    else:
-        reported = s.app.get("last_activity")
-        last = datetime.fromisoformat(reported) if reported else s.starts_at
-        last = max(last, s.starts_at)
+    last = last_use(s, now)
     return Report("app-activity", last + seconds(s.idle_timeout), now,
                   limit=s.idle_timeout,
                   extra={"app_busy": bool(s.app.get("busy")), "last_activity": last.isoformat()})
@@ -213,10 +222,14 @@ def warning_lead(report):
     return min(lead, report.limit / 2) if report.limit else lead
 
 
+def _enabled(s: IdleSession):
+    return s.checkers or tuple(settings.IDLE_DEFAULT_CHECKERS)
+
+
 def evaluate(s: IdleSession, now):
     """Every enabled checker's report, and what follows: ("cull", report),
     ("warn", report), ("unwarn", report) or nothing."""
-    names = s.checkers or tuple(settings.IDLE_DEFAULT_CHECKERS)
+    names = _enabled(s)
     reports = [r for r in (CHECKERS[n](s, now) for n in names if n in CHECKERS) if r]
     actions = []
     if s.exempt:
@@ -279,7 +292,7 @@ def check_idle():
 
 def _check_all(now):
     """Reports and warnings of every RUNNING session, written; returns what to cull."""
-    rows, warnings, culls = [], [], []
+    rows, warnings, culls, uses = [], [], [], []
     for s in load_running().values():
         try:
             reports, actions = evaluate(s, now)
@@ -287,6 +300,9 @@ def _check_all(now):
             # One session's unreadable report (an app's answer) never stops the others.
             log.warning("idle check of session %s skipped: %s", s.id, exc)
             continue
+        used = last_use(s, now)
+        if s.last_activity is None or used > s.last_activity:
+            uses.append((s.id, used))
         data = {r.checker: r.as_dict() for r in reports}
         for checker, previous in (s.reports or {}).items():  # who was warned stays warned
             if previous.get("warned") and checker in data:
@@ -306,6 +322,9 @@ def _check_all(now):
             rows.append((s.id, data))
     with transaction.atomic():
         engine.set_idle_checks(rows)
+        # Kubeflow's two annotations: the last activity (of any kind, only forward) and
+        # the time of this check.
+        engine.record_activity_check(uses, now)
         _record_warnings(warnings, now)
     return culls
 

@@ -42,6 +42,9 @@ class Domain(models.Model):
     description = models.TextField(blank=True)
     is_active = models.BooleanField(default=True)
     total_resource_slots = SlotsField(help_text="Empty means unlimited.")
+    max_concurrent_sessions = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Sessions the domain's users may run at once in all; "
+                                         "empty means unlimited.")
 
     def __str__(self):
         return self.name
@@ -55,6 +58,9 @@ class Project(models.Model):
     description = models.TextField(blank=True)
     is_active = models.BooleanField(default=True)
     total_resource_slots = SlotsField(help_text="Empty means unlimited.")
+    max_concurrent_sessions = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Sessions of the project that may run at once in "
+                                         "all; empty means unlimited.")
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, blank=True, related_name="member_projects",
         help_text="Users who share the project's storage folders.")
@@ -87,8 +93,8 @@ class ScalingGroup(models.Model):
         max_length=16, choices=AgentSelection, default=AgentSelection.CONCENTRATED
     )
     pending_timeout = models.PositiveIntegerField(
-        default=0, help_text="Seconds a session may stay PENDING; 0 means no limit."
-    )
+        default=86400, help_text="Seconds a session may stay PENDING before it is cancelled "
+                                 "(pending-timeout); 0 means no limit.")
     # The timeouts of the transitional statuses: none is a place to stay for ever.
     scheduled_timeout = models.PositiveIntegerField(
         default=60, help_text="Seconds a kernel may stay SCHEDULED (its agent not yet asked "
@@ -114,6 +120,18 @@ class ScalingGroup(models.Model):
                                "before its agent is told to kill it at once (SIGKILL, no "
                                "hook); after as long again without an answer the kernel goes "
                                "to ERROR. kubelet's margin: grace period + 2 minutes.")
+    # Retries of a failed stage (Sokovan's recovery handlers), spaced out.
+    retry_backoff = models.PositiveIntegerField(
+        default=2, help_text="Seconds before the first retry of a failed stage (pull, "
+                             "create); each next retry waits twice as long, up to "
+                             "retry_backoff_max, with random jitter (between half and all of "
+                             "it).")
+    retry_backoff_max = models.PositiveIntegerField(
+        default=60, help_text="The longest wait before a retry, in seconds.")
+    exclusion_timeout = models.PositiveIntegerField(
+        default=300, help_text="Seconds an agent stays excluded for a session after a stage "
+                               "of it failed there for good (its retries spent, or a cause of "
+                               "the agent's own); then the session may go there again.")
     lost_timeout = models.PositiveIntegerField(
         default=default_lost_timeout,
         help_text="Seconds an agent may stay LOST (no heartbeat) before its kernels are "
@@ -181,6 +199,10 @@ class ResourcePolicy(models.Model):
     name = models.CharField(max_length=64, unique=True)
     total_resource_slots = SlotsField(help_text="Per keypair; empty means unlimited.")
     max_concurrent_sessions = models.PositiveIntegerField(default=30)
+    max_concurrent_sessions_per_user = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Sessions a user of this policy may run at once over all their keypairs "
+                  "(the session's keypair's policy decides); empty means unlimited.")
     max_pending_session_count = models.PositiveIntegerField(
         null=True, blank=True, help_text="Empty means unlimited."
     )

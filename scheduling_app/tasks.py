@@ -14,6 +14,13 @@ def schedule(scaling_group_name=None):
     return len(scheduler.schedule(scaling_group_name, check_image=rpc.send_check_and_pull))
 
 
+@shared_task(name="scheduling.retry_kernel", ignore_result=True)
+def retry_kernel(kernel_id):
+    # Counted down from the failure by the stage's backoff; check_progress sends a due
+    # retry whose task was lost.
+    return progress.send_retry(kernel_id)
+
+
 def _periodic(function):
     return shared_task(name=f"scheduling.{function.__name__}", ignore_result=True)(function)
 

@@ -1,8 +1,10 @@
 #!/bin/bash
 # Build the kernel image bai-local/jupyter:latest once: a minimal Debian (debootstrap, from the
-# mirror this machine's apt uses) with python3 and Debian's Jupyter Notebook, imported into
+# mirror this machine's apt uses) with python3, Debian's Jupyter Notebook and an SSH server
+# and client (for the kernels of a cluster session to reach each other), imported into
 # Docker with the labels that declare it a kernel image with a `jupyter` service port.
-# Takes minutes; does nothing when the image is there (--force builds it again).
+# Takes minutes; does nothing when the image is there and of this script's revision
+# (--force builds it again).
 #
 #   scripts/build_jupyter_image.sh [--force] [TAG]
 set -euo pipefail
@@ -10,8 +12,13 @@ set -euo pipefail
 force=0
 if [ "${1:-}" = "--force" ]; then force=1; shift; fi
 TAG="${1:-${JUPYTER_IMAGE:-bai-local/jupyter:latest}}"
+# Raised whenever what goes into the image changes: an image of an older revision is rebuilt.
+# 2: dropbear-bin and openssh-client (sshd for cluster sessions).
+REVISION=2
+REVISION_LABEL=backendai-web.image-revision
 
-if [ "$force" = 0 ] && docker image inspect "$TAG" >/dev/null 2>&1; then
+if [ "$force" = 0 ] && [ "$(docker image inspect -f "{{index .Config.Labels \"$REVISION_LABEL\"}}" \
+        "$TAG" 2>/dev/null)" = "$REVISION" ]; then
     echo "kernel image $TAG present"
     exit 0
 fi
@@ -46,7 +53,7 @@ debootstrap --variant=minbase --include=python3 "$SUITE" "$ROOT" "$MIRROR" >"$RO
     tail -20 "$ROOT.log" >&2; rm -f "$ROOT.log"; exit 1; }
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
 chroot "$ROOT" /usr/bin/env DEBIAN_FRONTEND=noninteractive sh -c \
-    'apt-get update -q && apt-get install -y -q --no-install-recommends jupyter-notebook python3-notebook python3-ipykernel procps' \
+    'apt-get update -q && apt-get install -y -q --no-install-recommends jupyter-notebook python3-notebook python3-ipykernel procps dropbear-bin openssh-client' \
     >>"$ROOT.log" 2>&1 || { tail -20 "$ROOT.log" >&2; rm -f "$ROOT.log"; exit 1; }
 rm -f "$ROOT.log" "$ROOT/etc/resolv.conf"
 rm -rf "$ROOT"/var/cache/apt/archives/*.deb "$ROOT"/var/lib/apt/lists/* "$ROOT"/usr/share/doc/* \
@@ -73,6 +80,7 @@ tar -C "$ROOT" -c . | docker import \
     --change 'LABEL ai.backend.service-ports="jupyter:http:8888"' \
     --change 'LABEL ai.backend.service-start.jupyter="/etc/backend.ai/jupyter.sh"' \
     --change 'LABEL ai.backend.runtime-path="/usr/bin/python3"' \
+    --change "LABEL $REVISION_LABEL=\"$REVISION\"" \
     --change 'ENV LANG=C.UTF-8 HOME=/home/work SHELL=/bin/bash' \
     --change 'WORKDIR /home/work' \
     --change 'CMD ["/bin/bash"]' \

@@ -48,8 +48,11 @@ TRANSITIONS = {
 
 # A session is an aggregate: kernels placed one by one can leave it partly placed, and
 # tearing such a session down goes from PENDING straight to TERMINATING or TERMINATED.
-SESSION_TRANSITIONS = {**TRANSITIONS, S.PENDING: TRANSITIONS[S.PENDING] | {S.TERMINATING,
-                                                                          S.TERMINATED}}
+# A session whose kernels are cancelled one by one (a failure no retry fixes, before it
+# ran) is TERMINATING between the first and the last, then CANCELLED.
+SESSION_TRANSITIONS = {**TRANSITIONS,
+                       S.PENDING: TRANSITIONS[S.PENDING] | {S.TERMINATING, S.TERMINATED},
+                       S.TERMINATING: TRANSITIONS[S.TERMINATING] | {S.CANCELLED}}
 
 # A kernel holds its agent's slots from allocation until its container is gone.
 SLOT_HOLDING = frozenset(_ALLOCATED | {S.RUNNING, S.TERMINATING, S.ERROR})
@@ -536,6 +539,14 @@ def set_pending_reasons(rows):
     sessions still PENDING, in one statement; the rest of status_data stays as it is."""
     set_json_key(Session, "status_data", "scheduler", rows,
                  where={"status": Status.PENDING.value})
+
+
+def record_activity_check(uses, now):
+    """The idle pass's record: each session's last activity of any kind, (session id,
+    time) rows, written only where newer (an owner's touch meanwhile is kept), and the
+    time of the check on every RUNNING session; two statements."""
+    update_rows(Session, ["last_activity"], list(uses), advance=True)
+    Session.objects.filter(status=Status.RUNNING).update(last_activity_check=now)
 
 
 def set_idle_checks(rows):

@@ -7,9 +7,17 @@ from django.db import models
 from django.db.models import Q
 
 from agents_app.models import AgentStatus
+from common import clock
 from scheduling_app.models import Domain, Project, ResourcePolicy, ScalingGroup, SlotsField
 from sessions_app.enums import ClusterMode, SessionResult, SessionType, Status, StatusGroup
 from sessions_app.querysets import KernelQuerySet, OwnedQuerySet, SessionQuerySet
+from sessions_app.status_data import Key, StatusData
+
+# The statuses in which a kernel's stage may wait for a retry, and the stage's name.
+RETRYING = {Status.PREPARING: "preparing", Status.PULLING: "preparing",
+            Status.CREATING: "creating"}
+STARTING = frozenset({Status.SCHEDULED, Status.PREPARING, Status.PULLING, Status.PREPARED,
+                      Status.CREATING})
 
 
 def generate_access_key():
@@ -107,7 +115,10 @@ class Session(StatusFields):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     last_activity = models.DateTimeField(
         null=True, blank=True,
-        help_text="The owner's last use: API calls on it, commands, dashboard and websocket.")
+        help_text="The last use of any kind: the owner's API calls on it, commands, the "
+                  "terminal and app traffic, and (from the idle check) its app's kernels.")
+    last_activity_check = models.DateTimeField(
+        null=True, blank=True, help_text="When the idle check last looked at it.")
     idle_exempt = models.BooleanField(
         default=False, help_text="Never culled for idleness or lifetime.")
     priority = models.PositiveIntegerField(
@@ -150,11 +161,15 @@ class Session(StatusFields):
 
     @property
     def pending_reason(self):
-        """Why the scheduler has not placed a PENDING session yet; "" in other statuses."""
-        if self.status != Status.PENDING:
+        """Why the session is not running yet: why the scheduler has not placed a PENDING
+        session, or, while a stage of its kernels waits for a retry, which and when (reads
+        the kernels prefetched); "" otherwise."""
+        if self.status == Status.PENDING:
+            failed = self.status_data.get("scheduler", {}).get("failed_predicates", [])
+            return "; ".join(p["msg"] for p in failed) or "waiting for the scheduler"
+        if self.status not in STARTING:
             return ""
-        failed = self.status_data.get("scheduler", {}).get("failed_predicates", [])
-        return "; ".join(p["msg"] for p in failed) or "waiting for the scheduler"
+        return "; ".join(filter(None, (k.retry_reason for k in self.kernels.all())))
 
     @property
     def queue(self):
@@ -238,6 +253,25 @@ class Kernel(StatusFields):
     @property
     def cluster_hostname(self):
         return f"{self.cluster_role}{self.cluster_idx}"
+
+    @property
+    def retry_reason(self):
+        """While the kernel's stage waits for (or is at) a retry: the try, when, and the
+        failure it follows; "" otherwise."""
+        data = StatusData(self.status_data)
+        stage = RETRYING.get(self.status)
+        if stage is None or data.next_retry is None:
+            return ""
+        tries = data.retries.get(stage, 0)
+        if not tries:
+            return ""
+        when = data.next_retry
+        at = when.isoformat(timespec="seconds")
+        step = f"try {tries + 1} of {settings.RETRY_LIMIT}"
+        error = data.raw.get(Key.LAST_ERROR, "")
+        if when > clock.now():
+            return f"{self.cluster_hostname}: {stage} failed ({error}); {step} at {at}"
+        return f"{self.cluster_hostname}: {stage} failed ({error}); {step} since {at}"
 
 
 class SessionEvent(models.Model):

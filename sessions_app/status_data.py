@@ -15,9 +15,10 @@ from common import clock
 class Key(StrEnum):
     # Kernels
     RETRIES = "retries"                  # {stage: tries}: lifecycle.progress.retry_stage
-    LAST_RETRY = "last_retry"            # ISO time of the last retry: retry_stage
+    LAST_RETRY = "last_retry"            # ISO time the last failure was handled: retry_stage
+    NEXT_RETRY = "next_retry"            # ISO time the next try is due (backoff): retry_stage
+    RETRY_SENT = "retry_sent"            # the try number last sent to the agent: send_retry
     LAST_ERROR = "last_error"            # the error the last retry was for: retry_stage
-    CREATION_ERROR = "creation_error"    # Docker's refusal: progress.error_kernel
     DESTROY_REASON = "destroy_reason"    # why it is being ended: destroy, progress
     FORCED = "forced"                    # a forced destroy was asked: destroy, progress
     FORCED_AT = "forced_at"              # when TERMINATING became a forced kill: progress
@@ -30,7 +31,7 @@ class Key(StrEnum):
     REQUEUE = "requeue"                  # preempted, to be re-queued once stopped: destroy
     # Sessions
     SCHEDULER = "scheduler"              # the scheduler's record of a pass: scheduler.core
-    EXCLUDED_AGENTS = "excluded_agents"  # agents a retry gave up on: progress.reschedule
+    EXCLUDED_AGENTS = "excluded_agents"  # {agent: until ISO time}: progress.reschedule
     IDLE_CHECKS = "idle_checks"          # each idle checker's last report: scheduling_app.idle
 
 
@@ -73,8 +74,22 @@ class StatusData:
         return dict(self.raw.get(Key.SCHEDULER) or {})
 
     @property
-    def excluded_agents(self) -> frozenset:
-        return frozenset(self.raw.get(Key.EXCLUDED_AGENTS) or ())
+    def next_retry(self):
+        return self._time(Key.NEXT_RETRY)
+
+    @property
+    def exclusions(self) -> dict:
+        """{agent id: until when} of the agents a failed stage excluded. A list (as kept
+        before exclusions expired) has no end: read as already expired."""
+        raw = self.raw.get(Key.EXCLUDED_AGENTS)
+        if not isinstance(raw, dict):
+            return {}
+        return {agent: clock.parse(until) for agent, until in raw.items()}
+
+    def excluded_agents(self, now=None) -> frozenset:
+        """The agents still excluded at `now` (default: the clock's now)."""
+        now = now or clock.now()
+        return frozenset(agent for agent, until in self.exclusions.items() if until > now)
 
     @property
     def idle_checks(self) -> dict:

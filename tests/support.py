@@ -3,6 +3,8 @@ the live system (a real manager worker and a real agent, as separate processes).
 
 import contextlib
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -193,3 +195,36 @@ def remove_kernels_of(docker_client, agent_id):
         for network in docker_client.networks.list(names=[f"bai-session-{session_id}"]):
             with contextlib.suppress(docker.errors.APIError):  # a sibling elsewhere uses it
                 network.remove()
+
+
+class Registry:
+    """Debian's docker-registry on a port of its own, stopped and started again on the
+    same storage."""
+
+    def __init__(self, root):
+        self.binary = shutil.which("docker-registry")
+        need("docker-registry", None if self.binary else "the package is not installed")
+        self.port = free_port()
+        self.config = root / "config.yml"
+        self.config.write_text(
+            f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
+            f"http:\n  addr: 127.0.0.1:{self.port}\n")
+        self.process = None
+
+    def answers(self):
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+        except OSError:
+            return False
+        return True
+
+    def start(self):
+        self.process = subprocess.Popen([self.binary, "serve", str(self.config)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True)
+        wait_for(self.answers, timeout=15, message="the registry")
+
+    def stop(self):
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)

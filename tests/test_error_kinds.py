@@ -30,6 +30,8 @@ def api_error(message, status=500, cls=APIError):
     (api_error("invalid mount config for type \"bind\": bind source path does not exist",
                400), errors.AGENT),
     (errors.AgentCannotRun("storage folder 'data' is not on this host"), errors.AGENT),
+    (errors.KernelCannotRun("exec nosuchcmd failed: No such file or directory"),
+     errors.PERMANENT),
     (api_error('Get "http://localhost:5000/v2/": dial tcp connect: connection refused'),
      errors.TRANSIENT),
     (api_error("Minimum memory limit allowed is 6MB", 400), errors.PERMANENT),

@@ -134,7 +134,65 @@ def test_app_activity_busy_is_activity_now_idle_uses_its_last_activity():
     assert idle.app_activity(s, at(5000)).remaining == 600
     s.app = {"busy": False, "last_activity": at(4800).isoformat()}
     assert idle.app_activity(s, at(5000)).remaining == 400
-    assert idle.network_timeout(s, at(5000)) is None  # the app decides, not the traffic
+    assert idle.network_timeout(s, at(5000)) is None  # app-activity reports this session
+
+
+def test_with_an_app_every_kind_of_use_counts_the_terminal_and_commands_too():
+    # The app's kernels idle since 100 s; the owner typed in the terminal at 900 s.
+    s = session(idle_timeout=600, app={"busy": False, "last_activity": at(100).isoformat()},
+                last_activity=at(900))
+    assert idle.app_activity(s, at(1000)).remaining == 500
+    assert idle.evaluate(s, at(1000))[1] == []  # not culled at start + idle timeout
+    # A group that runs network-timeout alone still counts the app's use.
+    s.checkers = ("network-timeout",)
+    s.last_activity = None
+    s.app = {"busy": True}
+    assert idle.network_timeout(s, at(5000)).remaining == 600
+
+
+def test_a_starting_or_restarting_notebook_kernel_is_use_as_a_busy_one_is():
+    from agents_app.runtime import docker_backend
+    for state in ("starting", "restarting", "busy"):
+        report = docker_backend._kernels_report([
+            {"execution_state": "idle", "last_activity": "2026-01-01T10:00:00Z"},
+            {"execution_state": state, "last_activity": "2026-01-01T09:00:00Z"}])
+        assert report["busy"] is True, state
+    assert docker_backend._kernels_report([{"execution_state": "idle"}])["busy"] is False
+
+
+def test_the_pass_keeps_each_sessions_last_activity_and_the_time_of_its_check(alice):
+    policy = default_of(ResourcePolicy)
+    policy.idle_timeout = 3600
+    policy.save()
+    make_agent()
+    session = make_session(alice, Status.RUNNING)
+    used = session.starts_at + timedelta(seconds=200)
+    kernel = session.kernels.get()
+    kernel.last_stat = {"app": {"busy": False, "last_activity": used.isoformat()}}
+    kernel.save(update_fields=["last_stat"])
+    checked = session.starts_at + timedelta(seconds=300)
+    with time_machine.travel(checked, tick=False):
+        idle.check_idle()
+    session.refresh_from_db()
+    assert (session.last_activity, session.last_activity_check) == (used, checked)
+    # An owner's touch newer than the app's activity is never moved back.
+    with time_machine.travel(checked + timedelta(seconds=10), tick=False):
+        activity.touch(session.pk, alice)
+        idle.check_idle()
+    session.refresh_from_db()
+    assert session.last_activity == checked + timedelta(seconds=10)
+    assert session.last_activity_check == checked + timedelta(seconds=10)
+
+
+def test_idle_check_interval_sets_the_beat_of_the_idle_check(db, settings):
+    from django_celery_beat.models import PeriodicTask
+
+    from scheduling_app.beat import apply_idle_check_interval
+    settings.IDLE_CHECK_INTERVAL = 42
+    assert apply_idle_check_interval() == 1
+    task = PeriodicTask.objects.get(task="scheduling.check_idle")
+    assert (task.interval.every, task.interval.period) == (42, "seconds")
+    assert apply_idle_check_interval() == 0
 
 
 # The pass, on the database
@@ -178,12 +236,13 @@ def test_the_pass_costs_the_same_queries_for_few_or_many_sessions(
     make_agent(slots={"cpu": "100", "mem": "100g"})
     for i in range(3):
         make_session(alice, Status.RUNNING, name=f"a{i}")
-    # three reads (groups, sessions, kernels), one bulk UPDATE, a savepoint and release
-    with django_assert_num_queries(6):
+    # three reads (groups, sessions, kernels), three bulk UPDATEs (the reports, the last
+    # activities, the check times), a savepoint and release
+    with django_assert_num_queries(8):
         idle.check_idle()
     for i in range(12):
         make_session(alice, Status.RUNNING, name=f"b{i}")
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(8):
         idle.check_idle()
 
 
@@ -242,7 +301,7 @@ def test_a_status_polling_owner_does_not_keep_an_idle_session_alive(alice, clien
     assert culled == {**{m: [] for m in range(1, 10)}, 10: [session.pk]}  # 600 s idle
     session.refresh_from_db()
     assert (session.status, session.status_info) == (Status.TERMINATING, "idle-timeout")
-    assert session.last_activity is None
+    assert session.last_activity == session.starts_at  # the start, never a status read
 
 
 def test_one_unreadable_app_report_never_stops_the_pass_for_the_others(alice, caplog):

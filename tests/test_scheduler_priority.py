@@ -266,7 +266,8 @@ def test_a_dry_run_of_a_session_that_fits_starts_now_and_bad_input_is_a_400(alic
         "name": "huge", "image": "bai-local/busybox:latest", "resources": {"cpu": "64"}},
         content_type="application/json").json()
     assert huge["start"] is None and huge["unknown_reason"] == (
-        "it would be cancelled: asks for more cpu than any agent of scaling group default has")
+        "asks for more cpu than any agent of scaling group default has; it waits for an agent "
+        "that large to join")
     bad = as_alice.post(f"{URL}?dry_run=true", {"name": "bad name!", "image": "x"},
                         content_type="application/json")
     assert bad.status_code == 400 and "session name" in bad.json()["msg"]

@@ -33,9 +33,9 @@ def test_a_transition_sets_its_keys_and_keeps_the_others(alice, sent):
     engine.merge_status_data(kernel, {Key.RETRIES: {"creating": 2}})
     stale = Kernel.objects.get(pk=kernel.pk)
     stale.status_data = {}
-    engine.mark_kernel_error(stale, reason="boom", status_data={Key.CREATION_ERROR: "boom"})
+    engine.mark_kernel_error(stale, reason="boom", status_data={Key.TEARDOWN_ERROR: "boom"})
     data = Kernel.objects.get(pk=kernel.pk).status_data
-    assert data == {"retries": {"creating": 2}, "creation_error": "boom"}
+    assert data == {"retries": {"creating": 2}, "teardown_error": "boom"}
 
 
 def test_only_registered_keys_are_written(alice):

@@ -21,8 +21,9 @@ from django.conf import settings
 from docker.errors import DockerException, NotFound
 
 from agents_app.runtime import docker_backend as backend
+from agents_app.runtime import errors
 from agents_app.runtime.lanes import LifecycleLane, PullLane
-from agents_app.runtime.provisioners import KernelRunner
+from agents_app.runtime.provisioners import KernelRunner, ProvisionFailed
 from backendai_web import __version__, metrics
 from backendai_web.celery import app
 from backendai_web.logs import RepeatedFailure
@@ -72,6 +73,10 @@ class Agent:
         self.lifecycle = LifecycleLane(lifecycle_threads)
         self.pulls = PullLane(pull_threads)
         self._reaping = set()  # kernel ids whose exit this agent has reported
+        # Kernel ids being started → whether Docker said meanwhile that the container
+        # died: its exit is reported once the start is (or it is torn down), not before.
+        self._starting = {}
+        self._starting_lock = threading.Lock()
         self._stopped = {}  # kernel id → when this agent removed its container
         self._outbox = collections.deque()  # reports the broker has not taken yet
         self._outbox_lock = threading.Lock()
@@ -196,6 +201,8 @@ class Agent:
                  "state": container.status, "stat": {}}
         if self.is_stopping(kernel_id):
             entry["state"] = "stopping"
+        elif kernel_id in self._starting:
+            entry["state"] = "starting"  # not RUNNING before its readiness check
         elif container.status == "running":
             entry["stat"] = self.sample(container)
         elif container.status in ("exited", "dead"):
@@ -301,6 +308,10 @@ class Agent:
         if not kernel_id:
             return
         if action == "die":
+            with self._starting_lock:
+                if kernel_id in self._starting:
+                    self._starting[kernel_id] = True
+                    return
             self.reap_in_background(kernel_id, event.get("id"))
         elif action.startswith("health_status"):
             status = action.split(":", 1)[-1].strip()
@@ -354,7 +365,8 @@ class Agent:
 
     def _pulled(self, kernel_id, image, error):
         if error is not None:
-            self.report(kernel_id, "pull_failed", image=image, error=str(error)[:500])
+            self.report(kernel_id, "pull_failed", image=image, error=str(error)[:500],
+                        kind=errors.kind_of(error))
         else:
             self.report(kernel_id, "image_pulled", image=image, pulled=True)
 
@@ -362,7 +374,12 @@ class Agent:
         self.lifecycle.submit(spec["kernel_id"], lambda: self._create_kernel(spec))
 
     def _create_kernel(self, spec):
+        """Set up the kernel's resources, start its container, and report it started once
+        it is ready (provisioners.KernelRunner.start); a failure of any step is reported
+        at once, naming the step, with its kind, after what was made is torn down."""
         kernel_id = spec["kernel_id"]
+        if kernel_id in self._starting:
+            return  # a redelivered task while the first one is still starting it
         existing = backend.find_kernel_container(self.docker, self.id, kernel_id,
                                                  image=spec["image"])
         if existing is not None and existing.status == "running":
@@ -376,22 +393,39 @@ class Agent:
                     forced=True)
             finally:
                 self._destroying.discard(kernel_id)
+        with self._starting_lock:
+            self._starting[kernel_id] = False
+        container = None
+        try:
+            container = self._start_kernel(spec)
+        finally:
+            with self._starting_lock:
+                died = self._starting.pop(kernel_id, False)
+        if container is not None and (died or container.status != "running"):
+            self.reap_in_background(kernel_id, container.id)  # it ended as it started
+
+    def _start_kernel(self, spec):
+        """The kernel's container once it is reported started; None when it failed."""
+        kernel_id = spec["kernel_id"]
         try:
             with metrics.Timer("agent_container_start_seconds", agent=self.id):
-                _, container = KernelRunner.start(self.docker, self.id, spec)
-        except (DockerException, OSError) as exc:
-            log.warning("kernel %s failed to start: %s", kernel_id, exc,
+                runner, container = KernelRunner.start(
+                    self.docker, self.id, spec, ready_timeout=settings.KERNEL_READY_TIMEOUT)
+        except ProvisionFailed as exc:
+            log.warning("kernel %s failed to start (%s): %s", kernel_id, exc.kind, exc,
                         extra={"kernel_id": kernel_id, "agent_id": self.id})
             metrics.count("agent_container_starts", agent=self.id, outcome="failed")
-            self.report(kernel_id, "creation_failed", error=str(exc)[:500])
-            return
+            self.report(kernel_id, "creation_failed", error=str(exc)[:500],
+                        provisioner=exc.provisioner, kind=exc.kind)
+            return None
+        self.report(kernel_id, "kernel_started", container_id=container.id,
+                    provision_seconds=runner.seconds)
         metrics.count("agent_container_starts", agent=self.id, outcome="started")
-        self.report(kernel_id, "kernel_started", container_id=container.id)
+        metrics.observe_many("agent_provision_seconds", [
+            (seconds, {"agent": self.id, "provisioner": name})
+            for name, seconds in runner.seconds.items()])
         self.release_network(spec.get("network_name"))  # a warm one: its kernel holds it
-        try:  # the image's apps (Jupyter…) start with the kernel; opening one starts it too
-            backend.start_services(self.docker, container)
-        except (DockerException, OSError) as exc:
-            log.warning("kernel %s: its services did not start: %s", kernel_id, exc)
+        return container
 
     def destroy_kernel(self, kernel_id, container_id="", reason="", forced=False):
         """Stop and remove the kernel's container: gracefully (pre-stop hook, SIGTERM to
@@ -460,6 +494,11 @@ class Agent:
             return
         finally:
             self._destroying.discard(kernel_id)
+        if backend.cluster_size(container) > 1:  # its sshd ended with the old processes
+            try:
+                backend.start_sshd(container)
+            except (DockerException, OSError) as exc:
+                log.warning("kernel %s: sshd not started again: %s", kernel_id, exc)
         self.report(kernel_id, "kernel_restarted", container_id=container.id)
 
     # A multi-host session's overlay network: made and removed by a swarm manager agent,

@@ -8,6 +8,7 @@ import contextlib
 import ipaddress
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -566,7 +567,8 @@ def _bounded_get(address, port, path, deadline):
 def _kernels_report(kernels):
     if not isinstance(kernels, list) or not all(isinstance(k, dict) for k in kernels):
         raise ValueError("not a list of kernels")
-    busy = any(k.get("execution_state") == "busy" for k in kernels)
+    # Kubeflow's rule: a kernel in any state but idle (busy, starting, restarting) is use.
+    busy = any(k.get("execution_state", "idle") != "idle" for k in kernels)
     times = [datetime.fromisoformat(k["last_activity"]) for k in kernels
              if k.get("last_activity")]
     if any(t.tzinfo is None for t in times):
@@ -597,11 +599,149 @@ def start_service(client, container_id, name, command, unless_within=0.0):
 
 
 def start_services(client, container):
-    """Every service of the container's image that has a start command."""
+    """Every service of the container's image that has a start command: {name: port} of
+    those started."""
+    started = {}
     for service in service_ports(container.labels):
         command = container.labels.get(SERVICE_START_LABEL + service.name)
         if command and service.protocol != "tcp":
             start_service(client, container.id, service.name, command)
+            started[service.name] = service.port
+    return started
+
+
+# The SSH server of a multi-container session's kernels, on Backend.AI's intrinsic sshd
+# port. Dropbear, not OpenSSH's sshd: that one needs SYS_CHROOT for its privilege
+# separation, which kernels do not have (README "Kernel hardening"). Key-only (-s); the
+# host key is made once per container; root's authorized keys are the session's (the
+# user's own, under /home/work, once the kernel runs as that user). Exit 100: no dropbear
+# in the image, nothing started.
+SSHD_PORT = 2200
+NO_SSHD = 100
+SSHD_START = f"""
+sshd=$(PATH="$PATH:/usr/sbin:/sbin" command -v dropbear) || exit {NO_SSHD}
+key=/etc/dropbear/dropbear_ed25519_host_key
+[ -s "$key" ] || {{ mkdir -p /etc/dropbear && dropbearkey -t ed25519 -f "$key" >/dev/null; }} \
+    || exit 1
+me=$(id -un); home=
+while IFS=: read -r user _ _ _ _ dir _; do [ "$user" != "$me" ] || home=$dir; done </etc/passwd
+if [ -n "$home" ] && [ "$home" != /home/work ] && [ -f /home/work/.ssh/authorized_keys ]; then
+    mkdir -p "$home/.ssh" && chmod 700 "$home/.ssh" &&
+        cp /home/work/.ssh/authorized_keys "$home/.ssh/authorized_keys" || exit 1
+fi
+exec "$sshd" -r "$key" -p {SSHD_PORT} -s
+"""
+
+
+_images_without_sshd = set()  # image ids found without one: not asked again (an exec each)
+
+
+def start_sshd(container):
+    """Start the image's SSH server (it puts itself in the background): True when it has
+    one, False when not; raises APIError when it has one that did not start."""
+    image = container.attrs.get("Image")
+    if image in _images_without_sshd:
+        return False
+    result = container.exec_run(["/bin/sh", "-c", SSHD_START])
+    if result.exit_code == NO_SSHD:
+        _images_without_sshd.add(image)
+        return False
+    if result.exit_code != 0:
+        output = (result.output or b"").decode("utf-8", "replace")[-300:]
+        raise APIError(f"sshd did not start (exit {result.exit_code}): {output}")
+    return True
+
+
+# Docker's init (tini) runs the kernel's command as its child. A command it cannot execute
+# makes it say so and exit at once, after Docker's start has succeeded: this line is the
+# only word of it.
+INIT_EXEC_FAILED = re.compile(r"\[FATAL tini \(\d+\)\] (exec .* failed: .*)")
+INIT_NAME = "docker-init"
+
+
+def command_started(container, timeout=1.0):
+    """Whether the init of a container just started has executed its command, read from
+    this host's /proc (microseconds, no call to Docker): True once the init's child runs
+    another program; False when the init has ended (Docker's state lags behind it); None
+    when this host cannot tell (it sees another process under that pid)."""
+    pid = container.attrs.get("State", {}).get("Pid")
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/cgroup") as cgroup:
+            if container.id not in cgroup.read():
+                return None
+    except FileNotFoundError:
+        return False  # ended already (or, an engine elsewhere: the caller asks Docker)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as children:
+                for child in children.read().split():
+                    with open(f"/proc/{child}/comm") as comm:
+                        if comm.read().strip() != INIT_NAME:
+                            return True
+        except FileNotFoundError:
+            return False  # the init (or its child, and then the init) has ended
+        time.sleep(0.001)
+    return None
+
+
+def exec_failure(container):
+    """What the init said when the container's command could not be executed, else ''."""
+    try:
+        found = INIT_EXEC_FAILED.search(log_tail(container))
+    except (APIError, NotFound):
+        return ""
+    return found.group(1) if found else ""
+
+
+def cluster_size(container):
+    """BACKENDAI_CLUSTER_SIZE of the container's environment (1 when it has none)."""
+    for entry in container.attrs.get("Config", {}).get("Env") or []:
+        name, _, value = entry.partition("=")
+        if name == "BACKENDAI_CLUSTER_SIZE" and value.isdigit():
+            return int(value)
+    return 1
+
+
+def container_address(container):
+    """The container's address on its session's network (from its last inspection)."""
+    networks = container.attrs.get("NetworkSettings", {}).get("Networks", {})
+    return next((n.get("IPAddress") for n in networks.values() if n.get("IPAddress")), "")
+
+
+class NotReady(RuntimeError):
+    """A kernel's service did not take connections within the readiness timeout."""
+
+
+READY_POLL = 0.1  # seconds between tries while a service is not listening yet
+
+
+def wait_ready(container, ports, timeout):
+    """Until every one of `ports` ({name: port}) takes a TCP connection at the container's
+    address: True; False as soon as the container is found stopped (it is reported as it
+    ended, not as not ready). Raises NotReady after `timeout` seconds."""
+    address = container_address(container)
+    waiting = dict(ports)
+    deadline = time.monotonic() + timeout
+    while True:
+        for name, port in list(waiting.items()):
+            try:
+                socket.create_connection((address, port), timeout=0.5).close()
+                del waiting[name]
+            except OSError:
+                pass
+        if not waiting:
+            return True
+        container.reload()
+        if container.status != "running":
+            return False
+        if time.monotonic() > deadline:
+            names = ", ".join(f"{name} (port {port})" for name, port in waiting.items())
+            raise NotReady(f"{names} did not take connections at {address or 'no address'} "
+                           f"within {timeout:g} s")
+        time.sleep(READY_POLL)
 
 
 def signal_process(api, container_id, pid):

@@ -37,11 +37,18 @@ class AgentCannotRun(RuntimeError):
     this host): kind AGENT."""
 
 
+class KernelCannotRun(RuntimeError):
+    """No agent can run the kernel (its image cannot execute the kernel's command): kind
+    PERMANENT."""
+
+
 def kind_of(error) -> str:
     """The kind of an exception, or of an error's text (a report of an older agent, a
     timeout the manager noticed itself)."""
     if isinstance(error, AgentCannotRun):
         return AGENT
+    if isinstance(error, KernelCannotRun):
+        return PERMANENT
     text = str(getattr(error, "explanation", None) or error or "").lower()
     if isinstance(error, ImageNotFound):
         # At create: the image went missing on this agent (pruned): it is pulled again.

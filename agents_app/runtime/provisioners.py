@@ -1,9 +1,10 @@
-"""A kernel's resources, each set up and torn down by a small provisioner, held by one
-KernelRunner so that a failure part-way tears down what was made, in reverse order.
+"""A kernel's resources, each set up and torn down by a small named provisioner, held by
+one KernelRunner so that a failure part-way tears down what was made, in reverse order.
 
 Dependencies are passed as arguments (the container provisioner is given the volume and
 the network), not gathered in a growing context object. Every resource is named in the
 container's labels, so a runner can be rebuilt from a container alone after a restart.
+Every step is timed, and a failure names the step it happened in (ProvisionFailed).
 """
 
 import contextlib
@@ -16,10 +17,11 @@ import tarfile
 import threading
 import time
 
-from docker.errors import APIError, NotFound
+from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import EndpointConfig
 
 from agents_app.runtime import docker_backend as backend
+from agents_app.runtime import errors
 from storage_app.files import give_back
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,8 @@ def grace_after_hook(grace_period, hook_seconds=0):
 class ScratchVolume:
     """A Docker volume mounted at /home/work: the kernel's scratch space."""
 
+    name = "scratch-volume"
+
     def __init__(self, client):
         self.client = client
 
@@ -64,18 +68,22 @@ class FolderMounts:
     """Storage folders bind-mounted into the kernel (read-only ones with Docker's `ro`).
     Each host directory must be a real directory, not a link: Docker would follow one.
     When the kernel ends, what it wrote (as root) in a read-write folder is given back to
-    the owner of the folder's directory, so that the web process can read and delete it."""
+    the owner of the folder's directory, so that the web process can read and delete it.
+    A folder that is not here is this host's lack (another may have the storage mounted)."""
+
+    name = "folder-mounts"
 
     def setup(self, mounts):
         for mount in mounts:
             try:
                 info = os.lstat(mount["host_path"])
             except OSError as exc:
-                raise RuntimeError(f"storage folder {mount['folder']!r} is not on this host "
-                                   f"({mount['host_path']}: {exc.strerror})") from None
+                raise errors.AgentCannotRun(
+                    f"storage folder {mount['folder']!r} is not on this host "
+                    f"({mount['host_path']}: {exc.strerror})") from None
             if not stat.S_ISDIR(info.st_mode):
-                raise RuntimeError(f"storage folder {mount['folder']!r}: "
-                                   f"{mount['host_path']} is not a directory")
+                raise errors.AgentCannotRun(f"storage folder {mount['folder']!r}: "
+                                            f"{mount['host_path']} is not a directory")
         return list(mounts)
 
     def teardown(self, mounts):
@@ -102,6 +110,8 @@ class ClusterNetwork:
     bridges apart, so kernels of different sessions cannot reach each other; the host
     interface is named bai…, which the agent's firewall (firewall.py) closes to the host's
     own services. Without outbound access it is an internal network."""
+
+    name = "session-network"
 
     def __init__(self, client):
         self.client = client
@@ -146,17 +156,41 @@ class ClusterNetwork:
 
 
 class KernelContainer:
+    """The kernel's container, created on its volume, mounts and network (started by the
+    runner once what goes in before the start is in). An image that is missing here
+    (pruned since the image check) is pulled again first."""
+
+    name = "container"
+
     def __init__(self, client, agent_id):
         self.client, self.agent_id = client, agent_id
 
     def setup(self, spec, volume, network, mounts=()):
+        try:
+            container = self._create(spec, volume, network, mounts)
+        except ImageNotFound:
+            log.warning("image %s of kernel %s is gone from this agent: pulling it again",
+                        spec["image"], spec["kernel_id"])
+            backend.pull_image(self.client, spec["image"])
+            container = self._create(spec, volume, network, mounts)
+        if network and spec.get("network_driver") != "overlay":
+            try:  # reachable by its cluster hostname from its siblings
+                self.client.networks.get(network).disconnect(container)
+                self.client.networks.get(network).connect(
+                    container, aliases=[spec["cluster_hostname"]])
+            except Exception:
+                container.remove(force=True)
+                raise
+        return container
+
+    def _create(self, spec, volume, network, mounts):
         overlay = spec.get("network_driver") == "overlay"
         labels = {**backend.kernel_labels(self.agent_id, spec), SCRATCH_VOLUME: volume,
                   NETWORK: network or "", PRE_STOP: spec.get("pre_stop_command") or "",
                   backend.NETWORK_DRIVER: "overlay" if overlay else "bridge"}
         if mounts:
             labels[MOUNTS] = json.dumps(list(mounts))
-        container = self.client.containers.create(
+        return self.client.containers.create(
             spec["image"], command=backend.kernel_command(spec),
             name=backend.container_name(spec["image"], spec["kernel_id"]),
             hostname=spec["cluster_hostname"], labels=labels,
@@ -166,18 +200,6 @@ class KernelContainer:
             **backend.hardening(spec),
             **overlay_endpoint(spec, network, self.client.api.api_version),
         )
-        try:
-            if network and not overlay:  # reachable by its cluster hostname from its siblings
-                self.client.networks.get(network).disconnect(container)
-                self.client.networks.get(network).connect(
-                    container, aliases=[spec["cluster_hostname"]])
-            if spec.get("ssh_keypair"):
-                container.put_archive("/", ssh_archive(spec["ssh_keypair"]))
-            container.start()
-        except Exception:
-            container.remove(force=True)
-            raise
-        return container
 
     def teardown(self, container, grace_period=None, *, forced=False, on_hook_failure=None,
                  escalated=None):
@@ -231,11 +253,48 @@ def run_pre_stop(container, command, timeout):
     return result.exit_code, output
 
 
-def ssh_archive(keypair):
-    """A tar of /home/work/.ssh with the session's cluster key, for put_archive."""
+class SSHKeys:
+    """The session's SSH keypair in /home/work/.ssh and the SSH client's configuration for
+    its cluster hosts (ssh_archive), put into the created container. They live in its
+    volume and its layer, and go with them."""
+
+    name = "ssh-keys"
+
+    def setup(self, container, keypair, hosts):
+        container.put_archive("/", ssh_archive(keypair, hosts))
+
+    def teardown(self, resource):
+        pass
+
+
+SSH_CLIENT_CONFIG = "etc/ssh/ssh_config.d/backendai-cluster.conf"
+
+
+def ssh_client_config(hosts):
+    """`ssh sub1` from any kernel of the cluster logs in with the session's key on the
+    kernels' sshd port, without a password or a host-key prompt (each kernel makes its host
+    key when it starts; only the session's kernels are on its network). System-wide, so
+    that it holds for whichever user the kernel runs as."""
+    return (f"# The cluster hosts of this session (backendai-web).\n"
+            f"Host {' '.join(hosts)}\n"
+            f"    Port {backend.SSHD_PORT}\n"
+            "    IdentityFile /home/work/.ssh/id_cluster\n"
+            "    IdentitiesOnly yes\n"
+            "    BatchMode yes\n"
+            "    StrictHostKeyChecking no\n"
+            "    UserKnownHostsFile /dev/null\n"
+            "    GlobalKnownHostsFile /dev/null\n"
+            "    LogLevel ERROR\n")
+
+
+def ssh_archive(keypair, hosts=()):
+    """A tar of /home/work/.ssh with the session's cluster key and, given the cluster's
+    hosts, the SSH client's configuration for them, for put_archive."""
     files = {"home/work/.ssh/id_cluster": (keypair["private"], 0o600),
              "home/work/.ssh/id_cluster.pub": (keypair["public"], 0o644),
              "home/work/.ssh/authorized_keys": (keypair["public"], 0o644)}
+    if hosts:  # Docker makes its directories where the image has none
+        files[SSH_CLIENT_CONFIG] = (ssh_client_config(hosts), 0o644)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for directory in ("home", "home/work", "home/work/.ssh"):
@@ -250,17 +309,38 @@ def ssh_archive(keypair):
     return buffer.getvalue()
 
 
+class ProvisionFailed(Exception):
+    """A step of a kernel's start failed: which one (`provisioner`), why, and the kind of
+    the failure (errors.kind_of of its cause), for the agent's creation_failed report."""
+
+    def __init__(self, provisioner, cause):
+        self.provisioner, self.cause, self.kind = provisioner, cause, errors.kind_of(cause)
+        reason = str(getattr(cause, "explanation", None) or cause) or type(cause).__name__
+        super().__init__(f"{provisioner}: {reason}")
+
+
 class KernelRunner:
     """The resources of one kernel, torn down together in reverse order."""
 
     def __init__(self):
         self.held = []  # (provisioner, resource)
         self.failure = None  # Docker's error when the container could not be torn down
+        self.seconds = {}  # step name → seconds it took (provision_seconds)
 
     def setup(self, provisioner, *args):
-        resource = provisioner.setup(*args)
+        resource = self.step(provisioner.name, provisioner.setup, *args)
         self.held.append((provisioner, resource))
         return resource
+
+    def step(self, name, function, *args):
+        """function(*args), timed under `name`; any failure becomes ProvisionFailed(name)."""
+        started = time.perf_counter()
+        try:
+            return function(*args)
+        except Exception as exc:
+            raise ProvisionFailed(name, exc) from exc
+        finally:
+            self.seconds[name] = round(time.perf_counter() - started, 4)
 
     def teardown(self, *, forced=False, on_hook_failure=None, escalated=None):
         """Tear down everything held; the container's (exit code, log tail) if it had one.
@@ -278,7 +358,7 @@ class KernelRunner:
                 else:
                     provisioner.teardown(resource)
             except Exception as exc:  # the others must still go
-                log.exception("teardown of %s failed", type(provisioner).__name__)
+                log.exception("teardown of %s failed", provisioner.name)
                 if isinstance(provisioner, KernelContainer):
                     self.failure = str(getattr(exc, "explanation", None) or exc)[:500]
                     break  # its volume and network are still in use by it
@@ -286,9 +366,10 @@ class KernelRunner:
         return result
 
     @classmethod
-    def start(cls, client, agent_id, spec):
-        """Set up the kernel's resources in order; on any failure tear down what was made
-        and raise."""
+    def start(cls, client, agent_id, spec, *, ready_timeout=60):
+        """Set up the kernel's resources in order, start its container and wait until it
+        is ready (readiness): (runner, container). On any failure tear down what was made
+        (at once: the kernel never ran) and raise ProvisionFailed naming the step."""
         runner = cls()
         try:
             mounts = runner.setup(FolderMounts(), spec.get("mounts") or [])
@@ -299,8 +380,15 @@ class KernelRunner:
                                    spec.get("network_name"))
             container = runner.setup(KernelContainer(client, agent_id), spec, volume, network,
                                      mounts)
-        except Exception:
-            runner.teardown()
+            if spec.get("ssh_keypair"):
+                runner.setup(SSHKeys(), container, spec["ssh_keypair"],
+                             spec.get("cluster_hosts") or [spec["cluster_hostname"]])
+            runner.step("start", start_container, container)
+            if container.status == "running":  # else it ended at once: reported as it ended
+                ports = runner.step("services", start_services, client, container, spec)
+                runner.step("readiness", wait_ready, container, ports, spec, ready_timeout)
+        except ProvisionFailed:
+            runner.teardown(forced=True)
             raise
         return runner, container
 
@@ -315,3 +403,47 @@ class KernelRunner:
                        (KernelContainer(client, agent_id), container)]
         runner.held = [(p, r) for p, r in runner.held if r]
         return runner
+
+
+def start_container(container):
+    """Start it and read its state again: its command may have ended already, or not have
+    been executable at all (KernelCannotRun: Docker's init said so and ended)."""
+    container.start()
+    container.reload()
+    if container.status == "running" and backend.command_started(container) is False:
+        with contextlib.suppress(OSError):  # its init has ended: Docker's state follows
+            container.wait(timeout=2)
+        container.reload()
+    if container.status != "running":
+        failure = backend.exec_failure(container)
+        if failure:
+            raise errors.KernelCannotRun(f"the kernel's command cannot run: {failure}")
+
+
+def start_services(client, container, spec):
+    """The SSH server of a multi-container session's kernel (where the image has one) and
+    the image's services that have a start command: {name: port} to wait for."""
+    ports = {}
+    try:
+        if spec.get("cluster_size", 1) > 1 and backend.start_sshd(container):
+            ports["sshd"] = backend.SSHD_PORT
+        ports.update(backend.start_services(client, container))
+    except APIError:
+        container.reload()
+        if container.status != "running":
+            return {}  # it ended meanwhile: reported as it ended
+        raise
+    return ports
+
+
+def wait_ready(container, ports, spec, timeout):
+    """Until the started services take connections. The agent reaches a kernel's address
+    on a bridge; on a multi-host session's overlay it does not (the host has no route to
+    it), so those are not waited for."""
+    if not ports:
+        return True
+    if spec.get("network_driver") == "overlay":
+        log.info("kernel %s: %s not checked from the agent (overlay network)",
+                 spec["kernel_id"], ", ".join(ports))
+        return True
+    return backend.wait_ready(container, ports, timeout)

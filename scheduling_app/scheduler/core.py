@@ -31,6 +31,7 @@ from scheduling_app.session_types import hook_for
 from sessions_app import engine
 from sessions_app.enums import ClusterMode, Status
 from sessions_app.models import Kernel, Session
+from sessions_app.status_data import StatusData
 
 log = logging.getLogger(__name__)
 
@@ -188,9 +189,12 @@ class _NoRoomReason:
                            f"no ALIVE agent in scaling group {self.snap.group}")
         excluded = session.excluded_agents
         if excluded and not any(a.id not in excluded for a in agents):
+            until = StatusData(session.status_data).exclusions
+            soonest = min(until[a] for a in excluded if a in until)
             return Failure("no-available-agent",
                            f"every agent of scaling group {self.snap.group} failed to start this"
-                           f" session (excluded: {', '.join(sorted(excluded))})")
+                           f" session (excluded: {', '.join(sorted(excluded))}); it is tried "
+                           f"again from {soonest.isoformat(timespec='seconds')}")
         refusal = self.snap.refusals.get(session.shape)
         if refusal:
             return Failure("multi-host-network", refusal)

@@ -86,10 +86,15 @@ class DomainResourceLimit(_GroupLimit):
 
 
 class Concurrency:
+    """Sokovan's ConcurrencyValidator: sessions at once per keypair (its resource policy),
+    per user over all their keypairs (the session's keypair's policy), per project and per
+    domain; each limit with its own reason."""
+
     name = "concurrency"
 
     def may_fail(self, snap: Snapshot):
-        return any(allowed is not None for allowed in snap.max_concurrency.values())
+        return bool(snap.session_counts) or any(
+            allowed is not None for allowed in snap.max_concurrency.values())
 
     def check(self, session: PendingSession, snap: Snapshot):
         allowed = snap.max_concurrency.get(session.keypair_id)
@@ -97,6 +102,18 @@ class Concurrency:
         if allowed is not None and used >= allowed:
             return Failure(self.name, f"you run {used} sessions, the most your resource policy "
                                       f"allows at once ({allowed})")
+        if session.user_concurrency is not None:
+            used = snap.session_counts.get(("user", session.user_id), 0)
+            if used >= session.user_concurrency:
+                return Failure(self.name, f"you run {used} sessions over all your keypairs, "
+                                          "the most your resource policy allows a user at "
+                                          f"once ({session.user_concurrency})")
+        for kind, key in (("project", session.project_id), ("domain", session.domain_id)):
+            most = snap.session_limits.get((kind, key))
+            used = snap.session_counts.get((kind, key), 0)
+            if most is not None and used >= most:
+                return Failure(self.name, f"your {kind} runs {used} sessions, the most it "
+                                          f"allows at once ({most})")
         return None
 
 
@@ -145,9 +162,10 @@ class KnownImage:
 
 
 class FitsSomeAgent:
-    """Permanent: no agent of the group could ever hold the session, even empty. An agent
-    whose slots are not known yet (its row made before a heartbeat reported them) may hold
-    it: the session waits for it, saying so, rather than being cancelled."""
+    """No agent of the group could hold the session, even empty: it waits, saying so (an
+    agent that large may join; the group's pending timeout ends the wait). An agent whose
+    slots are not known yet (its row made before a heartbeat reported them) may hold it:
+    the session waits for it, saying so."""
 
     name = "agent-capacity"
 
@@ -169,8 +187,11 @@ class FitsSomeAgent:
                                               f"{shown} (not reported yet)")
                 short = sorted({n for a in snap.agents.values()
                                 for n in need.shortfall(a.capacity)})
+                # Not permanent (Backend.AI keeps it PENDING): a larger agent may join; its
+                # pending timeout ends the wait.
                 return Failure(self.name, f"asks for more {_slots(short)} than any agent of "
-                                          f"scaling group {snap.group} has", permanent=True)
+                                          f"scaling group {snap.group} has; it waits for an "
+                                          "agent that large to join")
         return None
 
 

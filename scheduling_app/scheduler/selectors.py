@@ -29,7 +29,9 @@ def shape_of(need: ResourceSlots):
 
 
 class AgentIndex:
-    """Per request shape, the agents that may fit it (`members`) and their order.
+    """Per request shape (its slots and image), the agents that may fit it (`members`) and
+    their order: the agents that hold the image first (a pull there is one that can only
+    cost time, or fail), then the strategy's order.
 
     concentrated/dispersed: a heap of the members' keys per shape. An agent re-ordered by
     a placement gets its new key pushed, and its old entry stays behind, skipped when it
@@ -52,22 +54,30 @@ class AgentIndex:
         self.key = concentrated_key if strategy == "concentrated" else dispersed_key
         self.keys = {a.id: self.key(a) for a in self.agents}
 
-    def _shape(self, need, shape):
-        if shape not in self.members:
+    def _lacks(self, agent_id, image):
+        """0 when the agent holds `image` (or no image is asked about), else 1."""
+        return 0 if image is None or image in self.snap.agents[agent_id].images else 1
+
+    def _shape(self, need, shape, image=None):
+        """`image` only for the heap strategies: round-robin takes agents in turn."""
+        key = (shape, image)
+        if key not in self.members:
             if self.strategy == "roundrobin":
                 # Every agent at first, as the walk it replaces tried every one.
-                self.members[shape] = set(self.order)
-                self.ordered[shape] = SortedList(range(len(self.order)))
+                self.members[key] = set(self.order)
+                self.ordered[key] = SortedList(range(len(self.order)))
             else:
                 fitting = [a.id for a in self.agents if need.fits_in(a.capacity)]
-                self.members[shape] = set(fitting)
-                heap = self.ordered[shape] = [self.keys[a] for a in fitting]
+                self.members[key] = set(fitting)
+                heap = self.ordered[key] = [(self._lacks(a, image), *self.keys[a])
+                                            for a in fitting]
                 heapq.heapify(heap)
-        return self.members[shape], self.ordered[shape]
+        return self.members[key], self.ordered[key]
 
-    def first_fit(self, need, excluded=frozenset(), shape=None):
+    def first_fit(self, need, excluded=frozenset(), shape=None, image=None):
         """The first agent in the strategy's order with room for `need`, not in `excluded`
-        (`shape`: shape_of(need), when the caller has it)."""
+        (`shape`: shape_of(need), when the caller has it); with `image`, one that holds it
+        first."""
         if self.strategy == "roundrobin":
             # Most often the next agent in turn has room: no search then.
             if self.order:
@@ -77,13 +87,14 @@ class AgentIndex:
                     return agent
             members, places = self._shape(need, shape_of(need) if shape is None else shape)
             return self._next_in_turn(need, excluded, members, places)
-        members, ordered = self._shape(need, shape_of(need) if shape is None else shape)
+        members, ordered = self._shape(need, shape_of(need) if shape is None else shape,
+                                       image)
         agents, keys = self.snap.agents, self.keys
         aside, found = [], None
         while ordered:
             key = ordered[0]
             agent_id = key[-1]
-            if agent_id not in members or keys[agent_id] != key:
+            if agent_id not in members or keys[agent_id] != key[1:]:
                 heapq.heappop(ordered)  # stale: the agent is elsewhere in the heap, or out
                 continue
             agent = agents[agent_id]
@@ -143,13 +154,14 @@ class AgentIndex:
         agent = self.snap.agents[agent_id]
         old, new = self.keys[agent_id], self.key(agent)
         self.keys[agent_id] = new
-        for shape, members in self.members.items():
+        for (shape, image), members in self.members.items():
             if agent_id in members:
                 if new != old:
-                    heapq.heappush(self.ordered[shape], new)
+                    heapq.heappush(self.ordered[shape, image],
+                                   (self._lacks(agent_id, image), *new))
             elif ResourceSlots(shape).fits_in(agent.capacity):
                 members.add(agent_id)
-                heapq.heappush(self.ordered[shape], new)
+                heapq.heappush(self.ordered[shape, image], (self._lacks(agent_id, image), *new))
 
     def placed(self, agent_id):
         """The snapshot's occupancy of this agent changed: re-order it."""
@@ -160,9 +172,9 @@ class AgentIndex:
         if old == new:
             return
         self.keys[agent_id] = new
-        for shape, members in self.members.items():
+        for (shape, image), members in self.members.items():
             if agent_id in members:
-                heapq.heappush(self.ordered[shape], new)
+                heapq.heappush(self.ordered[shape, image], (self._lacks(agent_id, image), *new))
 
 
 def select(session: PendingSession, index: AgentIndex, excluded=None):
@@ -174,7 +186,7 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
     if excluded is None:
         excluded = session.excluded_agents
     if session.cluster_mode == ClusterMode.SINGLE_NODE:
-        agent = index.first_fit(session.total, excluded, session.shape[1])
+        agent = index.first_fit(session.total, excluded, session.shape[1], session.image)
         return None if agent is None else {k.id: agent.id for k in session.kernels}
     placement = _spread(session, index, excluded)
     if placement is None or len(set(placement.values())) == 1:
@@ -187,7 +199,7 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
     index.forget_shapes()
     # Not across these hosts: all kernels on one agent (a bridge), or spread over the
     # agents of one swarm only.
-    agent = index.first_fit(session.total, excluded)
+    agent = index.first_fit(session.total, excluded, image=session.image)
     if agent is not None:
         return {k.id: agent.id for k in session.kernels}
     for key in {a.swarm_key for a in index.agents if a.swarm_key and a.swarm_manager}:
@@ -224,7 +236,7 @@ def _spread(session: PendingSession, index: AgentIndex, excluded):
     """Each kernel of a multi-node session on the first agent with room for it."""
     placement, taken = {}, []
     for kernel in session.kernels:
-        agent = index.first_fit(kernel.slots, excluded)
+        agent = index.first_fit(kernel.slots, excluded, image=session.image)
         if agent is None:
             break
         placement[kernel.id] = agent.id

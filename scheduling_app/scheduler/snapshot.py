@@ -1,6 +1,6 @@
 """Loading one pass's Snapshot from the database, in a fixed number of queries."""
 
-from django.db.models import Q
+from django.db.models import Count, Q
 
 from agents_app.models import Agent, AgentStatus, Image, swarm_key
 from common import clock
@@ -19,8 +19,9 @@ from sessions_app.enums import Status
 from sessions_app.models import Kernel, KeyPair, Session
 from sessions_app.status_data import StatusData
 
-# Sessions whose slots count against their keypair's, project's and domain's limits.
-OCCUPYING = CONCURRENCY_HOLDING | {Status.TERMINATING}
+# Sessions whose slots count against their keypair's, project's and domain's limits: an
+# ERROR one too (its container may still run), though it no longer counts for concurrency.
+OCCUPYING = CONCURRENCY_HOLDING | {Status.TERMINATING, Status.ERROR}
 
 
 def load_pending(group, limit=None):
@@ -30,19 +31,21 @@ def load_pending(group, limit=None):
             .values_list("id", "name", "keypair_id", "project_id", "domain_id", "created_at",
                          "image", "session_type", "cluster_mode", "status_data",
                          "batch_timeout", "priority",
-                         "keypair__resource_policy__max_session_lifetime"))
+                         "keypair__resource_policy__max_session_lifetime", "user_id",
+                         "keypair__resource_policy__max_concurrent_sessions_per_user"))
     if limit:
         rows = rows[:limit]
-    sessions = {}
+    sessions, now = {}, clock.now()
     for (pk, name, kp, project, domain, created, image, stype, mode, data, timeout, priority,
-         lifetime) in rows:
+         lifetime, user_id, user_concurrency) in rows:
         sessions[pk] = PendingSession(
             id=pk, name=name, keypair_id=kp, project_id=project, domain_id=domain,
             created_at=created, image=image, session_type=stype, cluster_mode=mode,
             kernels=[], status_data=data, batch_timeout=timeout, priority=priority,
             rank=priority, max_lifetime=lifetime or 0,
-            excluded_agents=StatusData(data).excluded_agents,
-            queued_at=_requeued_at(data),
+            excluded_agents=StatusData(data).excluded_agents(now),
+            queued_at=_requeued_at(data), user_id=user_id,
+            user_concurrency=user_concurrency,
         )
     for pk, session_id, slots in (Kernel.objects.filter(session_id__in=sessions,
                                                         status=Status.PENDING)
@@ -56,6 +59,23 @@ def load_pending(group, limit=None):
     return [s for s in sessions.values() if s.kernels]
 
 
+def _count_sessions(snap, pending):
+    """Live sessions of the users, projects and domains that have a concurrency limit, one
+    query each kind (none when no limit applies)."""
+    wanted = {"user": {s.user_id for s in pending if s.user_concurrency is not None},
+              "project": {key for kind, key in snap.session_limits if kind == "project"},
+              "domain": {key for kind, key in snap.session_limits if kind == "domain"}}
+    for kind, ids in wanted.items():
+        if not ids:
+            continue
+        snap.session_counts.update({(kind, pk): 0 for pk in ids})
+        column = f"{kind}_id"
+        for pk, count in (Session.objects.filter(status__in=CONCURRENCY_HOLDING,
+                                                 **{f"{column}__in": ids})
+                          .values(column).annotate(n=Count("id")).values_list(column, "n")):
+            snap.session_counts[(kind, pk)] = count
+
+
 def _requeued_at(status_data):
     when = status_data.get("scheduler", {}).get("requeued_at")
     return when and clock.parse(when)
@@ -64,16 +84,18 @@ def _requeued_at(status_data):
 def load_snapshot(group, pending):
     parse = SlotsCache()
     agents = {}
-    for pk, status, schedulable, available, occupied, addr, arch, docker_error, swarm in (
+    for pk, status, schedulable, available, occupied, addr, arch, docker_error, swarm, \
+            images in (
         Agent.objects.filter(scaling_group=group).exclude(status=AgentStatus.TERMINATED)
         .values_list("id", "status", "schedulable", "available_slots", "occupied_slots",
-                     "addr", "architecture", "docker_error", "swarm")
+                     "addr", "architecture", "docker_error", "swarm", "images")
     ):
         agents[pk] = AgentState(
             id=pk, capacity=parse(available), occupied=parse(occupied),
             addr=addr, architecture=arch,
             schedulable=schedulable and status == AgentStatus.ALIVE and not docker_error,
             swarm_key=swarm_key(swarm), swarm_manager=bool((swarm or {}).get("manager")),
+            images=frozenset(images or ()),
         )
     keypairs = {s.keypair_id for s in pending}
     projects = {s.project_id for s in pending}
@@ -88,14 +110,19 @@ def load_snapshot(group, pending):
         snap.max_concurrency[pk] = allowed
     # Only projects and domains with a limit: the occupancy of the others is never read,
     # and keeping it would cost two additions per placement (the keypair's is read by DRF).
-    for pk, total in Project.objects.filter(pk__in=projects).values_list(
-            "id", "total_resource_slots"):
+    for pk, total, most in Project.objects.filter(pk__in=projects).values_list(
+            "id", "total_resource_slots", "max_concurrent_sessions"):
         if total:
             snap.project_limits[pk] = Limit(parse(total))
-    for pk, total in Domain.objects.filter(pk__in=domains).values_list(
-            "id", "total_resource_slots"):
+        if most is not None:
+            snap.session_limits[("project", pk)] = most
+    for pk, total, most in Domain.objects.filter(pk__in=domains).values_list(
+            "id", "total_resource_slots", "max_concurrent_sessions"):
         if total:
             snap.domain_limits[pk] = Limit(parse(total))
+        if most is not None:
+            snap.session_limits[("domain", pk)] = most
+    _count_sessions(snap, pending)
 
     # One query: every occupying session of a pending session's keypair, project or domain.
     for kp, project, domain, slots in Session.objects.filter(

@@ -38,6 +38,10 @@ class PendingSession:
     rank: int = 10  # the priority the sequencers order by: with aging added
     max_lifetime: int = 0  # seconds, from the owner's resource policy; 0 = none
     queued_at: datetime | None = None  # when it was re-queued (None: at its creation)
+    user_id: int = 0
+    # The most sessions its owner may run at once over all their keypairs (the session's
+    # keypair's resource policy); None: no limit.
+    user_concurrency: int | None = None
 
     def lifetime(self) -> int | None:
         """Seconds the session may run at most once started (None: no bound known)."""
@@ -68,8 +72,9 @@ class AgentState:
     """An agent in the snapshot; `free` is kept with `occupied`, as selectors read it often."""
 
     def __init__(self, id, capacity, occupied, addr="", architecture="x86_64",
-                 schedulable=True, swarm_key=None, swarm_manager=False):
+                 schedulable=True, swarm_key=None, swarm_manager=False, images=frozenset()):
         self.id, self.addr = id, addr
+        self.images = images  # the kernel images its engine holds, as last reported
         self.architecture = architecture
         self.schedulable = schedulable  # ALIVE and schedulable
         self.swarm_key = swarm_key  # agents_app.models.swarm_key: None when in no swarm
@@ -148,6 +153,10 @@ class Snapshot:
     roundrobin_cursor: str = ""
     # Request shape → why a placement across hosts was refused (no common swarm).
     refusals: dict = field(default_factory=dict)
+    # Concurrency beyond the keypair's: live sessions per ("user" | "project" | "domain",
+    # id), kept only where a limit applies, and the project's and domain's limits.
+    session_counts: dict = field(default_factory=dict)
+    session_limits: dict = field(default_factory=dict)
 
     @property
     def capacity(self) -> ResourceSlots:
@@ -171,3 +180,12 @@ class Snapshot:
                 limits[key].occupied = limits[key].occupied + total
         self.concurrency_used[session.keypair_id] = (
             self.concurrency_used.get(session.keypair_id, 0) + 1)
+        for key in concurrency_keys(session):
+            if key in self.session_counts:
+                self.session_counts[key] += 1
+
+
+def concurrency_keys(session):
+    """The keys of Snapshot.session_counts a session (or an occupant) counts under."""
+    return (("user", session.user_id), ("project", session.project_id),
+            ("domain", session.domain_id))

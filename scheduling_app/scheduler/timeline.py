@@ -21,7 +21,7 @@ from common.slots import ResourceSlots, SlotsCache
 from scheduling_app.scheduler.predicates import PERMANENT, Failure, evaluate
 from scheduling_app.scheduler.selectors import select
 from scheduling_app.scheduler.snapshot import OCCUPYING
-from scheduling_app.scheduler.state import PendingSession, Snapshot
+from scheduling_app.scheduler.state import PendingSession, Snapshot, concurrency_keys
 from sessions_app.enums import ClusterMode, SessionType, Status, StatusGroup
 from sessions_app.models import Kernel, Session
 
@@ -44,6 +44,7 @@ class Occupant:
     total: ResourceSlots
     parts: list  # [(agent id, slots)]
     end: datetime | None
+    user_id: int = 0
 
 
 def latest_end(*, status, starts_at, now, session_type, batch_timeout, max_lifetime,
@@ -71,17 +72,17 @@ def load_occupants(group, now):
     parse = SlotsCache()
     sessions = {}
     for (pk, name, kp, project, domain, status, starts, stype, batch, lifetime, exempt,
-         idle, occupying) in Session.objects.filter(
+         idle, occupying, user_id) in Session.objects.filter(
             scaling_group=group, status__in=OCCUPYING).annotate(
             idle_checks=json_key("status_data__idle_checks")).values_list(
             "id", "name", "keypair_id", "project_id", "domain_id", "status", "starts_at",
             "session_type", "batch_timeout", "keypair__resource_policy__max_session_lifetime",
-            "idle_exempt", "idle_checks", "occupying_slots"):
+            "idle_exempt", "idle_checks", "occupying_slots", "user_id"):
         sessions[pk] = Occupant(
             pk, name, kp, project, domain, parse(occupying), [],
             latest_end(status=status, starts_at=starts, now=now, session_type=stype,
                        batch_timeout=batch, max_lifetime=lifetime, idle_checks=idle,
-                       exempt=exempt))
+                       exempt=exempt), user_id)
     for session_id, agent_id, occupied, requested in (
             Kernel.objects.filter(session_id__in=sessions, agent_id__isnull=False)
             .exclude(status__in=StatusGroup.FINISHED)
@@ -95,7 +96,8 @@ def occupant_of(session: PendingSession, placement: dict, start: datetime) -> Oc
     parts = [(placement[k.id], k.slots) for k in session.kernels]
     return Occupant(session.id, session.name, session.keypair_id, session.project_id,
                     session.domain_id, session.total, parts,
-                    None if lifetime is None else start + timedelta(seconds=lifetime))
+                    None if lifetime is None else start + timedelta(seconds=lifetime),
+                    session.user_id)
 
 
 class Timeline:
@@ -158,6 +160,9 @@ class Timeline:
             if occupant.keypair_id in snap.concurrency_used:
                 snap.concurrency_used[occupant.keypair_id] = max(
                     0, snap.concurrency_used[occupant.keypair_id] - 1)
+            for key in concurrency_keys(occupant):
+                if key in snap.session_counts:
+                    snap.session_counts[key] = max(0, snap.session_counts[key] - 1)
         return changed
 
     def earliest_fit(self, session: PendingSession, excluded=frozenset()):
@@ -335,15 +340,14 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
     per scan. Changes the snapshot, the index and the timeline: give it the pass's, after
     the pass."""
     held = dict(reservations or {})
-    # What a pass found permanent (the image, an agent big enough) stays so: not again.
+    # What a pass found permanent (the image) stays so: not again.
     validators = [v for v in validators if v not in PERMANENT]
     result = {}
     remaining = []
-    # When a dependency starts or ends is not known, nor the size of an agent whose slots
-    # are not reported yet (the only agent-capacity failure that is not permanent).
+    # When a dependency starts or ends is not known, nor when an agent large enough joins
+    # (or reports its slots): a session that no agent could hold waits for that.
     unknowable = [v for v in validators if v.name == "dependencies"]
-    if any(not agent.capacity for agent in snap.agents.values()):
-        unknowable += [v for v in PERMANENT if v.name == "agent-capacity"]
+    unknowable += [v for v in PERMANENT if v.name == "agent-capacity"]
     for session in queue:
         failures, _ = evaluate(session, snap, unknowable)
         if failures:

@@ -159,7 +159,8 @@ class SessionSerializer(serializers.ModelSerializer):
                   "owner_access_key", "startup_command", "bootstrap_script", "environ",
                   "grace_period", "batch_timeout", "tag",
                   "created_at", "starts_at", "terminated_at", "result", "last_activity",
-                  "idle_exempt", "idle_checks", "priority", "preemptible", "queue",
+                  "last_activity_check", "idle_exempt", "idle_checks", "priority",
+                  "preemptible", "queue",
                   "unreachable_agents", "kernels", "mounts"]
 
     def get_mounts(self, session) -> list[dict]:

@@ -66,7 +66,8 @@ def _pulled(kernel, data, actor):
 
 
 def _pull_failed(kernel, data, actor):
-    return retry_stage(kernel, "preparing", f"image pull failed: {data.get('error', '?')}")
+    return retry_stage(kernel, "preparing", f"image pull failed: {data.get('error', '?')}",
+                       kind=data.get("kind"))
 
 
 def _started(kernel, data, actor):
@@ -82,7 +83,8 @@ def _started(kernel, data, actor):
 
 
 def _creation_failed(kernel, data, actor):
-    return retry_stage(kernel, "creating", f"failed-to-start: {data.get('error', '?')}")
+    return retry_stage(kernel, "creating", f"failed-to-start: {data.get('error', '?')}",
+                       kind=data.get("kind"))
 
 
 # The reason a batch session is stopped with at its batch_timeout (scheduling_app.idle).

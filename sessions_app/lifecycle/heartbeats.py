@@ -53,6 +53,8 @@ def handle_heartbeat(info):
         fields["swarm"] = swarm_record(previous_swarm, info["swarm"])
     if "networks" in info:
         fields["networks"] = info["networks"]
+    if info.get("images") or not info.get("docker_error"):
+        fields["images"] = sorted({image["name"] for image in info.get("images", [])})
     if info.get("slots"):  # without Docker the agent reports none: keep the last known
         fields["available_slots"] = info["slots"]
     if "kernels" in info:

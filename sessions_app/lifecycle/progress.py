@@ -4,6 +4,7 @@ session stays in a transitional status: a lost message is re-sent, a stage that 
 hangs is retried, then rescheduled elsewhere, and what cannot succeed is cancelled."""
 
 import logging
+import random
 from datetime import timedelta
 
 import redis
@@ -12,6 +13,7 @@ from django.db import transaction
 
 from agents_app import rpc
 from agents_app.models import Agent, AgentStatus, HeartbeatWatch
+from agents_app.runtime import errors
 from backendai_web import metrics
 from backendai_web.celery import send_task_safely
 from common import clock
@@ -24,17 +26,6 @@ from sessions_app.status_data import Key, StatusData
 log = logging.getLogger(__name__)
 S = Status
 RESEND_AFTER = timedelta(seconds=30)  # a request unanswered this long was probably lost
-
-# Errors that no retry can fix: the session is cancelled with the error as its reason.
-PERMANENT_ERRORS = ("manifest unknown", "not found", "repository does not exist",
-                    "pull access denied", "invalid reference format",
-                    "executable file not found", "no command specified")
-
-
-def is_permanent(error: str) -> bool:
-    error = (error or "").lower()
-    return any(marker in error for marker in PERMANENT_ERRORS)
-
 
 def _kernels(status, **filters):
     return list(Kernel.objects.filter(status=status, **filters)
@@ -82,10 +73,11 @@ def create_kernels(kernels):
     """The agents make the containers (kernels of one session). A multi-host session's
     overlay network that cannot be made counts as a failed creation: retried, then
     rescheduled."""
-    errors = rpc.send_create_kernels(kernels)
+    failed = rpc.send_create_kernels(kernels)
     for kernel in kernels:
-        if kernel.pk in errors:
-            retry_stage(kernel, "creating", f"failed-to-start: {errors[kernel.pk]}")
+        if kernel.pk in failed:
+            retry_stage(kernel, "creating", f"failed-to-start: {failed[kernel.pk]}",
+                        kind=errors.TRANSIENT)
 
 
 def _advance(status, mark, send):
@@ -183,15 +175,25 @@ def fail_session(kernel, reason, actor):
 
 
 @transaction.atomic
-def error_kernel(kernel, error, actor):
-    """A kernel whose container could not be made for a reason no retry can fix: ERROR
-    with Docker's message, its session's other kernels ended. The terminate handler asks
-    its agent to remove anything left, and the agent's answer ends it."""
-    moved = engine.mark_kernel_error(
-        kernel, reason=error[:255], actor=actor, from_statuses={S.CREATING},
-        status_data={Key.DESTROY_REASON: error[:255], Key.CREATION_ERROR: error[:500]})
-    if moved is not None and kernel.session.cluster_size > 1:
-        end_with_kernel(moved)
+def cancel_session(kernel, reason, actor):
+    """A failure no retry can fix, before the session ran (Sokovan: not retryable →
+    cancel): its kernels that never ran are CANCELLED (a container made for one is
+    removed at once), those that run are stopped gracefully."""
+    moved = None
+    for sibling in kernel.session.kernels.select_for_update().order_by("cluster_role",
+                                                                      "cluster_idx"):
+        if sibling.status in StatusGroup.FINISHED | {S.TERMINATING, S.ERROR}:
+            continue
+        if sibling.status == S.RUNNING:
+            if engine.mark_kernel_terminating(sibling, reason=reason, actor=actor):
+                transaction.on_commit(lambda k=sibling: rpc.send_destroy_kernel(k, reason))
+            continue
+        cancelled = engine.mark_kernel_cancelled(sibling, reason=reason, actor=actor)
+        if cancelled and sibling.container_id:
+            transaction.on_commit(lambda k=sibling: rpc.send_destroy_kernel(
+                k, reason, forced=True))
+        if sibling.pk == kernel.pk:
+            moved = cancelled
     return moved
 
 
@@ -200,13 +202,18 @@ def error_kernel(kernel, error, actor):
 def check_progress():
     """The timeouts of the transitional statuses, per scaling group (ScalingGroup's
     *_timeout fields); no kernel stays in any of them for ever:
-    - SCHEDULED and PREPARED: the session is rescheduled on another agent;
-    - PREPARING, PULLING and CREATING: retried on the same agent, then rescheduled (a pull
-      is never killed: the kernel moves on and the agent discards the result);
+    - SCHEDULED: the session is rescheduled on another agent;
+    - PREPARED: once no kernel of the session is still before it (a session waits for its
+      slowest kernel's own stage timeout), the session is rescheduled (no agent is to
+      blame: none is excluded);
+    - PREPARING, PULLING and CREATING: retried on the same agent after a backoff, then
+      rescheduled (a pull is never killed: the kernel moves on and the agent discards the
+      result);
     - TERMINATING (after the kernel's grace period plus the group's margin): the agent is
       told to kill the container at once; without an answer for as long again, the kernel
       goes to ERROR (its container may still run).
-    Also ends the kernels of sessions one of whose kernels ended by itself."""
+    Also sends the retries that are due (their countdown task may have been lost), and
+    ends the kernels of sessions one of whose kernels ended by itself."""
     now = clock.now()
     moved = 0
     for group in ScalingGroup.objects.filter(is_active=True):
@@ -216,30 +223,58 @@ def check_progress():
                 (S.CREATING, "creating", "container creation timed out")):
             timeout = group.timeout_of(status)
             cutoff = now - timedelta(seconds=timeout)
-            for kernel in _kernels(status, session__scaling_group=group,
-                                   status_changed__lt=cutoff):
-                last_try = StatusData(kernel.status_data).last_retry
+            for kernel in _kernels(status, session__scaling_group=group):
+                data = StatusData(kernel.status_data)
+                if data.next_retry and data.next_retry <= now and \
+                        kernel.status_data.get(Key.RETRY_SENT) != _try_of(kernel, stage):
+                    moved += bool(send_retry(kernel.pk))
+                    continue
+                if kernel.status_changed is None or kernel.status_changed >= cutoff:
+                    continue
+                # Each try gets the whole timeout, from when it was due.
+                last_try = data.next_retry or data.last_retry
                 if last_try and last_try > cutoff:
-                    continue  # each try gets the whole timeout
-                moved += bool(retry_stage(kernel, stage, f"{error} after {timeout}s"))
-        for status in (S.SCHEDULED, S.PREPARED):
-            timeout = group.timeout_of(status)
-            for kernel in _kernels(status, session__scaling_group=group,
-                                   status_changed__lt=now - timedelta(seconds=timeout)):
-                with transaction.atomic():
-                    moved += bool(_reschedule_stuck(kernel, f"{status.lower()}-timeout: "
-                                                            f"{status} for over {timeout}s"))
+                    continue
+                moved += bool(retry_stage(kernel, stage, f"{error} after {timeout}s",
+                                          kind=errors.TRANSIENT))
+        timeout = group.timeout_of(S.SCHEDULED)
+        for kernel in _kernels(S.SCHEDULED, session__scaling_group=group,
+                               status_changed__lt=now - timedelta(seconds=timeout)):
+            with transaction.atomic():
+                moved += bool(_reschedule_stuck(
+                    kernel, f"scheduled-timeout: SCHEDULED for over {timeout}s",
+                    exclude=True))
+        moved += _reschedule_stuck_prepared(group, now)
         moved += _force_stuck_terminations(group, now)
     moved += end_sessions_of_ended_kernels()
     return moved
 
 
-def _reschedule_stuck(kernel, reason):
+def _reschedule_stuck_prepared(group, now):
+    """PREPARED kernels wait for their session's other kernels: the timeout counts from
+    when the last of them was ready, and not while one is still being prepared (its own
+    stage's timeout and retries apply to it)."""
+    timeout = group.timeout_of(S.PREPARED)
+    cutoff = now - timedelta(seconds=timeout)
+    moved = 0
+    for kernel in _kernels(S.PREPARED, session__scaling_group=group, status_changed__lt=cutoff):
+        siblings = list(kernel.session.kernels.values_list("status", "status_changed"))
+        if any(status in (S.SCHEDULED, S.PREPARING, S.PULLING) for status, _ in siblings):
+            continue
+        if max(changed for _, changed in siblings if changed) >= cutoff:
+            continue
+        with transaction.atomic():
+            moved += bool(_reschedule_stuck(
+                kernel, f"prepared-timeout: PREPARED for over {timeout}s", exclude=False))
+    return moved
+
+
+def _reschedule_stuck(kernel, reason, *, exclude):
     kernel = Kernel.objects.select_for_update().select_related("session").get(pk=kernel.pk)
     if kernel.status not in (S.SCHEDULED, S.PREPARED):
         return None  # moved on meanwhile
     log.warning("kernel %s: %s", kernel.pk, reason)
-    return reschedule_elsewhere(kernel.session, kernel.agent_id, reason)
+    return reschedule_elsewhere(kernel.session, kernel.agent_id if exclude else None, reason)
 
 
 def _force_stuck_terminations(group, now):
@@ -322,46 +357,107 @@ def end_with_kernel(kernel, exit_code=None):
 
 # Recovery
 
+STAGE_STATUSES = {"preparing": {S.PREPARING, S.PULLING}, "creating": {S.CREATING}}
+
+
+def retry_delay(group, attempt, rand=None):
+    """Seconds before try `attempt` + 1 of a stage: exponential (retry_backoff doubled at
+    each try, at most retry_backoff_max), with "equal jitter" (between half and all of
+    it), so that the kernels of many sessions that failed together do not retry at once."""
+    delay = min(group.retry_backoff_max, group.retry_backoff * 2 ** max(attempt - 1, 0))
+    return delay / 2 + (rand or random.random)() * delay / 2
+
+
+def _try_of(kernel, stage):
+    """The name of the kernel's current try at `stage`, as RETRY_SENT keeps it."""
+    return f"{stage}:{StatusData(kernel.status_data).retries.get(stage, 0)}"
+
+
 @transaction.atomic
-def retry_stage(kernel, stage, error):
-    """Another try at `stage` (preparing or creating) on the same agent, up to
-    RETRY_LIMIT tries; then back to PENDING with this agent excluded. Errors that cannot
-    succeed on retry cancel the session with the error as reason."""
-    kernel = Kernel.objects.select_for_update().select_related("session").get(pk=kernel.pk)
-    expected = {"preparing": {S.PREPARING, S.PULLING}, "creating": {S.CREATING}}[stage]
-    if kernel.status not in expected:
+def retry_stage(kernel, stage, error, kind=None):
+    """What a failure at `stage` (preparing or creating) leads to, by its kind
+    (agents_app.runtime.errors; from the error's words when the report has none):
+    - permanent: the session is cancelled, with the error as its reason;
+    - agent (this agent cannot run it): back to PENDING at once, this agent excluded;
+    - transient: another try on the same agent after a backoff, up to RETRY_LIMIT tries;
+      then back to PENDING with this agent excluded (for the group's exclusion_timeout)."""
+    kernel = Kernel.objects.select_for_update().select_related(
+        "session", "session__scaling_group").get(pk=kernel.pk)
+    if kernel.status not in STAGE_STATUSES[stage]:
         return None  # moved on meanwhile
-    if is_permanent(error):
-        if stage == "creating":  # Docker refused the container: ERROR, with its words
-            return error_kernel(kernel, f"creating failed: {error}", "scheduler")
-        return fail_session(kernel, f"{stage} failed: {error}"[:255], "scheduler")
+    kind = kind if kind in errors.KINDS else errors.kind_of(error)
+    if kind == errors.PERMANENT:
+        transaction.on_commit(lambda: metrics.count("retries", stage=stage,
+                                                    outcome="cancelled"))
+        return cancel_session(kernel, f"{stage} failed: {error}"[:255], "scheduler")
     retries = StatusData(kernel.status_data).retries  # read under the kernel's row lock
     retries[stage] = retries.get(stage, 0) + 1
-    if retries[stage] < settings.RETRY_LIMIT:
+    if kind == errors.TRANSIENT and retries[stage] < settings.RETRY_LIMIT:
+        now = clock.now()
+        delay = retry_delay(kernel.session.scaling_group, retries[stage])
+        due = now + timedelta(seconds=delay)
         engine.merge_status_data(kernel, {Key.RETRIES: retries, Key.LAST_ERROR: error[:500],
-                                          Key.LAST_RETRY: clock.now().isoformat()})
+                                          Key.LAST_RETRY: now.isoformat(),
+                                          Key.NEXT_RETRY: due.isoformat()})
         engine.record_event(kernel.session, f"kernel_retry_{stage}", kernel=kernel,
                             reason=error[:255], actor="scheduler",
-                            data={"try": retries[stage] + 1, "error": error[:500]})
-        send = rpc.send_check_and_pull if stage == "preparing" else create_kernel
-        transaction.on_commit(lambda: send(kernel))
+                            data={"try": retries[stage] + 1, "of": settings.RETRY_LIMIT,
+                                  "at": due.isoformat(), "error": error[:500]})
+        kernel_id = str(kernel.pk)
+        transaction.on_commit(lambda: send_task_safely(
+            "scheduling.retry_kernel", queue="manager", kwargs={"kernel_id": kernel_id},
+            countdown=delay))
         transaction.on_commit(lambda: metrics.count("retries", stage=stage, outcome="retried"))
         return "retried"
     transaction.on_commit(lambda: metrics.count("retries", stage=stage, outcome="rescheduled"))
-    return reschedule_elsewhere(kernel.session, kernel.agent_id,
-                                f"{stage} failed {retries[stage]} times on agent "
-                                f"{kernel.agent_id}: {error}"[:255])
+    why = (f"{stage} failed {retries[stage]} times on agent {kernel.agent_id}: {error}"
+           if kind == errors.TRANSIENT else
+           f"{stage} failed on agent {kernel.agent_id}, which cannot run it: {error}")
+    return reschedule_elsewhere(kernel.session, kernel.agent_id, why[:255])
+
+
+@transaction.atomic
+def send_retry(kernel_id):
+    """Send the kernel's next try once it is due (scheduling.retry_kernel, counted down
+    from retry_stage; check_progress for one whose task was lost). Once per try."""
+    kernel = Kernel.objects.select_for_update().select_related("session").filter(
+        pk=kernel_id).first()
+    if kernel is None:
+        return None
+    stage = next((name for name, statuses in STAGE_STATUSES.items()
+                  if kernel.status in statuses), None)
+    due = StatusData(kernel.status_data).next_retry
+    # A second of slack: the countdown may fire a little before the due time.
+    if stage is None or due is None or due > clock.now() + timedelta(seconds=1):
+        return None
+    attempt = _try_of(kernel, stage)
+    if kernel.status_data.get(Key.RETRY_SENT) == attempt:
+        return None  # sent already
+    engine.merge_status_data(kernel, {Key.RETRY_SENT: attempt})
+    send = rpc.send_check_and_pull if stage == "preparing" else create_kernel
+    transaction.on_commit(lambda: send(kernel))
+    return attempt
 
 
 def reschedule_elsewhere(session, agent_id, reason):
-    """Every kernel of the session back to PENDING; the failing agent is excluded."""
+    """Every kernel of the session back to PENDING; the failing agent (if any is to
+    blame) is excluded for the scaling group's exclusion_timeout."""
     kernels = list(session.kernels.select_for_update())
     if any(k.status in (S.RUNNING, S.TERMINATING) for k in kernels):
-        return fail_session(next(k for k in kernels if k.agent_id == agent_id), reason,
-                            "scheduler")
-    _back_to_pending(session, kernels, reason, actor="scheduler",
-                     changes=lambda data: {Key.EXCLUDED_AGENTS: sorted(
-                         StatusData(data).excluded_agents | {agent_id})})
+        failing = next((k for k in kernels if k.agent_id == agent_id and
+                        k.status not in (S.RUNNING, S.TERMINATING)), None)
+        failing = failing or next(k for k in kernels if k.status not in StatusGroup.FINISHED)
+        return fail_session(failing, reason, "scheduler")
+    now = clock.now()
+    until = now + timedelta(seconds=session.scaling_group.exclusion_timeout)
+
+    def exclude(data):
+        if agent_id is None:
+            return {}
+        kept = {a: u.isoformat() for a, u in StatusData(data).exclusions.items() if u > now}
+        return {Key.EXCLUDED_AGENTS: {**kept, agent_id: until.isoformat()}}
+
+    _back_to_pending(session, kernels, reason, actor="scheduler", changes=exclude)
     return "rescheduled"
 
 

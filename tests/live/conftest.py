@@ -5,6 +5,7 @@ test-fast` leaves them out, `make test` runs them."""
 import dataclasses
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -198,6 +199,35 @@ def backendai(backendai_cli, web_server, live, tmp_path):
     run.python = python
     run.release = backendai_cli.release
     return run
+
+
+@pytest.fixture(scope="session")
+def registry(docker_client, tmp_path_factory):
+    """Debian's docker-registry on a free port of 127.0.0.1 (Docker speaks plain HTTP to
+    localhost registries), as `localhost:PORT`."""
+    binary = shutil.which("docker-registry")
+    need("docker-registry", None if binary else "the docker-registry package is not installed")
+    root = tmp_path_factory.mktemp("registry")
+    port = free_port()
+    config = root / "config.yml"
+    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
+                      f"  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n")
+    process = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: _answers("127.0.0.1", port), timeout=15, message="the registry")
+        yield f"localhost:{port}"
+    finally:
+        os.killpg(process.pid, 15)
+        process.wait(10)
+
+
+def _answers(host, port):
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="session")

@@ -2,10 +2,6 @@
 
 import contextlib
 import io
-import os
-import shutil
-import socket
-import subprocess
 import tarfile
 import time
 
@@ -15,7 +11,7 @@ from docker.errors import ImageNotFound
 from agents_app.models import Agent, Image
 from sessions_app.enums import Status
 from sessions_app.models import Kernel, Session, SessionEvent
-from tests.support import IMAGE, need, wait_for
+from tests.support import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status
@@ -159,33 +155,6 @@ def test_cluster_session_has_its_network_hostnames_and_shared_ssh_key(live, as_a
     as_alice.delete(f"/api/v1/sessions/{session_id}/")
     wait_status(session_id, S.TERMINATED)
     assert not docker_client.networks.list(names=[network])
-
-
-@pytest.fixture(scope="session")
-def registry(docker_client, tmp_path_factory):
-    """Debian's docker-registry on 127.0.0.1:5000, holding a copy of the kernel image."""
-    binary = shutil.which("docker-registry")
-    need("docker-registry", None if binary else "the docker-registry package is not installed")
-    root = tmp_path_factory.mktemp("registry")
-    config = root / "config.yml"
-    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
-                      "  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:5000\n")
-    process = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        wait_for(lambda: _answers("127.0.0.1", 5000), timeout=15, message="the registry")
-        yield "localhost:5000"
-    finally:
-        os.killpg(process.pid, 15)
-        process.wait(10)
-
-
-def _answers(host, port):
-    try:
-        socket.create_connection((host, port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_an_image_missing_on_the_agent_is_pulled_from_the_registry(live, as_alice, registry,

@@ -2,10 +2,12 @@
 
 The tests call the checker pass every second, as beat does every IDLE_CHECK_INTERVAL."""
 
+import asyncio
 import json
 import time
 from datetime import timedelta
 
+import aiohttp
 import pytest
 
 from agents_app.models import Agent, Image
@@ -163,29 +165,70 @@ def test_a_busy_jupyter_kernel_keeps_its_session_alive_without_any_traffic(
     client.delete(f"/api/v1/sessions/{session.pk}/")
 
 
-def test_an_idle_jupyter_kernel_is_culled_even_while_the_owner_runs_commands(
+def test_commands_keep_a_session_with_an_idle_notebook_alive_and_it_is_culled_after(
         live, alice, client, policy, app_image):
+    """Every kind of use counts, whatever the image: the app's kernels idle since long ago
+    do not outweigh the owner's commands (Kubeflow's culler reads the notebook only; here
+    the owner's work through the API and the terminal counts as well)."""
     session, report = start_notebook(client, alice, policy, app_image, "notebook-idle", [
         {"id": "k1", "execution_state": "idle", "last_activity": LONG_AGO}])
     assert report == {"busy": False, "last_activity": "2020-01-01T00:00:00+00:00",
                       "kernels": 1}
     execute = lambda: client.post(f"/api/v1/sessions/{session.pk}/execute/",  # noqa: E731
                                   {"command": "true"}, content_type="application/json")
-    for _ in range(12):  # commands would keep it alive under the network checker
-        if Session.objects.get(pk=session.pk).status != S.RUNNING:
-            break
-        execute()
+    passes(9, each=execute)  # more than twice the 4 s limit
+    session.refresh_from_db()
+    assert session.status == S.RUNNING
+    checks = session.status_data["idle_checks"]
+    assert "network-timeout" not in checks  # app-activity reports it, counting the commands
+    assert checks["app-activity"]["app_busy"] is False
+    assert session.last_activity_check is not None
+    last = session.last_activity
+    while Session.objects.get(pk=session.pk).status == S.RUNNING:  # the owner stops
         idle.check_idle()
         time.sleep(INTERVAL)
     session.refresh_from_db()
-    assert session.status != S.RUNNING and session.status_info == "idle-timeout"
-    # The last pass's reports: the app's activity (its old last_activity counts from the
-    # start) decided, and the network checker, which the commands fed, had no say.
-    checks = session.status_data["idle_checks"]
-    assert "network-timeout" not in checks
-    assert checks["app-activity"]["app_busy"] is False
-    assert checks["app-activity"]["expires_at"] == (
-        session.starts_at + timedelta(seconds=4)).isoformat()
+    assert session.status_info == "idle-timeout"
+    assert session.status_data["idle_checks"]["app-activity"]["expires_at"] == (
+        last + timedelta(seconds=4)).isoformat()
+
+
+def test_typing_in_a_terminal_keeps_a_jupyter_session_alive_past_its_idle_timeout(
+        live, web_server, jupyter_image, alice, client, policy):
+    """The project's Jupyter image: its notebook server answers the app probe (no notebook
+    kernel runs, so the app alone would call it idle since its start), while the owner
+    types in a browser terminal for twice the idle timeout; then stops, and it is culled."""
+    policy.idle_timeout = 15
+    policy.save()
+    client.force_login(alice)
+    session = running(create(client, "typing", image=jupyter_image,
+                             resources={"cpu": "1", "mem": "512m"}))
+    wait_for(lambda: app_report(session) is not None, timeout=60,
+             message="the notebook server's answer to the app probe")
+    url = (web_server.url.replace("http", "ws") +
+           f"/ws/sessions/{session.pk}/terminals/t1/?cols=80&rows=24")
+    headers = {"Cookie": f"sessionid={client.cookies['sessionid'].value}",
+               "Origin": web_server.url}
+
+    async def type_for(seconds):
+        async with aiohttp.ClientSession() as http, http.ws_connect(url, headers=headers) as ws:
+            ends = time.monotonic() + seconds
+            while time.monotonic() < ends:
+                await ws.send_bytes(b"echo still-here\n")
+                await asyncio.to_thread(idle.check_idle)
+                await asyncio.sleep(INTERVAL)
+
+    asyncio.run(type_for(2 * policy.idle_timeout + 2))
+    session.refresh_from_db()
+    assert session.status == S.RUNNING, session.status_info
+    assert "app-activity" in session.status_data["idle_checks"]
+    stopped = time.monotonic()
+    while Session.objects.get(pk=session.pk).status == S.RUNNING:
+        assert time.monotonic() - stopped < 60, "not culled after the typing stopped"
+        idle.check_idle()
+        time.sleep(INTERVAL)
+    session.refresh_from_db()
+    assert session.status_info == "idle-timeout"
 
 
 def serving_answer(answer):

@@ -4,6 +4,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from scheduling_app.beat import apply_idle_check_interval
 from scheduling_app.models import ensure_defaults
 from sessions_app.keypairs import main_keypair
 
@@ -15,6 +16,7 @@ class Command(BaseCommand):
     @transaction.atomic
     def handle(self, *args, **options):
         ensure_defaults()
+        apply_idle_check_interval()
         User = get_user_model()
         if User.objects.filter(username="admin").exists():
             self.stdout.write("defaults present; the admin user exists already")

@@ -19,7 +19,7 @@ def to_total(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling_app', '0011_requeue_preempted_batch'),
+        ('scheduling_app', '0012_retries_backoff_exclusions_concurrency'),
     ]
 
     operations = [
