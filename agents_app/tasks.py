@@ -19,22 +19,26 @@ def check_and_pull(kernel_id, image):
 
 @shared_task(name="agent.create_kernel", ignore_result=True)
 def create_kernel(spec):
-    current().create_kernel(spec)
+    agent = current()
+    agent.lifecycle.submit(spec["kernel_id"], lambda: agent.create_kernel(spec))
 
 
 @shared_task(name="agent.destroy_kernel", ignore_result=True)
 def destroy_kernel(kernel_id, container_id="", reason="", forced=False):
-    current().destroy_kernel(kernel_id, container_id, reason, forced=forced)
+    current().destroy_kernel(kernel_id, container_id, reason, forced=forced)  # its own lane
 
 
 @shared_task(name="agent.restart_kernel", ignore_result=True)
 def restart_kernel(kernel_id, container_id="", grace_period=10):
-    current().restart_kernel(kernel_id, container_id, grace_period)
+    agent = current()
+    agent.lifecycle.submit(kernel_id, lambda: agent.restart_kernel(kernel_id, container_id,
+                                                                   grace_period))
 
 
 @shared_task(name="agent.remove_dangling", ignore_result=True)
 def remove_dangling(container_id):
-    current().remove_dangling(container_id)
+    agent = current()
+    agent.lifecycle.submit(container_id, lambda: agent.remove_dangling(container_id))
 
 
 @shared_task(name="agent.logs")

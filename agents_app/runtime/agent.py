@@ -347,7 +347,9 @@ class Agent:
         self.report(kernel_id, "kernel_terminated", exit_code=exit_code, reason=reason,
                     log_tail=logs)
 
-    # Kernel operations, called by the agent's Celery tasks: each hands its work to a lane.
+    # Kernel operations. The agent's Celery tasks run creates, restarts and dangling removals
+    # in the lifecycle lane (tasks.py); a destroy and a pull are handed to their lane here,
+    # where a request for a stop or a pull in flight joins it.
     def check_and_pull(self, kernel_id, image):
         """Report the image as there, or pull it in the pull lane: one pull per image,
         shared by every kernel that needs it meanwhile (each gets its progress and
@@ -371,9 +373,6 @@ class Agent:
             self.report(kernel_id, "image_pulled", image=image, pulled=True)
 
     def create_kernel(self, spec):
-        self.lifecycle.submit(spec["kernel_id"], lambda: self._create_kernel(spec))
-
-    def _create_kernel(self, spec):
         """Set up the kernel's resources, start its container, and report it started once
         it is ready (provisioners.KernelRunner.start); a failure of any step is reported
         at once, naming the step, with its kind, after what was made is torn down."""
@@ -475,10 +474,6 @@ class Agent:
             self._reaping.discard(kernel_id)
 
     def restart_kernel(self, kernel_id, container_id="", grace_period=10):
-        self.lifecycle.submit(kernel_id, lambda: self._restart_kernel(
-            kernel_id, container_id, grace_period))
-
-    def _restart_kernel(self, kernel_id, container_id="", grace_period=10):
         """docker restart: the same container, command and scratch volume, started anew."""
         self._destroying.add(kernel_id)  # its "die" event is not an exit
         try:
@@ -565,9 +560,6 @@ class Agent:
             backend.release_network(self.docker, self.id)
 
     def remove_dangling(self, container_id):
-        self.lifecycle.submit(container_id, lambda: self._remove_dangling(container_id))
-
-    def _remove_dangling(self, container_id):
         """A container with this agent's labels whose kernel the manager does not know."""
         try:
             container = self.docker.containers.get(container_id)

@@ -12,7 +12,6 @@ import io
 import os
 import shutil
 import socket
-import subprocess
 import tarfile
 import threading
 import time
@@ -25,11 +24,10 @@ from agents_app.models import Image
 from sessions_app.enums import Status
 from sessions_app.models import Kernel, Session, SessionEvent
 from tests.live.test_agent_docker import create, wait_status
-from tests.support import IMAGE, ROOT, need, wait_for
+from tests.support import IMAGE, ROOT, Registry, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status
-REGISTRY_PORT = 5011  # this test's own, apart from test_agent_docker's 5000
 LAYER_BYTES = 400_000  # random, so that no layer is shared with another image
 
 
@@ -80,31 +78,16 @@ class GatedProxy:
 
 @pytest.fixture(scope="module")
 def registry(docker_client):
-    """Debian's docker-registry on 127.0.0.1:5011, its data under var/."""
-    binary = shutil.which("docker-registry")
-    need("docker-registry", None if binary else "the docker-registry package is not installed")
+    """Debian's docker-registry (tests.support.Registry), its data under var/."""
     root = ROOT / "var" / f"registry-lanes-{os.getpid()}"
     root.mkdir(parents=True)
-    config = root / "config.yml"
-    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
-                      f"  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{REGISTRY_PORT}\n")
-    process = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    server = Registry(root)
+    server.start()
     try:
-        wait_for(lambda: answers(REGISTRY_PORT), timeout=15, message="the registry")
-        yield f"127.0.0.1:{REGISTRY_PORT}"
+        yield server
     finally:
-        os.killpg(process.pid, 15)
-        process.wait(10)
+        server.stop()
         shutil.rmtree(root, ignore_errors=True)
-
-
-def answers(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -112,11 +95,11 @@ def gated(registry, docker_client):
     """A gated proxy in front of the registry, and a maker of images only the registry
     has (the kernel image plus a random layer), named through the proxy: pulling them
     hangs until proxy.gate is set. Everything made is removed afterwards."""
-    proxy = GatedProxy(REGISTRY_PORT)
+    proxy = GatedProxy(registry.port)
     made = []
 
     def image(name):
-        source = f"{registry}/lanes/{name}:1"
+        source = f"127.0.0.1:{registry.port}/lanes/{name}:1"
         dockerfile = (f"FROM {IMAGE}\nRUN head -c {LAYER_BYTES} /dev/urandom > /blob "
                       f"# {uuid.uuid4().hex}\n").encode()
         context = io.BytesIO()
@@ -133,7 +116,8 @@ def gated(registry, docker_client):
         with contextlib.suppress(Exception):
             docker_client.images.remove(built.id, force=True)
         name = f"127.0.0.1:{proxy.port}/lanes/{name}:1"
-        Image.objects.update_or_create(name=name, defaults={"registry": registry})
+        Image.objects.update_or_create(name=name,
+                                       defaults={"registry": f"127.0.0.1:{registry.port}"})
         made.append(name)
         return name
 
