@@ -10,6 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from agents_app import rpc
 from agents_app.models import Agent, WarmNetwork, swarm_key
+from agents_app.runtime import docker_backend as backend
 from agents_app.runtime.docker_backend import kernel_environment
 from common import clock
 from common.slots import ResourceSlots
@@ -131,6 +132,14 @@ def test_the_cluster_variables_are_backend_ais():
     assert env["BACKENDAI_CLUSTER_LOCAL_RANK"] == "2"
 
 
+def test_a_sessions_bridge_and_its_overlay_have_names_of_their_own():
+    # A session placed across hosts and then on one agent keeps its overlay until it
+    # ends; its bridge on a swarm manager must not find that overlay by name (issue 30).
+    bridge = backend.session_network_name("s1")
+    overlay = backend.overlay_network_name("s1")
+    assert bridge != overlay and bridge not in overlay and overlay not in bridge
+
+
 @pytest.fixture
 def two_hosts(db, defaults):
     return (make_agent("h1", slots={"cpu": "2", "mem": "2g"}, swarm=SWARM),
@@ -193,15 +202,15 @@ def test_the_overlay_of_an_ended_session_is_removed_through_a_manager_and_counte
     Session.objects.filter(pk=session.pk).update(
         terminated_at=clock.now() - timedelta(seconds=60))
     sent.clear()
-    overlay = {"name": f"bai-session-{session.pk}", "session_id": str(session.pk),
-               "driver": "overlay", "scope": "swarm"}
+    overlay = {"name": backend.overlay_network_name(session.pk),
+               "session_id": str(session.pk), "driver": "overlay", "scope": "swarm"}
     with django_capture_on_commit_callbacks(execute=True):
         heartbeat("h2", WORKER, networks=[overlay])  # a worker's listing is not acted on
     assert not sent
     with django_capture_on_commit_callbacks(execute=True):
         heartbeat("h1", SWARM, networks=[overlay])
-    assert [kw["session_id"] for name, kw in sent if name == "agent.remove_network"] == [
-        str(session.pk)]
+    assert [(kw["session_id"], kw["name"]) for name, kw in sent
+            if name == "agent.remove_network"] == [(str(session.pk), overlay["name"])]
     leaked = next(c for c in check_invariants()
                   if c.name == "session networks without a live session")
     assert len(leaked.violations) == 2 and "overlay network" in leaked.violations[0]

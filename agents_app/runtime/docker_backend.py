@@ -203,11 +203,21 @@ def create_session_network(client, name, session_id, *, internal=False):
 
 
 NETWORK_PREFIX = "bai-session-"
+OVERLAY_PREFIX = "bai-overlay-"
 NETWORK_DRIVER = "ai.backend.network-driver"
 
 
 def session_network_name(session_id):
+    """The session's bridge on one engine."""
     return f"{NETWORK_PREFIX}{session_id}"
+
+
+def overlay_network_name(session_id):
+    """The session's overlay across hosts (unless it claimed a warm one). A name of its own:
+    a session placed across hosts and then rescheduled onto one agent keeps its overlay
+    until it ends, and a bridge of the same name on a swarm manager would find that overlay
+    instead (its kernels then fail at the bridge path's disconnect, issue 30)."""
+    return f"{OVERLAY_PREFIX}{session_id}"
 
 
 def swarm_state(client):
@@ -280,7 +290,7 @@ def create_overlay_network(client, session_id=None, *, name=None, internal=False
     or (`name` without `session_id`) a warm one made ahead for the next such session;
     called on a swarm manager. Swarm allocates its subnet from the swarm's address pool.
     Idempotent: an existing one is kept (swarm allows two of one name: look first)."""
-    name = name or session_network_name(session_id)
+    name = name or overlay_network_name(session_id)
     existing = [n for n in client.networks.list(names=[name], filters={"driver": "overlay"})
                 if n.name == name]
     if existing:
@@ -347,9 +357,10 @@ def remove_session_network(client, session_id, departed_nodes=(), name=None):
     A host that left the swarm while one of its containers was attached leaves a network
     attachment task on its node that holds the network until the node is removed; the
     manager side names such nodes (`departed_nodes`: engines that report another node id
-    or no swarm any more), and only those, once Down, are removed here. `name`: a warm
-    network the session claimed (or one no longer wanted: no session)."""
-    name = name or session_network_name(session_id)
+    or no swarm any more), and only those, once Down, are removed here. `name`: the
+    network's (a bridge's, a warm network the session claimed, or a warm one no longer
+    wanted: no session); by default the session's overlay."""
+    name = name or overlay_network_name(session_id)
     for network in client.networks.list(names=[name]):
         if network.name != name:
             continue  # names=[…] matches a prefix too

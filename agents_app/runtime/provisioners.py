@@ -107,13 +107,13 @@ class ClusterNetwork:
 
     def setup(self, session_id, cluster_size, allow_outbound=True, driver="bridge",
               overlay_name=None):
-        name = backend.session_network_name(session_id)
         if driver == "overlay":
             # Swarm-scoped: a manager agent made it before any kernel was sent (the
             # manager side asks it, rpc.ensure_session_network), or ahead of time as a warm
             # network the session claimed, and removes it when the session has ended; a
             # worker engine sees it once a container attaches.
-            return overlay_name or name
+            return overlay_name or backend.overlay_network_name(session_id)
+        name = backend.session_network_name(session_id)
         with self._creating:
             if self.client.networks.list(names=[name]):
                 return name

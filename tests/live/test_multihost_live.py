@@ -9,10 +9,11 @@ import docker
 import pytest
 
 from agents_app import rpc
-from agents_app.models import Agent, WarmNetwork
+from agents_app.models import Agent, Image, WarmNetwork
+from agents_app.runtime import docker_backend as backend
 from scheduling_app.models import ScalingGroup
 from sessions_app.lifecycle.invariants import check_invariants
-from sessions_app.models import Kernel, Session
+from sessions_app.models import Kernel, Session, SessionEvent
 from tests.live.test_agent_docker import S, create, wait_status
 from tests.live.test_network_isolation import host_listener  # noqa: F401 (a fixture)
 from tests.live.two_hosts import HOST2_ADDR, NETNS, SecondHost, tools_problem
@@ -51,9 +52,9 @@ def two_agents(live, second_host):
     return live.agent_id, second_host.agent_id
 
 
-def cluster(client, name, size=2):
+def cluster(client, name, size=2, **body):
     return create(client, name, cluster_size=size, cluster_mode="multi-node",
-                  resources={"cpu": "0.25", "mem": "64m"})
+                  resources={"cpu": "0.25", "mem": "64m"}, **body)
 
 
 def engine_of(second_host, agent_id, main_agent):
@@ -73,7 +74,7 @@ def serve(engine, container_id, port, answer):
 
 def network_name(session_id):
     """A session's overlay: the warm network it claimed, else one made for it."""
-    return rpc.warm_network_name(session_id) or f"bai-session-{session_id}"
+    return rpc.warm_network_name(session_id) or backend.overlay_network_name(session_id)
 
 
 def networks_of(engine, session_id):
@@ -201,6 +202,70 @@ def test_a_multi_node_session_spans_two_engines_on_an_overlay_network_of_its_own
              message="the claimed network's row to go")
     wait_for(lambda: warm_and_held(two_agents), timeout=60,
              message="a new warm network held on both engines")
+
+
+# A kernel image the main engine has and the second cannot get: its registry, on the
+# second host's own loopback, never answers (a transient failure, as a registry away).
+ON_MAIN_ONLY = "127.0.0.1:9/bai-local/on-main-only:latest"
+
+
+@pytest.fixture
+def image_on_main_only(live):
+    main_engine = docker.from_env()
+    main_engine.images.get(IMAGE).tag(ON_MAIN_ONLY)
+    wait_for(lambda: Image.objects.filter(name=ON_MAIN_ONLY).exists(), timeout=30,
+             message="the main agent to report the image")
+    yield ON_MAIN_ONLY
+    main_engine.images.remove(ON_MAIN_ONLY)  # the tag only
+
+
+@pytest.fixture
+def without_warm_networks(live):
+    """A manager worker with OVERLAY_POOL_SIZE=0: a session placed across hosts has an
+    overlay made for it (as when no warm network is ready yet)."""
+    live.restart_worker({**live.manager_env, "OVERLAY_POOL_SIZE": "0"})
+    yield
+    live.restart_worker(live.manager_env)
+
+
+def test_a_session_placed_across_hosts_then_on_one_agent_starts_there_on_its_bridge(
+        two_agents, second_host, as_alice, without_warm_networks, image_on_main_only):
+    """Issue 30. Placed across the hosts, the session has its overlay made; its kernels on
+    the second engine cannot get their image, so it goes back to PENDING without that
+    agent and is placed wholly on the main engine's agent, a swarm manager, where its
+    overlay still is. Its kernels meet on a bridge of their own there. (The bridge and the
+    overlay had one name: the bridge path found the overlay and Docker refused its
+    disconnect of a container not yet started on it, 500 `container … is not connected to
+    the network`, three times, and the session waited with every agent excluded.)"""
+    main_agent, h2_agent = two_agents
+    session_id = cluster(as_alice, "moved", size=4, image=image_on_main_only)
+    wait_status(session_id, S.RUNNING, timeout=RUNNING_TIMEOUT)
+    assert SessionEvent.objects.filter(session_id=session_id, kernel=None,
+                                       to_status=S.PENDING,
+                                       reason__contains=f"on agent {h2_agent}:").exists()
+    main_engine = docker.from_env()
+    overlay = main_engine.networks.get(backend.overlay_network_name(session_id))
+    assert overlay.attrs["Driver"] == "overlay"  # made for its first placement, kept
+    bridge = backend.session_network_name(session_id)
+    assert main_engine.networks.get(bridge).attrs["Driver"] == "bridge"
+    kernels = {k.cluster_hostname: k for k in Kernel.objects.filter(session_id=session_id)}
+    assert {k.agent_id for k in kernels.values()} == {main_agent}
+    for kernel in kernels.values():
+        attrs = main_engine.containers.get(kernel.container_id).attrs
+        assert list(attrs["NetworkSettings"]["Networks"]) == [bridge]
+        serve(main_engine, kernel.container_id, 7000, f"hello-from-{kernel.cluster_hostname}")
+    time.sleep(0.5)
+    for src, dst in (("main1", "sub3"), ("sub3", "main1"), ("sub1", "sub2")):
+        assert run(main_engine, kernels[src].container_id,
+                   f"echo | nc -w 5 {dst} 7000") == (0, f"hello-from-{dst}")
+
+    response = as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    assert response.status_code in (200, 202, 204), response.content
+    wait_status(session_id, S.TERMINATED, timeout=60)
+    wait_for(lambda: not containers_of(main_engine, session_id)
+             and not main_engine.networks.list(names=[bridge])
+             and not networks_of(main_engine, session_id), timeout=60,
+             message="no container, no bridge and no overlay left")
 
 
 def test_an_engine_that_leaves_the_swarm_ends_its_session_naming_the_kernel(
