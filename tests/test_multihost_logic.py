@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from docker.errors import APIError, NotFound
 
 from agents_app import rpc
 from agents_app.models import Agent, WarmNetwork, swarm_key
@@ -130,6 +131,30 @@ def test_the_cluster_variables_are_backend_ais():
     assert env["BACKENDAI_CLUSTER_HOSTS"] == "main1,sub1,sub2"
     assert env["BACKENDAI_CLUSTER_REPLICAS"] == "main:1,sub:2"
     assert env["BACKENDAI_CLUSTER_LOCAL_RANK"] == "2"
+
+
+class _Answer:
+    def __init__(self, status_code):
+        self.status_code, self.reason = status_code, ""
+
+
+def docker_error(status, explanation, cls=APIError):
+    return cls(explanation, response=_Answer(status), explanation=explanation)
+
+
+def test_an_attach_to_a_network_the_engine_or_its_swarm_does_not_know_yet_is_waited_for():
+    # An engine out of a swarm answers 404; one in a swarm with another node asks its
+    # managers and answers 500 with their gRPC code (Docker 20.10, seen on both engines).
+    assert backend.network_not_there_yet(docker_error(
+        404, "network bai-warm-1 not found", NotFound))
+    assert backend.network_not_there_yet(docker_error(
+        500, "Could not attach to network bai-warm-1: rpc error: code = NotFound desc = "
+        "network bai-warm-1 not found"))
+    # Other refusals are errors at once.
+    assert not backend.network_not_there_yet(docker_error(
+        500, "container 8d2f is not connected to the network q3pwmem64r09tpvq9kqlvqflv"))
+    assert not backend.network_not_there_yet(docker_error(
+        500, "rpc error: code = Unavailable desc = connection error"))
 
 
 def test_a_sessions_bridge_and_its_overlay_have_names_of_their_own():

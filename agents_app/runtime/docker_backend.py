@@ -220,6 +220,32 @@ def overlay_network_name(session_id):
     return f"{OVERLAY_PREFIX}{session_id}"
 
 
+def network_not_there_yet(exc):
+    """Docker's answer to attaching a container to a network it does not know (yet): a 404
+    from an engine out of a swarm, a 500 with the swarm's `rpc error: code = NotFound` from
+    one in a swarm with another node (it asks the swarm's managers)."""
+    if isinstance(exc, NotFound):
+        return True
+    text = str(getattr(exc, "explanation", None) or "")
+    return isinstance(exc, APIError) and "rpc error: code = NotFound" in text and \
+        "network" in text
+
+
+def start_attached(container, wait):
+    """Start a container whose network may not be made yet (a warm network asked for with
+    its holders) or not known yet to the swarm manager this engine asks: up to `wait`
+    seconds for it; Docker's error after that."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            container.start()
+            return
+        except APIError as exc:
+            if not network_not_there_yet(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def swarm_state(client):
     """This engine's place in a Docker swarm, for the heartbeat: the scheduler spreads a
     multi-node session only over agents of one swarm, and only a manager node can make or
@@ -320,16 +346,8 @@ def hold_network(client, agent_id, name, image, wait=15):
         image, ["sleep", "2147483647"], name=container_name, network=name, detach=True,
         labels={HOLDER: name, HOLDER_AGENT: agent_id}, cap_drop=["ALL"],
         security_opt=["no-new-privileges"], mem_limit="16m", pids_limit=4)
-    deadline = time.monotonic() + wait
     try:
-        while True:  # asked for with the network itself: it may not be made yet
-            try:
-                container.start()
-                return
-            except NotFound:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        start_attached(container, wait)  # asked for with the network: it may not be made yet
     except BaseException:
         with contextlib.suppress(DockerException):
             container.remove(force=True)

@@ -3,14 +3,19 @@ its own network namespace as a second host (tests/two_hosts.py), with an agent p
 of its own beside the live system's agent on the main engine."""
 
 import subprocess
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import docker
 import pytest
+from docker.errors import APIError, NotFound
 
 from agents_app import rpc
 from agents_app.models import Agent, Image, WarmNetwork
 from agents_app.runtime import docker_backend as backend
+from agents_app.runtime.provisioners import KernelRunner
 from scheduling_app.models import ScalingGroup
 from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import Kernel, Session, SessionEvent
@@ -266,6 +271,73 @@ def test_a_session_placed_across_hosts_then_on_one_agent_starts_there_on_its_bri
              and not main_engine.networks.list(names=[bridge])
              and not networks_of(main_engine, session_id), timeout=60,
              message="no container, no bridge and no overlay left")
+
+
+def kernel_spec(session_id, network, hostname="main1"):
+    """What the manager sends an agent for a kernel of a session across hosts."""
+    return {
+        "kernel_id": str(uuid.uuid4()), "session_id": session_id, "session_name": "direct",
+        "session_type": "interactive", "owner_user_id": str(uuid.uuid4()), "image": IMAGE,
+        "slots": {"cpu": "0.25", "mem": 64 * 2**20}, "grace_period": 0, "environ": {},
+        "startup_command": "", "bootstrap_script": "", "pre_stop_command": "",
+        "ssh_keypair": None, "mounts": [], "allow_outbound": True,
+        "cluster_size": 2, "cluster_role": "main", "cluster_idx": 1,
+        "cluster_hostname": hostname, "cluster_hosts": ["main1", "sub1"],
+        "network_driver": "overlay", "network_name": network,
+    }
+
+
+def test_a_holder_and_a_kernel_asked_for_before_their_overlay_exists_wait_for_it(
+        two_agents, second_host):
+    """Engines in a swarm with another node answer an attach to a network they do not
+    know with a 500 (`rpc error: code = NotFound`), not a 404: the holder of a warm network
+    (asked for together with the network) and a kernel's start on an overlay wait for it
+    all the same, on the manager and on the worker. (`two_agents`: both engines in the
+    swarm, and this test before the one whose engine leaves it.)"""
+    main_engine = docker.from_env()
+    missing = main_engine.containers.create(IMAGE, ["true"], network="bai-no-such-network")
+    try:
+        with pytest.raises(APIError) as answer:
+            missing.start()
+    finally:
+        missing.remove(force=True)
+    assert answer.value.status_code == 500 and "code = NotFound" in str(answer.value)
+
+    name = f"bai-warm-test-{uuid.uuid4().hex[:8]}"
+    made = threading.Timer(1.0, lambda: main_engine.networks.create(
+        name, driver="overlay", attachable=True))
+    started, runner = time.monotonic(), None
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            made.start()
+            held = pool.submit(backend.hold_network, main_engine, "holder-t", name, IMAGE)
+            kernel = pool.submit(KernelRunner.start, second_host.client, "agent-t",
+                                 kernel_spec(str(uuid.uuid4()), name))
+            held.result()
+            runner, container = kernel.result()
+        assert time.monotonic() - started >= 0.9
+        assert list(backend.holders(main_engine, "holder-t")) == [name]
+        container.reload()
+        assert container.status == "running"
+        assert "main1" in container.attrs["NetworkSettings"]["Networks"][name]["Aliases"]
+    finally:
+        made.join()
+        if runner is not None:
+            runner.teardown(forced=True)
+        backend.release_network(main_engine, "holder-t")
+        wait_for(lambda: remove_network(main_engine, name), timeout=30,
+                 message="the test network removed")
+
+
+def remove_network(engine, name):
+    """True once the network is gone (an overlay may be in use a moment longer)."""
+    try:
+        engine.networks.get(name).remove()
+    except NotFound:
+        return True
+    except APIError:
+        return False
+    return True
 
 
 def test_an_engine_that_leaves_the_swarm_ends_its_session_naming_the_kernel(
