@@ -203,11 +203,47 @@ def create_session_network(client, name, session_id, *, internal=False):
 
 
 NETWORK_PREFIX = "bai-session-"
+OVERLAY_PREFIX = "bai-overlay-"
 NETWORK_DRIVER = "ai.backend.network-driver"
 
 
 def session_network_name(session_id):
+    """The session's bridge on one engine."""
     return f"{NETWORK_PREFIX}{session_id}"
+
+
+def overlay_network_name(session_id):
+    """The session's overlay across hosts (unless it claimed a warm one). A name of its own:
+    a session placed across hosts and then rescheduled onto one agent keeps its overlay
+    until it ends, and a bridge of the same name on a swarm manager would find that overlay
+    instead (its kernels then fail at the bridge path's disconnect, issue 30)."""
+    return f"{OVERLAY_PREFIX}{session_id}"
+
+
+def network_not_there_yet(exc):
+    """Docker's answer to attaching a container to a network it does not know (yet): a 404
+    from an engine out of a swarm, a 500 with the swarm's `rpc error: code = NotFound` from
+    one in a swarm with another node (it asks the swarm's managers)."""
+    if isinstance(exc, NotFound):
+        return True
+    text = str(getattr(exc, "explanation", None) or "")
+    return isinstance(exc, APIError) and "rpc error: code = NotFound" in text and \
+        "network" in text
+
+
+def start_attached(container, wait):
+    """Start a container whose network may not be made yet (a warm network asked for with
+    its holders) or not known yet to the swarm manager this engine asks: up to `wait`
+    seconds for it; Docker's error after that."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            container.start()
+            return
+        except APIError as exc:
+            if not network_not_there_yet(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def swarm_state(client):
@@ -280,7 +316,7 @@ def create_overlay_network(client, session_id=None, *, name=None, internal=False
     or (`name` without `session_id`) a warm one made ahead for the next such session;
     called on a swarm manager. Swarm allocates its subnet from the swarm's address pool.
     Idempotent: an existing one is kept (swarm allows two of one name: look first)."""
-    name = name or session_network_name(session_id)
+    name = name or overlay_network_name(session_id)
     existing = [n for n in client.networks.list(names=[name], filters={"driver": "overlay"})
                 if n.name == name]
     if existing:
@@ -310,16 +346,8 @@ def hold_network(client, agent_id, name, image, wait=15):
         image, ["sleep", "2147483647"], name=container_name, network=name, detach=True,
         labels={HOLDER: name, HOLDER_AGENT: agent_id}, cap_drop=["ALL"],
         security_opt=["no-new-privileges"], mem_limit="16m", pids_limit=4)
-    deadline = time.monotonic() + wait
     try:
-        while True:  # asked for with the network itself: it may not be made yet
-            try:
-                container.start()
-                return
-            except NotFound:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        start_attached(container, wait)  # asked for with the network: it may not be made yet
     except BaseException:
         with contextlib.suppress(DockerException):
             container.remove(force=True)
@@ -347,9 +375,10 @@ def remove_session_network(client, session_id, departed_nodes=(), name=None):
     A host that left the swarm while one of its containers was attached leaves a network
     attachment task on its node that holds the network until the node is removed; the
     manager side names such nodes (`departed_nodes`: engines that report another node id
-    or no swarm any more), and only those, once Down, are removed here. `name`: a warm
-    network the session claimed (or one no longer wanted: no session)."""
-    name = name or session_network_name(session_id)
+    or no swarm any more), and only those, once Down, are removed here. `name`: the
+    network's (a bridge's, a warm network the session claimed, or a warm one no longer
+    wanted: no session); by default the session's overlay."""
+    name = name or overlay_network_name(session_id)
     for network in client.networks.list(names=[name]):
         if network.name != name:
             continue  # names=[…] matches a prefix too

@@ -30,6 +30,7 @@ SCRATCH_VOLUME = "ai.backend.scratch-volume"
 NETWORK = "ai.backend.network"
 PRE_STOP = "ai.backend.pre-stop"
 MOUNTS = "ai.backend.mounts"
+OVERLAY_WAIT = 10  # seconds for a kernel's overlay network to be known where it starts
 # kubelet's minimumGracePeriodInSeconds: every plain stop leaves the workload at least this
 # long between SIGTERM and SIGKILL, whatever the grace period and whether a hook ran.
 MIN_GRACE = 2
@@ -121,13 +122,13 @@ class ClusterNetwork:
 
     def setup(self, session_id, cluster_size, allow_outbound=True, driver="bridge",
               overlay_name=None):
-        name = backend.session_network_name(session_id)
         if driver == "overlay":
             # Swarm-scoped: a manager agent made it before any kernel was sent (the
             # manager side asks it, rpc.ensure_session_network), or ahead of time as a warm
             # network the session claimed, and removes it when the session has ended; a
             # worker engine sees it once a container attaches.
-            return overlay_name or name
+            return overlay_name or backend.overlay_network_name(session_id)
+        name = backend.session_network_name(session_id)
         with self._creating:
             if self.client.networks.list(names=[name]):
                 return name
@@ -383,7 +384,8 @@ class KernelRunner:
             if spec.get("ssh_keypair"):
                 runner.setup(SSHKeys(), container, spec["ssh_keypair"],
                              spec.get("cluster_hosts") or [spec["cluster_hostname"]])
-            runner.step("start", start_container, container)
+            overlay = spec.get("network_driver") == "overlay"
+            runner.step("start", start_container, container, OVERLAY_WAIT if overlay else 0)
             if container.status == "running":  # else it ended at once: reported as it ended
                 ports = runner.step("services", start_services, client, container, spec)
                 runner.step("readiness", wait_ready, container, ports, spec, ready_timeout)
@@ -405,10 +407,12 @@ class KernelRunner:
         return runner
 
 
-def start_container(container):
+def start_container(container, network_wait=0):
     """Start it and read its state again: its command may have ended already, or not have
-    been executable at all (KernelCannotRun: Docker's init said so and ended)."""
-    container.start()
+    been executable at all (KernelCannotRun: Docker's init said so and ended). An overlay,
+    made and waited for before the kernel was sent, may still be unknown for a moment to
+    the swarm manager this engine asks: up to `network_wait` seconds for it."""
+    backend.start_attached(container, network_wait)
     container.reload()
     if container.status == "running" and backend.command_started(container) is False:
         with contextlib.suppress(OSError):  # its init has ended: Docker's state follows

@@ -159,7 +159,7 @@ def reconcile_networks(agent, networks, taken_at=None):
         if network.get("driver") == "overlay" and not agent.swarm.get("manager"):
             continue  # a worker lists it while a container is attached; a manager removes it
         transaction.on_commit(lambda n=network: rpc.send_remove_network(
-            n["session_id"], agent_id=agent.pk))
+            n["session_id"], agent_id=agent.pk, name=n.get("name")))
 
 
 def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recovering=False):

@@ -3,16 +3,22 @@ its own network namespace as a second host (tests/two_hosts.py), with an agent p
 of its own beside the live system's agent on the main engine."""
 
 import subprocess
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import docker
 import pytest
+from docker.errors import APIError, NotFound
 
 from agents_app import rpc
-from agents_app.models import Agent, WarmNetwork
+from agents_app.models import Agent, Image, WarmNetwork
+from agents_app.runtime import docker_backend as backend
+from agents_app.runtime.provisioners import KernelRunner
 from scheduling_app.models import ScalingGroup
 from sessions_app.lifecycle.invariants import check_invariants
-from sessions_app.models import Kernel, Session
+from sessions_app.models import Kernel, Session, SessionEvent
 from tests.live.test_agent_docker import S, create, wait_status
 from tests.live.test_network_isolation import host_listener  # noqa: F401 (a fixture)
 from tests.live.two_hosts import HOST2_ADDR, NETNS, SecondHost, tools_problem
@@ -51,9 +57,9 @@ def two_agents(live, second_host):
     return live.agent_id, second_host.agent_id
 
 
-def cluster(client, name, size=2):
+def cluster(client, name, size=2, **body):
     return create(client, name, cluster_size=size, cluster_mode="multi-node",
-                  resources={"cpu": "0.25", "mem": "64m"})
+                  resources={"cpu": "0.25", "mem": "64m"}, **body)
 
 
 def engine_of(second_host, agent_id, main_agent):
@@ -73,7 +79,7 @@ def serve(engine, container_id, port, answer):
 
 def network_name(session_id):
     """A session's overlay: the warm network it claimed, else one made for it."""
-    return rpc.warm_network_name(session_id) or f"bai-session-{session_id}"
+    return rpc.warm_network_name(session_id) or backend.overlay_network_name(session_id)
 
 
 def networks_of(engine, session_id):
@@ -201,6 +207,141 @@ def test_a_multi_node_session_spans_two_engines_on_an_overlay_network_of_its_own
              message="the claimed network's row to go")
     wait_for(lambda: warm_and_held(two_agents), timeout=60,
              message="a new warm network held on both engines")
+
+
+# A kernel image the main engine has and the second cannot get: its registry, on the
+# second host's own loopback, never answers (a transient failure, as a registry away).
+ON_MAIN_ONLY = "127.0.0.1:9/bai-local/on-main-only:latest"
+
+
+@pytest.fixture
+def image_on_main_only(live):
+    main_engine = docker.from_env()
+    main_engine.images.get(IMAGE).tag(ON_MAIN_ONLY)
+    wait_for(lambda: Image.objects.filter(name=ON_MAIN_ONLY).exists(), timeout=30,
+             message="the main agent to report the image")
+    yield ON_MAIN_ONLY
+    main_engine.images.remove(ON_MAIN_ONLY)  # the tag only
+
+
+@pytest.fixture
+def without_warm_networks(live):
+    """A manager worker with OVERLAY_POOL_SIZE=0: a session placed across hosts has an
+    overlay made for it (as when no warm network is ready yet)."""
+    live.restart_worker({**live.manager_env, "OVERLAY_POOL_SIZE": "0"})
+    yield
+    live.restart_worker(live.manager_env)
+
+
+def test_a_session_placed_across_hosts_then_on_one_agent_starts_there_on_its_bridge(
+        two_agents, second_host, as_alice, without_warm_networks, image_on_main_only):
+    """Issue 30. Placed across the hosts, the session has its overlay made; its kernels on
+    the second engine cannot get their image, so it goes back to PENDING without that
+    agent and is placed wholly on the main engine's agent, a swarm manager, where its
+    overlay still is. Its kernels meet on a bridge of their own there. (The bridge and the
+    overlay had one name: the bridge path found the overlay and Docker refused its
+    disconnect of a container not yet started on it, 500 `container … is not connected to
+    the network`, at every try: the session was excluded from that agent too and waited
+    with every agent excluded.)"""
+    main_agent, h2_agent = two_agents
+    # Kernels in turn on each agent (the other strategies prefer the agent that holds
+    # the image: all four on the main one from the start).
+    ScalingGroup.objects.filter(name="default").update(agent_selection_strategy="roundrobin")
+    session_id = cluster(as_alice, "moved", size=4, image=image_on_main_only)
+    wait_status(session_id, S.RUNNING, timeout=RUNNING_TIMEOUT)
+    assert SessionEvent.objects.filter(session_id=session_id, kernel=None,
+                                       to_status=S.PENDING,
+                                       reason__contains=f"on agent {h2_agent}:").exists()
+    main_engine = docker.from_env()
+    overlay = main_engine.networks.get(backend.overlay_network_name(session_id))
+    assert overlay.attrs["Driver"] == "overlay"  # made for its first placement, kept
+    bridge = backend.session_network_name(session_id)
+    assert main_engine.networks.get(bridge).attrs["Driver"] == "bridge"
+    kernels = {k.cluster_hostname: k for k in Kernel.objects.filter(session_id=session_id)}
+    assert {k.agent_id for k in kernels.values()} == {main_agent}
+    for kernel in kernels.values():
+        attrs = main_engine.containers.get(kernel.container_id).attrs
+        assert list(attrs["NetworkSettings"]["Networks"]) == [bridge]
+        serve(main_engine, kernel.container_id, 7000, f"hello-from-{kernel.cluster_hostname}")
+    time.sleep(0.5)
+    for src, dst in (("main1", "sub3"), ("sub3", "main1"), ("sub1", "sub2")):
+        assert run(main_engine, kernels[src].container_id,
+                   f"echo | nc -w 5 {dst} 7000") == (0, f"hello-from-{dst}")
+
+    response = as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    assert response.status_code in (200, 202, 204), response.content
+    wait_status(session_id, S.TERMINATED, timeout=60)
+    wait_for(lambda: not containers_of(main_engine, session_id)
+             and not main_engine.networks.list(names=[bridge])
+             and not networks_of(main_engine, session_id), timeout=60,
+             message="no container, no bridge and no overlay left")
+
+
+def kernel_spec(session_id, network, hostname="main1"):
+    """What the manager sends an agent for a kernel of a session across hosts."""
+    return {
+        "kernel_id": str(uuid.uuid4()), "session_id": session_id, "session_name": "direct",
+        "session_type": "interactive", "owner_user_id": str(uuid.uuid4()), "image": IMAGE,
+        "slots": {"cpu": "0.25", "mem": 64 * 2**20}, "grace_period": 0, "environ": {},
+        "startup_command": "", "bootstrap_script": "", "pre_stop_command": "",
+        "ssh_keypair": None, "mounts": [], "allow_outbound": True,
+        "cluster_size": 2, "cluster_role": "main", "cluster_idx": 1,
+        "cluster_hostname": hostname, "cluster_hosts": ["main1", "sub1"],
+        "network_driver": "overlay", "network_name": network,
+    }
+
+
+def test_a_holder_and_a_kernel_asked_for_before_their_overlay_exists_wait_for_it(
+        two_agents, second_host):
+    """Engines in a swarm with another node answer an attach to a network they do not
+    know with a 500 (`rpc error: code = NotFound`), not a 404: the holder of a warm network
+    (asked for together with the network) and a kernel's start on an overlay wait for it
+    all the same, on the manager and on the worker. (`two_agents`: both engines in the
+    swarm, and this test before the one whose engine leaves it.)"""
+    main_engine = docker.from_env()
+    missing = main_engine.containers.create(IMAGE, ["true"], network="bai-no-such-network")
+    try:
+        with pytest.raises(APIError) as answer:
+            missing.start()
+    finally:
+        missing.remove(force=True)
+    assert answer.value.status_code == 500 and "code = NotFound" in str(answer.value)
+
+    name = f"bai-warm-test-{uuid.uuid4().hex[:8]}"
+    made = threading.Timer(1.0, lambda: main_engine.networks.create(
+        name, driver="overlay", attachable=True))
+    started, runner = time.monotonic(), None
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            made.start()
+            held = pool.submit(backend.hold_network, main_engine, "holder-t", name, IMAGE)
+            kernel = pool.submit(KernelRunner.start, second_host.client, "agent-t",
+                                 kernel_spec(str(uuid.uuid4()), name))
+            held.result()
+            runner, container = kernel.result()
+        assert time.monotonic() - started >= 0.9
+        assert list(backend.holders(main_engine, "holder-t")) == [name]
+        container.reload()
+        assert container.status == "running"
+        assert "main1" in container.attrs["NetworkSettings"]["Networks"][name]["Aliases"]
+    finally:
+        made.join()
+        if runner is not None:
+            runner.teardown(forced=True)
+        backend.release_network(main_engine, "holder-t")
+        wait_for(lambda: remove_network(main_engine, name), timeout=30,
+                 message="the test network removed")
+
+
+def remove_network(engine, name):
+    """True once the network is gone (an overlay may be in use a moment longer)."""
+    try:
+        engine.networks.get(name).remove()
+    except NotFound:
+        return True
+    except APIError:
+        return False
+    return True
 
 
 def test_an_engine_that_leaves_the_swarm_ends_its_session_naming_the_kernel(

@@ -2,8 +2,11 @@
 a swarm with the main engine (../shared/RECIPES.md, "A second agent host on the same
 machine"). Used by tests/test_multihost_live.py and `make bench BENCH=multihost`.
 
-It tears down only what it made: the main engine leaves the swarm only when this setup
-initialized it, and nothing else on the main engine (containers, networks, docker0) is
+The main engine may be in a swarm already (an operator's, with other nodes): the second
+engine then joins that swarm. It tears down only what it made: the main engine leaves the
+swarm only when this setup initialized it; otherwise the second engine's node and the
+overlay networks made meanwhile by this system (sessions' and warm ones) are removed from
+that swarm, and nothing else on the main engine (containers, networks, docker0) is
 touched.
 """
 
@@ -17,6 +20,8 @@ import time
 from pathlib import Path
 
 import docker
+
+from agents_app.runtime import docker_backend as backend
 
 ROOT = Path(__file__).resolve().parents[2]
 NETNS = "h2"
@@ -58,6 +63,7 @@ class SecondHost:
         self.client = None
         self.made_netns = self.made_swarm = False
         self.dockerd = None
+        self.networks_before = None  # the main engine's, when its swarm was there already
 
     # Setting up
 
@@ -114,12 +120,33 @@ class SecondHost:
             self._manage("--init", "--advertise-addr", HOST1_ADDR)
         elif not state.get("ControlAvailable"):
             raise RuntimeError("the main engine is in a swarm but not a manager")
+        else:
+            self.networks_before = {n.id for n in self.main.networks.list()}
+            self._route_to_managers(state)
         self.main.swarm.reload()
         token = self.main.swarm.attrs["JoinTokens"]["Worker"]
         self._manage("--manager", f"{HOST1_ADDR}:2377", "--token", token,
                      "--advertise-addr", HOST2_ADDR, docker_host=self.url)
         _wait(lambda: self.client.info()["Swarm"]["LocalNodeState"] == "active", 60,
               "the second engine to join the swarm")
+
+    def _route_to_managers(self, state):
+        """A swarm made before advertises the main engine at another address of this host
+        (eth0's, say) than its end of the link, HOST1_ADDR. The second host then joins
+        (through HOST1_ADDR) but, without a route to that address, never joins the swarm's
+        gossip (TCP 7946): its engine learns no name of a container on another node (`nc:
+        bad address 'sub1'`). And the main engine's VXLAN packets must leave from that
+        address: the second engine's kernel drops those from another source than the
+        node's address it has for the peer (a static entry is not moved), so the names
+        resolve and nothing answers (`nc: timed out`). Both routes go with the link."""
+        node_addr = state.get("NodeAddr") or ""
+        addresses = {node_addr} | {
+            m["Addr"].rsplit(":", 1)[0] for m in state.get("RemoteManagers") or []}
+        for address in sorted(a for a in addresses if a and a != HOST1_ADDR):
+            _run("ip", "netns", "exec", NETNS, "ip", "route", "replace", address, "via",
+                 HOST1_ADDR)
+        if node_addr and node_addr != HOST1_ADDR:
+            _run("ip", "route", "replace", HOST2_ADDR, "dev", VETH1, "src", node_addr)
 
     def _manage(self, *args, docker_host=None):
         env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
@@ -162,6 +189,8 @@ class SecondHost:
         else:
             with contextlib.suppress(Exception):
                 self._remove_down_nodes()
+            with contextlib.suppress(Exception):
+                self._remove_networks_made()
         if self.dockerd is not None:
             self.dockerd.terminate()
             try:
@@ -182,6 +211,30 @@ class SecondHost:
             if node.attrs["Status"]["Addr"] == HOST2_ADDR and \
                     node.attrs["Status"]["State"] == "down":
                 node.remove(force=True)
+
+    def _remove_networks_made(self, timeout=30):
+        """The overlays this system made in a swarm that was there before (the swarm's
+        leave removes them when this setup made it), with their holders: the live system's
+        agent on the main engine may start one again until its manager forgets the
+        network."""
+        if self.networks_before is None:
+            return
+
+        def removed_all():
+            left = [n for label in (backend.SESSION_ID, backend.WARM_NETWORK)
+                    for n in self.main.networks.list(filters={"label": label,
+                                                              "driver": "overlay"})
+                    if n.id not in self.networks_before]
+            for network in left:
+                for holder in self.main.containers.list(
+                        all=True, filters={"label": f"{backend.HOLDER}={network.name}"}):
+                    with contextlib.suppress(docker.errors.APIError):
+                        holder.remove(force=True)
+                with contextlib.suppress(docker.errors.APIError):
+                    network.remove()
+            return not left
+
+        _wait(removed_all, timeout, "the overlay networks made in the swarm to go")
 
     @property
     def hostname(self):
