@@ -4,7 +4,6 @@ Call these only after commit (transaction.on_commit): an agent must never act on
 status that could still roll back.
 """
 
-from django.conf import settings
 
 from agents_app.models import Agent, AgentStatus, WarmNetwork, swarm_key
 from backendai_web.celery import agent_queue, app, send_task_safely
@@ -36,8 +35,7 @@ def session_spec(session):
         "owner_user_id": str(session.user_id),
         "startup_command": session.startup_command,
         "environ": session.environ or {},
-        "grace_period": session.grace_period if session.grace_period is not None
-        else settings.DEFAULT_GRACE_PERIOD,
+        "grace_period": session.grace_seconds,
         "cluster_size": session.cluster_size,
         "pre_stop_command": session.pre_stop_command,
         "ssh_keypair": session.cluster_ssh or None,
@@ -216,7 +214,5 @@ def send_destroy_kernel(kernel, reason, *, forced=False):
 
 
 def send_restart_kernel(kernel):
-    grace = kernel.session.grace_period
     return _send(kernel.agent_id, "agent.restart_kernel", kernel_id=str(kernel.pk),
-                 container_id=kernel.container_id,
-                 grace_period=settings.DEFAULT_GRACE_PERIOD if grace is None else grace)
+                 container_id=kernel.container_id, grace_period=kernel.session.grace_seconds)

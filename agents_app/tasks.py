@@ -1,6 +1,10 @@
 """Tasks that run inside an agent process, on its own queue `agent.<ID>`.
 
-The manager sends them with agents_app.rpc; they only touch Docker and report back.
+The manager sends them with agents_app.rpc; they only touch Docker and report back. Pulls,
+creates, destroys and restarts are handed to the agent's lanes (runtime/lanes.py) and the
+task returns at once: its thread is free for the next message, and a slow pull never
+delays a stop. A crash loses what a lane had not finished; the manager asks again for what
+it got no answer to.
 """
 
 from celery import shared_task
@@ -15,22 +19,26 @@ def check_and_pull(kernel_id, image):
 
 @shared_task(name="agent.create_kernel", ignore_result=True)
 def create_kernel(spec):
-    current().create_kernel(spec)
+    agent = current()
+    agent.lifecycle.submit(spec["kernel_id"], lambda: agent.create_kernel(spec))
 
 
 @shared_task(name="agent.destroy_kernel", ignore_result=True)
 def destroy_kernel(kernel_id, container_id="", reason="", forced=False):
-    current().destroy_kernel(kernel_id, container_id, reason, forced=forced)
+    current().destroy_kernel(kernel_id, container_id, reason, forced=forced)  # its own lane
 
 
 @shared_task(name="agent.restart_kernel", ignore_result=True)
 def restart_kernel(kernel_id, container_id="", grace_period=10):
-    current().restart_kernel(kernel_id, container_id, grace_period)
+    agent = current()
+    agent.lifecycle.submit(kernel_id, lambda: agent.restart_kernel(kernel_id, container_id,
+                                                                   grace_period))
 
 
 @shared_task(name="agent.remove_dangling", ignore_result=True)
 def remove_dangling(container_id):
-    current().remove_dangling(container_id)
+    agent = current()
+    agent.lifecycle.submit(container_id, lambda: agent.remove_dangling(container_id))
 
 
 @shared_task(name="agent.logs")

@@ -333,12 +333,15 @@ def _record_warnings(warnings, now):
     if not warnings:
         return
     rows, messages = [], []
+    owners = {pk: rest for pk, *rest in Session.objects.filter(
+        pk__in=[s.id for s, _, _ in warnings]).values_list(
+        "id", "keypair_id", "domain_id", "project_id")}  # what the messages carry
     for s, report, name in warnings:
         data = {"checker": report.checker, "remaining": round(report.remaining, 1)}
         reason = report.reason
         rows.append((s.id, None, name, Status.RUNNING, Status.RUNNING, reason, "system", data,
                      now))
-        messages.append((_Ref(s), name, {
+        messages.append((_Ref(s, *owners.get(s.id, (None, None, None))), name, {
             "kernel_id": None, "status": Status.RUNNING, "previous_status": Status.RUNNING,
             "reason": reason, "at": now, "data": data}))
     insert_rows(SessionEvent, ["session", "kernel", "name", "from_status", "to_status",
@@ -347,10 +350,11 @@ def _record_warnings(warnings, now):
 
 
 class _Ref:
-    __slots__ = ("pk", "name", "user_id")
+    __slots__ = ("pk", "name", "user_id", "keypair_id", "domain_id", "project_id")
 
-    def __init__(self, s):
+    def __init__(self, s, keypair_id, domain_id, project_id):
         self.pk, self.name, self.user_id = s.id, s.name, s.user_id
+        self.keypair_id, self.domain_id, self.project_id = keypair_id, domain_id, project_id
 
 
 def _cull(s, report):

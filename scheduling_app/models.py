@@ -115,9 +115,11 @@ class ScalingGroup(models.Model):
         default=120, help_text="Seconds a kernel may stay CREATING before a retry; after the "
                                "retries the session is rescheduled on another agent.")
     terminate_timeout = models.PositiveIntegerField(
-        default=300, help_text="Seconds a kernel may stay TERMINATING before its agent is "
-                               "told to kill it at once (SIGKILL, no hook); after as long "
-                               "again without an answer the kernel goes to ERROR.")
+        default=120, help_text="Seconds added to a kernel's grace period (its session's, else "
+                               "DEFAULT_GRACE_PERIOD) for how long it may stay TERMINATING "
+                               "before its agent is told to kill it at once (SIGKILL, no "
+                               "hook); after as long again without an answer the kernel goes "
+                               "to ERROR. kubelet's margin: grace period + 2 minutes.")
     # Retries of a failed stage (Sokovan's recovery handlers), spaced out.
     retry_backoff = models.PositiveIntegerField(
         default=2, help_text="Seconds before the first retry of a failed stage (pull, "
@@ -182,12 +184,15 @@ class ScalingGroup(models.Model):
     def __str__(self):
         return self.name
 
-    def timeout_of(self, status):
-        """Seconds a kernel may stay in `status`; None for a status without a timeout."""
+    def timeout_of(self, status, grace_period=0):
+        """Seconds a kernel may stay in `status`; None for a status without a timeout.
+        TERMINATING: its grace period (`grace_period`, the session's grace_seconds) plus
+        this group's margin, so that a stop is never cut short by the timeout."""
+        if str(status) == "TERMINATING":
+            return grace_period + self.terminate_timeout
         return {"SCHEDULED": self.scheduled_timeout, "PREPARING": self.preparing_timeout,
                 "PULLING": self.pull_timeout, "PREPARED": self.prepared_timeout,
-                "CREATING": self.create_timeout,
-                "TERMINATING": self.terminate_timeout}.get(str(status))
+                "CREATING": self.create_timeout}.get(str(status))
 
 
 class ResourcePolicy(models.Model):

@@ -9,12 +9,11 @@ from django.template.response import TemplateResponse
 
 from sessions_app.lifecycle import DestroyRefused, destroy_session
 from sessions_app.models import Session
-
-FORCE_PERMISSION = "sessions_app.force_terminate_session"
+from sessions_app.querysets import may_force_terminate
 
 
 def can_force(request):
-    return request.user.is_superuser or request.user.has_perm(FORCE_PERMISSION)
+    return may_force_terminate(request.user)
 
 
 def destroy_sessions(request, sessions, *, forced):

@@ -56,9 +56,11 @@ SESSION_TRANSITIONS = {**TRANSITIONS,
 
 # A kernel holds its agent's slots from allocation until its container is gone.
 SLOT_HOLDING = frozenset(_ALLOCATED | {S.RUNNING, S.TERMINATING, S.ERROR})
-# A session counts against its keypair's concurrency from allocation until it is asked
-# to terminate (Backend.AI releases concurrency when the destroy is accepted).
-CONCURRENCY_HOLDING = frozenset(_ALLOCATED | {S.RUNNING, S.ERROR})
+# A session counts against its keypair's concurrency from allocation until its destroy is
+# accepted (Backend.AI releases concurrency then) or its main kernel fails (ERROR, or ended);
+# nothing takes it back afterwards: ERROR holds slots (its container may run) but no
+# concurrency, so TERMINATING → ERROR changes nothing.
+CONCURRENCY_HOLDING = frozenset(_ALLOCATED | {S.RUNNING})
 
 KERNEL_EVENT_NAMES = {
     S.PENDING: "kernel_pending",
@@ -137,7 +139,9 @@ def _record_many(session, events, reason, actor, now):
     events_module.publish_many_on_commit([
         (session, name, {"kernel_id": kernel.pk if kernel else None, "status": to_status,
                          "previous_status": from_status, "reason": reason, "at": now,
-                         "data": data, "event_id": event_id, "agent_id": agent_id})
+                         "data": data, "event_id": event_id, "agent_id": agent_id,
+                         "cluster_role": kernel.cluster_role if kernel else None,
+                         "cluster_idx": kernel.cluster_idx if kernel else None})
         for (kernel, name, from_status, to_status, data), event_id in zip(events, ids,
                                                                            strict=True)])
 
@@ -408,12 +412,14 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
     kernel_rows = {
         row[0]: row for row in Kernel.objects.select_for_update()
         .filter(session_id__in=[sid for sid, _ in placements], status=S.PENDING)
-        .values_list("id", "session_id", "requested_slots", "status_history", "image")
+        .values_list("id", "session_id", "requested_slots", "status_history", "image",
+                     "cluster_role", "cluster_idx")
     }
     session_rows = {
         row[0]: row for row in Session.objects.select_for_update()
         .filter(pk__in=[sid for sid, _ in placements], status=S.PENDING)
-        .values_list("id", "name", "user_id", "keypair_id", "status_history")
+        .values_list("id", "name", "user_id", "keypair_id", "status_history", "domain_id",
+                     "project_id")
     }
     placed, kernel_updates, occupying = [], [], {}
     occupied = {}
@@ -458,8 +464,9 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
     ])
     sessions, per_keypair = {}, {}
     for session_id in placed:
-        _, name, user_id, keypair_id, _ = session_rows[session_id]
-        sessions[session_id] = _SessionRef(session_id, name, user_id)
+        _, name, user_id, keypair_id, _, domain_id, project_id = session_rows[session_id]
+        sessions[session_id] = _SessionRef(session_id, name, user_id, keypair_id, domain_id,
+                                           project_id)
         per_keypair[keypair_id] = per_keypair.get(keypair_id, 0) + 1
     keypairs = list(KeyPair.objects.select_for_update().filter(pk__in=per_keypair))
     for keypair in keypairs:
@@ -481,7 +488,9 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
     events_module.publish_many_on_commit(
         [(sessions[sid], name, {"kernel_id": kid, "status": step, "previous_status": before,
                                 "reason": "", "at": now, "event_id": event_id,
-                                "agent_id": agent_of[kid] if kid else session_agent[sid]})
+                                "agent_id": agent_of[kid] if kid else session_agent[sid],
+                                "cluster_role": kernel_rows[kid][5] if kid else None,
+                                "cluster_idx": kernel_rows[kid][6] if kid else None})
          for (sid, kid, name, before, step), event_id in zip(events, ids, strict=True)])
     if check_image:
         kernels = [_KernelRef(kernel_id, agent_id, kernel_rows[kernel_id][4])
@@ -518,10 +527,11 @@ class _KernelRef:
 class _SessionRef:
     """What a published message needs of a session."""
 
-    __slots__ = ("pk", "name", "user_id")
+    __slots__ = ("pk", "name", "user_id", "keypair_id", "domain_id", "project_id")
 
-    def __init__(self, pk, name, user_id):
+    def __init__(self, pk, name, user_id, keypair_id, domain_id, project_id):
         self.pk, self.name, self.user_id = pk, name, user_id
+        self.keypair_id, self.domain_id, self.project_id = keypair_id, domain_id, project_id
 
 
 def set_pending_reasons(rows):

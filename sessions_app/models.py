@@ -195,6 +195,12 @@ class Session(StatusFields):
                        and k.agent.status == AgentStatus.LOST})
 
     @property
+    def grace_seconds(self):
+        """The grace period its kernels get between SIGTERM and SIGKILL: its own, else
+        DEFAULT_GRACE_PERIOD."""
+        return settings.DEFAULT_GRACE_PERIOD if self.grace_period is None else self.grace_period
+
+    @property
     def main_kernel(self):
         return min(self.kernels.all(), key=lambda k: (k.cluster_role != "main", k.cluster_idx))
 

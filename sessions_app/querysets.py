@@ -13,6 +13,17 @@ def is_admin(user, keypair=None):
     return bool(user and (user.is_superuser or user.is_staff or (keypair and keypair.is_admin)))
 
 
+FORCE_TERMINATE_PERMISSION = "sessions_app.force_terminate_session"
+
+
+def may_force_terminate(user):
+    """Force-terminate (SIGKILL now, no hook, no grace) needs the permission "Can
+    force-terminate sessions", which superusers have: the one check of every interface
+    (API, Backend.AI routes, dashboard, admin). Being staff, or acting through an admin
+    keypair, is not enough."""
+    return bool(user and user.is_authenticated and user.has_perm(FORCE_TERMINATE_PERMISSION))
+
+
 def as_uuid(ref):
     try:
         return uuid.UUID(str(ref))

@@ -84,8 +84,8 @@ def test_destroying_a_pending_session_cancels_it(as_alice, alice):
     session.refresh_from_db()
     assert session.status == Status.CANCELLED and session.status_info == "user-requested"
     events = as_alice.get(f"{URL}{session.pk}/events/").json()["results"]
-    assert [e["name"] for e in events] == ["session_enqueued", "kernel_cancelled",
-                                           "session_cancelled"]
+    assert [e["name"] for e in events] == ["session_enqueued", "session_destroy_requested",
+                                           "kernel_cancelled", "session_cancelled"]
 
 
 def test_users_may_not_force_terminate(as_alice, alice):

@@ -152,7 +152,10 @@ def test_lookup_by_name_prefers_the_live_session_then_the_latest_finished(client
 def test_destroy_by_name_follows_the_lifecycle_rules(client, kp, admin_kp, alice):
     make_session(alice, Status.PREPARING, name="busy")
     refused = signed_call(client, kp, "DELETE", "/session/busy")
-    assert refused.status_code == 409
+    # Backend.AI's GenericForbidden (the REST API answers 409: test_destroy_rules.py).
+    assert refused.status_code == 403
+    assert refused.json()["type"] == "https://api.backend.ai/probs/generic-forbidden"
+    assert refused.json()["title"] == "Forbidden operation."
     assert refused.json()["msg"].startswith("Cannot destroy kernels in scheduled/preparing/"
                                             "terminating/error status; PREPARING times out")
     forced = signed_call(client, kp, "DELETE", "/session/busy?forced=true")

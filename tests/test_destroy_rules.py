@@ -2,6 +2,7 @@
 
 import pytest
 import time_machine
+from django.contrib.auth.models import Permission
 
 from agents_app.models import Agent
 from common import clock
@@ -16,14 +17,14 @@ PULLING_REFUSAL = "Cannot destroy kernels in pulling status"
 TRANSIT_REFUSAL = "Cannot destroy kernels in scheduled/preparing/terminating/error status"
 SLOT_HOLDING = {S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING, S.RUNNING,
                 S.TERMINATING, S.ERROR}
-CONCURRENCY_HOLDING = SLOT_HOLDING - {S.TERMINATING}
+CONCURRENCY_HOLDING = SLOT_HOLDING - {S.TERMINATING, S.ERROR}
 
 
 def expected_outcome(status, forced, role):
     """(HTTP code, message or None, kernel status after, reason after, kernel event)."""
     if role == "other":
         return 404, "Session not found.", status, None, None
-    if forced and role == "owner":
+    if forced and role in ("owner", "staff"):  # forcing needs the permission
         return 403, "You are not allowed to force-terminate", status, None, None
     reason = "force-terminated" if forced else "user-requested"
     if status in (S.TERMINATED, S.CANCELLED):
@@ -43,13 +44,16 @@ def expected_outcome(status, forced, role):
 
 @pytest.fixture
 def users(alice, bob, carol, django_user_model):
-    dave = django_user_model.objects.create_user("dave", is_staff=True)  # admin, not superuser
-    return {"owner": alice, "other": bob, "admin": dave, "superadmin": carol}
+    # Admins, not superusers: one with the force-terminate permission, one without.
+    dave = django_user_model.objects.create_user("dave", is_staff=True)
+    dave.user_permissions.add(Permission.objects.get(codename="force_terminate_session"))
+    sam = django_user_model.objects.create_user("sam", is_staff=True)
+    return {"owner": alice, "other": bob, "staff": sam, "admin": dave, "superadmin": carol}
 
 
 
 
-@pytest.mark.parametrize("role", ["owner", "other", "admin", "superadmin"])
+@pytest.mark.parametrize("role", ["owner", "other", "staff", "admin", "superadmin"])
 @pytest.mark.parametrize("forced", [False, True])
 @pytest.mark.parametrize("status", list(Status))
 def test_destroy_rules(status, forced, role, users, client, sent,
@@ -170,7 +174,9 @@ def test_a_refused_destroy_says_when_the_status_times_out(status, timeout_field,
                                                          alice, client):
     ScalingGroup.objects.filter(name="default").update(**{timeout_field: 90})
     with time_machine.travel("2026-01-01 10:00:00Z", tick=False):
-        session = make_session(alice, status)
+        # No grace period: TERMINATING's timeout is then the group's margin alone
+        # (test_stopping.py counts a grace period in).
+        session = make_session(alice, status, grace_period=0)
     client.force_login(alice)
     with time_machine.travel("2026-01-01 10:00:30Z", tick=False):
         assert clock.now().isoformat().startswith("2026-01-01T10:00:30")

@@ -211,7 +211,8 @@ def test_stuck_stages_time_out(alice, sent):
     ScalingGroup.objects.filter(name="default").update(create_timeout=60, terminate_timeout=60)
     agent = make_agent(slots={"cpu": "8", "mem": "8g"})
     creating = make_session(alice, S.CREATING, agent=agent, name="c")
-    terminating = make_session(alice, S.TERMINATING, agent=agent, name="t")
+    # TERMINATING times out after its grace period plus the margin: no grace, the margin.
+    terminating = make_session(alice, S.TERMINATING, agent=agent, name="t", grace_period=0)
     with time_machine.travel(clock.now() + timedelta(seconds=61)):
         assert progress.check_progress() == 2
     creating_kernel = creating.kernels.get()

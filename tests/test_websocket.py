@@ -24,7 +24,8 @@ from tests.support import IMAGE
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
 S = Status
-MESSAGE_KEYS = {"id", "event", "session_id", "session_name", "kernel_id", "status",
+MESSAGE_KEYS = {"id", "event", "session_id", "session_name", "kernel_id", "cluster_role",
+                "cluster_idx", "access_key", "domain_id", "project_id", "user_id", "status",
                 "previous_status", "reason", "at", "data"}
 
 
@@ -104,12 +105,16 @@ async def test_a_user_receives_their_sessions_events_in_the_documented_form(alic
     assert set(first) == MESSAGE_KEYS
     assert first == {
         "id": first["id"], "event": "session_enqueued", "session_id": str(session.pk),
-        "session_name": "s1", "kernel_id": None, "status": "PENDING", "previous_status": "",
-        "reason": "", "at": session.created_at.isoformat(), "data": {},
+        "session_name": "s1", "kernel_id": None, "cluster_role": None, "cluster_idx": None,
+        "access_key": session.keypair_id, "domain_id": session.domain_id,
+        "project_id": session.project_id, "user_id": alice.pk, "status": "PENDING",
+        "previous_status": "", "reason": "", "at": session.created_at.isoformat(), "data": {},
     }
     kernel = await database_sync_to_async(session.kernels.get)()
     assert (second["event"], second["kernel_id"], second["previous_status"],
             second["status"]) == ("kernel_scheduled", str(kernel.pk), "PENDING", "SCHEDULED")
+    assert (second["cluster_role"], second["cluster_idx"], second["access_key"]) == (
+        "main", 1, session.keypair_id)
     assert (third["event"], third["status"]) == ("session_scheduled", "SCHEDULED")
     ids = await database_sync_to_async(
         lambda: list(SessionEvent.objects.filter(session=session).values_list("pk", flat=True))

@@ -22,6 +22,7 @@ from docker.errors import DockerException, NotFound
 
 from agents_app.runtime import docker_backend as backend
 from agents_app.runtime import errors
+from agents_app.runtime.lanes import LifecycleLane, PullLane
 from agents_app.runtime.provisioners import KernelRunner, ProvisionFailed
 from backendai_web import __version__, metrics
 from backendai_web.celery import app
@@ -31,9 +32,29 @@ log = logging.getLogger("agent")
 STOPPED_KEPT = 30  # seconds a stopped kernel stays in the heartbeat's "stopping"
 
 
+class Stop:
+    """The one stop of a kernel in flight on this agent: requests for it meanwhile join it.
+    `escalated` is set by a forced request (at once, or during a graceful stop)."""
+
+    def __init__(self, forced):
+        self.escalated = threading.Event()
+        if forced:
+            self.escalated.set()
+        self.container = None  # set when the stop has found it
+
+    def escalate(self):
+        """SIGKILL now: a hook or a `docker stop` in flight ends with the container, and
+        the stop goes on as a forced one (KernelContainer.teardown)."""
+        self.escalated.set()  # before reading `container`: the stop sets it, then reads this
+        container = self.container
+        if container is not None:
+            with contextlib.suppress(DockerException, OSError):
+                container.kill()
+
+
 class Agent:
     def __init__(self, agent_id, scaling_group, *, slots=None, heartbeat_interval=5.0,
-                 addr=None, region=""):
+                 addr=None, region="", lifecycle_threads=8, pull_threads=4):
         self.id = agent_id
         self.scaling_group = scaling_group
         self.fixed_slots = slots
@@ -45,6 +66,12 @@ class Agent:
         self._docker_error = None
         self._lock = threading.Lock()
         self._destroying = set()  # kernel ids this agent is stopping itself
+        self._stops = {}  # kernel id → its Stop in flight (destroy_kernel)
+        self._stops_lock = threading.Lock()
+        # Creates, stops and restarts in one lane, pulls in another: a slow pull never
+        # holds up a stop, and no task thread waits for either (lanes.py).
+        self.lifecycle = LifecycleLane(lifecycle_threads)
+        self.pulls = PullLane(pull_threads)
         self._reaping = set()  # kernel ids whose exit this agent has reported
         # Kernel ids being started → whether Docker said meanwhile that the container
         # died: its exit is reported once the start is (or it is torn down), not before.
@@ -159,7 +186,10 @@ class Agent:
         gone from the list while the report of their end is still on its way."""
         recent = time.time() - STOPPED_KEPT
         self._stopped = {k: at for k, at in self._stopped.items() if at > recent}
-        return sorted(set(self._destroying) | set(self._stopped))
+        return sorted(set(self._destroying) | set(self._stops) | set(self._stopped))
+
+    def is_stopping(self, kernel_id):
+        return kernel_id in self._destroying or kernel_id in self._stops
 
     def container_report(self, container):
         """What the manager reconciles: the state, samples of a running container, and the
@@ -169,7 +199,7 @@ class Agent:
         kernel_id = container.labels.get(backend.KERNEL_ID)
         entry = {"kernel_id": kernel_id, "container_id": container.id,
                  "state": container.status, "stat": {}}
-        if kernel_id in self._destroying:
+        if self.is_stopping(kernel_id):
             entry["state"] = "stopping"
         elif kernel_id in self._starting:
             entry["state"] = "starting"  # not RUNNING before its readiness check
@@ -288,7 +318,7 @@ class Agent:
             self.report(kernel_id, "kernel_health", status=status)
 
     def reap_in_background(self, kernel_id, container_id):
-        if kernel_id and kernel_id not in self._destroying and kernel_id not in self._reaping:
+        if kernel_id and not self.is_stopping(kernel_id) and kernel_id not in self._reaping:
             self._reaping.add(kernel_id)
             threading.Thread(target=self.reap, args=(kernel_id, container_id),
                              daemon=True).start()
@@ -300,7 +330,7 @@ class Agent:
         on the way (a broker that came back empty) is made good by the next heartbeat."""
         try:
             container = self.docker.containers.get(container_id)
-            if container.status in ("running", "restarting") or kernel_id in self._destroying:
+            if container.status in ("running", "restarting") or self.is_stopping(kernel_id):
                 self._reaping.discard(kernel_id)
                 return  # restarted in place (a session restart), or being stopped: no exit
             exit_code, reason = backend.exit_status(container)
@@ -317,22 +347,30 @@ class Agent:
         self.report(kernel_id, "kernel_terminated", exit_code=exit_code, reason=reason,
                     log_tail=logs)
 
-    # Kernel operations, called by the agent's Celery tasks.
+    # Kernel operations. The agent's Celery tasks run creates, restarts and dangling removals
+    # in the lifecycle lane (tasks.py); a destroy and a pull are handed to their lane here,
+    # where a request for a stop or a pull in flight joins it.
     def check_and_pull(self, kernel_id, image):
+        """Report the image as there, or pull it in the pull lane: one pull per image,
+        shared by every kernel that needs it meanwhile (each gets its progress and
+        outcome). A pull is never interrupted."""
         if backend.image_exists(self.docker, image):
             self.report(kernel_id, "image_pulled", image=image, pulled=False)
             return
         self.report(kernel_id, "image_pulling", image=image)
-        try:
-            backend.pull_image(
-                self.docker, image,
-                progress=lambda p: self.report(kernel_id, "pull_progress", image=image, **p),
-            )
-        except (DockerException, OSError) as exc:
-            self.report(kernel_id, "pull_failed", image=image, error=str(exc)[:500],
-                        kind=errors.kind_of(exc))
-            return
-        self.report(kernel_id, "image_pulled", image=image, pulled=True)
+        self.pulls.join(
+            image, kernel_id,
+            pull=lambda progress: backend.pull_image(self.docker, image, progress=progress),
+            on_progress=lambda kernel, p: self.report(kernel, "pull_progress", image=image,
+                                                      **p),
+            on_done=lambda kernel, error: self._pulled(kernel, image, error))
+
+    def _pulled(self, kernel_id, image, error):
+        if error is not None:
+            self.report(kernel_id, "pull_failed", image=image, error=str(error)[:500],
+                        kind=errors.kind_of(error))
+        else:
+            self.report(kernel_id, "image_pulled", image=image, pulled=True)
 
     def create_kernel(self, spec):
         """Set up the kernel's resources, start its container, and report it started once
@@ -390,19 +428,39 @@ class Agent:
 
     def destroy_kernel(self, kernel_id, container_id="", reason="", forced=False):
         """Stop and remove the kernel's container: gracefully (pre-stop hook, SIGTERM to
-        the whole workload, the grace period, SIGKILL), or at once when forced."""
-        self._destroying.add(kernel_id)
+        the whole workload, the grace period, SIGKILL), or at once when forced. One stop
+        per kernel: a request while it is in flight joins it (the manager re-sends while
+        it waits), so the hook runs once and `docker stop` is sent once; a forced one
+        escalates it to SIGKILL. Returns "stopping" or "joined"."""
+        with self._stops_lock:
+            stop = self._stops.get(kernel_id)
+            joined = stop is not None
+            if not joined:
+                stop = self._stops[kernel_id] = Stop(forced)
+        if joined:
+            if forced and not stop.escalated.is_set():
+                log.info("kernel %s: a forced destroy during its stop kills it now", kernel_id)
+                stop.escalate()
+            return "joined"
+        self.lifecycle.submit(kernel_id, lambda: self._stop(kernel_id, stop, container_id,
+                                                            reason))
+        return "stopping"
+
+    def _stop(self, kernel_id, stop, container_id, reason):
         try:
             container = backend.find_kernel_container(self.docker, self.id, kernel_id,
                                                       container_id)
             if container is None:
                 self.report(kernel_id, "kernel_terminated", exit_code=None, reason=reason)
                 return
+            stop.container = container  # before reading `escalated`: escalate() reads both
             runner = KernelRunner.from_container(self.docker, self.id, container)
             # An ended container has nothing to stop gracefully and no hook to run.
-            forced = forced or container.status in ("exited", "dead", "created")
+            forced = stop.escalated.is_set() or container.status in ("exited", "dead",
+                                                                     "created")
             exit_code, logs = runner.teardown(
-                forced=forced, on_hook_failure=lambda code, output: self.report(
+                forced=forced, escalated=stop.escalated,
+                on_hook_failure=lambda code, output: self.report(
                     kernel_id, "pre_stop_failed", exit_code=code, output=output))
             if runner.failure:  # Docker refused: the container may still run
                 self.report(kernel_id, "teardown_failed", error=runner.failure)
@@ -411,7 +469,8 @@ class Agent:
                         log_tail=logs)
         finally:
             self._stopped[kernel_id] = time.time()
-            self._destroying.discard(kernel_id)
+            with self._stops_lock:  # a request from now on is a new stop
+                self._stops.pop(kernel_id, None)
             self._reaping.discard(kernel_id)
 
     def restart_kernel(self, kernel_id, container_id="", grace_period=10):

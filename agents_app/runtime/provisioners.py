@@ -30,8 +30,22 @@ SCRATCH_VOLUME = "ai.backend.scratch-volume"
 NETWORK = "ai.backend.network"
 PRE_STOP = "ai.backend.pre-stop"
 MOUNTS = "ai.backend.mounts"
-MIN_GRACE_AFTER_HOOK = 2  # seconds: a pre-stop hook never leaves less than this for SIGTERM
 OVERLAY_WAIT = 10  # seconds for a kernel's overlay network to be known where it starts
+# kubelet's minimumGracePeriodInSeconds: every plain stop leaves the workload at least this
+# long between SIGTERM and SIGKILL, whatever the grace period and whether a hook ran.
+MIN_GRACE = 2
+
+
+def runs_hook(hook, grace_period):
+    """kubelet: the pre-stop hook runs only when there is one and the grace period is
+    above 0; it is bounded by the grace period."""
+    return bool(hook) and grace_period > 0
+
+
+def grace_after_hook(grace_period, hook_seconds=0):
+    """The seconds between SIGTERM and SIGKILL: the grace period less the hook's time (in
+    whole seconds, as kubelet counts it), never below MIN_GRACE."""
+    return max(int(grace_period) - int(hook_seconds), MIN_GRACE)
 
 
 class ScratchVolume:
@@ -188,24 +202,29 @@ class KernelContainer:
             **overlay_endpoint(spec, network, self.client.api.api_version),
         )
 
-    def teardown(self, container, grace_period=None, *, forced=False, on_hook_failure=None):
+    def teardown(self, container, grace_period=None, *, forced=False, on_hook_failure=None,
+                 escalated=None):
         """Stop gracefully (pre-stop hook, SIGTERM, SIGKILL after the grace period) or, when
         forced, SIGKILL at once without the hook; keep the log tail, remove. Returns
         (exit_code, log_tail); gone or stopped is not an error. A hook that fails is
-        passed to on_hook_failure(exit_code, output) and the stop goes on."""
-        if forced:
+        passed to on_hook_failure(exit_code, output) and the stop goes on. `escalated` (an
+        Event) set meanwhile turns the rest of a graceful stop into a forced one: whoever
+        sets it kills the container, which ends a hook or a `docker stop` in flight."""
+        if forced or (escalated is not None and escalated.is_set()):
             return backend.stop_and_remove(container, 0, forced=True)
         if grace_period is None:
             grace_period = int(container.labels.get(backend.GRACE_PERIOD, "10"))
         hook = container.labels.get(PRE_STOP, "")
-        if hook:
+        hook_seconds = 0
+        if runs_hook(hook, grace_period):
             started = time.monotonic()
             exit_code, output = run_pre_stop(container, hook, grace_period)
+            hook_seconds = time.monotonic() - started
+            if escalated is not None and escalated.is_set():
+                return backend.stop_and_remove(container, 0, forced=True)
             if exit_code != 0 and on_hook_failure is not None:
                 on_hook_failure(exit_code, output)
-            grace_period = max(grace_period - (time.monotonic() - started),
-                               MIN_GRACE_AFTER_HOOK)
-        return backend.stop_and_remove(container, grace_period)
+        return backend.stop_and_remove(container, grace_after_hook(grace_period, hook_seconds))
 
 
 def overlay_endpoint(spec, network, api_version):
@@ -324,7 +343,7 @@ class KernelRunner:
         finally:
             self.seconds[name] = round(time.perf_counter() - started, 4)
 
-    def teardown(self, *, forced=False, on_hook_failure=None):
+    def teardown(self, *, forced=False, on_hook_failure=None, escalated=None):
         """Tear down everything held; the container's (exit code, log tail) if it had one.
 
         When Docker refuses to stop or remove the container, its error is kept in
@@ -335,7 +354,8 @@ class KernelRunner:
             try:
                 if isinstance(provisioner, KernelContainer):
                     result = provisioner.teardown(resource, forced=forced,
-                                                  on_hook_failure=on_hook_failure)
+                                                  on_hook_failure=on_hook_failure,
+                                                  escalated=escalated)
                 else:
                     provisioner.teardown(resource)
             except Exception as exc:  # the others must still go

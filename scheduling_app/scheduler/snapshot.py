@@ -19,8 +19,9 @@ from sessions_app.enums import Status
 from sessions_app.models import Kernel, KeyPair, Session
 from sessions_app.status_data import StatusData
 
-# Sessions whose slots count against their keypair's, project's and domain's limits.
-OCCUPYING = CONCURRENCY_HOLDING | {Status.TERMINATING}
+# Sessions whose slots count against their keypair's, project's and domain's limits: an
+# ERROR one too (its container may still run), though it no longer counts for concurrency.
+OCCUPYING = CONCURRENCY_HOLDING | {Status.TERMINATING, Status.ERROR}
 
 
 def load_pending(group, limit=None):

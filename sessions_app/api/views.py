@@ -100,12 +100,33 @@ class KernelSerializer(serializers.ModelSerializer):
 
 
 class SessionEventSerializer(serializers.ModelSerializer):
+    """An event row with what Backend.AI's session events carry about their session and
+    kernel, read through the row's joins (session_events() selects them), not stored in
+    every row."""
+
     kernel_id = serializers.UUIDField(source="kernel.pk", allow_null=True, default=None)
+    session_id = serializers.UUIDField(read_only=True)
+    session_name = serializers.CharField(source="session.name", read_only=True)
+    access_key = serializers.CharField(source="session.keypair_id", read_only=True)
+    cluster_role = serializers.CharField(source="kernel.cluster_role", allow_null=True,
+                                         default=None, read_only=True)
+    cluster_idx = serializers.IntegerField(source="kernel.cluster_idx", allow_null=True,
+                                           default=None, read_only=True)
+    domain = serializers.CharField(source="session.domain.name", read_only=True)
+    project = serializers.CharField(source="session.project.name", read_only=True)
+    user = serializers.CharField(source="session.user.username", read_only=True)
 
     class Meta:
         model = SessionEvent
-        fields = ["id", "name", "kernel_id", "from_status", "to_status", "reason", "actor",
-                  "data", "created_at"]
+        fields = ["id", "name", "session_id", "session_name", "kernel_id", "cluster_role",
+                  "cluster_idx", "access_key", "domain", "project", "user", "from_status",
+                  "to_status", "reason", "actor", "data", "created_at"]
+
+
+def session_events(session):
+    """The session's events with what their answers read."""
+    return session.events.select_related("kernel", "session__domain", "session__project",
+                                         "session__user")
 
 
 QUEUE_SCHEMA = inline_serializer("SessionQueue", {
@@ -299,8 +320,8 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def retrieve(self, request, *args, **kwargs):
         """A session with its kernels, pending reason and event history."""
         session = self.get_object()
-        session = Session.objects.prefetch_related("events__kernel", "kernels__agent").get(
-            pk=session.pk)
+        session = Session.objects.select_related("domain", "project", "user").prefetch_related(
+            "events__kernel", "kernels__agent").get(pk=session.pk)
         return Response(SessionDetailSerializer(session).data)
 
     @extend_schema(request=SessionCreateSerializer,
@@ -366,5 +387,5 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def events(self, request, pk=None):
         """The session's event history, oldest first."""
         session = self.get_object()
-        page = self.paginate_queryset(session.events.select_related("kernel"))
+        page = self.paginate_queryset(session_events(session))
         return self.get_paginated_response(SessionEventSerializer(page, many=True).data)

@@ -34,6 +34,7 @@ from sessions_app.api.views import (
 )
 from sessions_app.enums import SessionType, Status, StatusGroup
 from sessions_app.events import ADMINS_GROUP, session_group, user_group
+from sessions_app.lifecycle import DestroyRefused
 from sessions_app.models import Session
 from sessions_app.querysets import as_uuid
 from sessions_app.realtime.streams import (
@@ -281,6 +282,18 @@ def destroy_stats(result):
     return stats
 
 
+def destroy_as_manager(request, session, forced):
+    """destroy_for, refused as the Backend.AI manager refuses: a status that does not allow
+    the destroy is its GenericForbidden (403), with the same message (what refuses it and
+    when the status ends by itself). The REST API keeps 409 (api/views.py)."""
+    try:
+        return destroy_for(request, session, forced)
+    except DestroyRefused as refusal:
+        if refusal.status_code != 409:
+            raise
+        raise RequestFailed(refusal.message, 403, problem="generic-forbidden") from None
+
+
 def dependents_of(session):
     """Live sessions that depend on `session`, directly or not, the farthest first."""
     found, frontier = [], [session]
@@ -343,8 +356,8 @@ class SessionResource(CompatView):
         forced = is_true(request.query_params.get("forced", ""))
         if is_true(request.query_params.get("recursive", "")):
             for dependent in dependents_of(session):
-                destroy_for(request, dependent, forced)
-        result = destroy_for(request, session, forced)
+                destroy_as_manager(request, dependent, forced)
+        result = destroy_as_manager(request, session, forced)
         return Response({"stats": destroy_stats(result), "status": result.status})
 
     def patch(self, request, ref):
@@ -490,7 +503,8 @@ class SessionEvents(CompatView):
 
 def session_facts(session_id):
     return Session.objects.filter(pk=session_id).values(
-        "keypair_id", "project_id", "user_id").first()
+        "keypair_id", "project_id", "user_id", "domain__name", "project__name",
+        "user__username").first()
 
 
 async def event_stream(groups, spec):
@@ -548,10 +562,17 @@ async def event_stream(groups, spec):
 
 
 def sse_data(msg, fact):
+    """An event as Backend.AI's manager streams it (its field names: `kernelId`,
+    `clusterRole` and `clusterIdx` for a kernel's events), with the session's domain,
+    project (Backend.AI's group) and owner by name, the status and the time."""
     data = {"reason": msg.get("reason", ""), "sessionName": msg.get("session_name"),
             "ownerAccessKey": fact.get("keypair_id"), "sessionId": msg.get("session_id"),
             "exitCode": (msg.get("data") or {}).get("exit_code"),
+            "domainName": fact.get("domain__name"), "groupName": fact.get("project__name"),
+            "userName": fact.get("user__username"),
             "status": msg.get("status"), "at": msg.get("at")}
     if msg.get("kernel_id"):
         data["kernelId"] = msg["kernel_id"]
+        data["clusterRole"] = msg.get("cluster_role")
+        data["clusterIdx"] = msg.get("cluster_idx")
     return data

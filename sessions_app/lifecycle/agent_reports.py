@@ -181,7 +181,8 @@ def _pull_progress(kernel, data, actor):
     """Progress of a running pull: pushed to the browser, not stored."""
     events_module.publish_on_commit(
         kernel.session, "kernel_pull_progress", kernel_id=kernel.pk, status=kernel.status,
-        previous_status=kernel.status, reason="", at=clock.now(), data=data)
+        previous_status=kernel.status, reason="", at=clock.now(), data=data,
+        cluster_role=kernel.cluster_role, cluster_idx=kernel.cluster_idx)
 
 
 def _restarted(kernel, data, actor):

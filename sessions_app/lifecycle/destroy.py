@@ -14,7 +14,8 @@ from common import clock
 from sessions_app import engine
 from sessions_app.accounting import reconcile_usage
 from sessions_app.enums import Status
-from sessions_app.querysets import is_admin
+from sessions_app.models import KeyPair
+from sessions_app.querysets import is_admin, may_force_terminate
 from sessions_app.spec import DomainError
 from sessions_app.status_data import Key
 
@@ -58,7 +59,7 @@ def _refusal(kernel, forced):
 def _times_out(kernel):
     """When the kernel's status ends by itself (its scaling group's timeout), in words."""
     group = kernel.session.scaling_group
-    timeout = group.timeout_of(kernel.status) if group else None
+    timeout = group.timeout_of(kernel.status, kernel.session.grace_seconds) if group else None
     if kernel.status == S.ERROR:
         return "; it stays in ERROR until its container is removed or an admin " \
                "force-terminates it"
@@ -81,25 +82,67 @@ def destroy_session(session, *, forced=False, reason="user-requested", actor=Non
                     keypair=None, requeue=False) -> DestroyResult:
     """Destroy every kernel of `session` by the rules of its status.
 
-    `actor` is the user asking, or None for the system (handlers, culling).
+    `actor` is the user asking, or None for the system (handlers, culling); `keypair` the
+    keypair the request acts through (else the actor's main keypair).
     `requeue`: each RUNNING kernel, once stopped as usual, goes back to PENDING instead of
     ending (progress.requeue_stopped_kernel), and with the last one the session.
+    Every request is logged (`DESTROY (ak:REQUESTER/OWNER, s:SESSION, forced:F)`) and
+    recorded in the session's history (`session_destroy_requested`), refused ones too.
     Raises DestroyRefused with the message and HTTP status when the rules refuse.
     """
+    request = DestroyRequest.of(session, actor, keypair, forced, reason)
+    log.info("DESTROY (ak:%s/%s, s:%s, forced:%s)", request.requester_access_key,
+             request.owner_access_key, session.name, forced,
+             extra={"session_id": str(session.pk), "session_name": session.name})
     try:
-        return _destroy_session(session, forced=forced, reason=reason, actor=actor,
+        return _destroy_session(session, request, forced=forced, reason=reason, actor=actor,
                                 keypair=keypair, requeue=requeue)
-    except DestroyRefused:
+    except DestroyRefused as refusal:
         metrics.count("destroy_refusals", status=session.status)
+        if refusal.status_code != 404:  # not the requester's to see: not in its history
+            request.record(session, refusal=refusal)
         raise
 
 
-def _destroy_session(session, *, forced, reason, actor, keypair, requeue):
+@dataclass
+class DestroyRequest:
+    """Who asked to destroy a session, for whom: the log line and the history row."""
+
+    requester: str  # the user's name, or "system"
+    requester_access_key: str
+    owner_access_key: str
+    forced: bool
+    reason: str
+
+    @classmethod
+    def of(cls, session, actor, keypair, forced, reason):
+        if actor is None:
+            requester, access_key = "system", "system"
+        else:
+            requester = actor.get_username()
+            access_key = keypair.access_key if keypair is not None else (
+                KeyPair.objects.filter(user=actor, is_main=True)
+                .values_list("access_key", flat=True).first() or "-")
+        return cls(requester, access_key, session.keypair_id,
+                   forced, "force-terminated" if forced else reason)
+
+    def record(self, session, refusal=None):
+        data = {"requester_access_key": self.requester_access_key,
+                "owner_access_key": self.owner_access_key, "forced": self.forced,
+                "reason": self.reason}
+        if refusal is not None:
+            data["refused"] = refusal.message
+            data["status_code"] = refusal.status_code
+        why = f"refused: {refusal.rule}" if refusal is not None else self.reason
+        engine.record_event(session, "session_destroy_requested", actor=self.requester,
+                            reason=why[:255], data=data)
+
+
+def _destroy_session(session, request, *, forced, reason, actor, keypair, requeue):
     if actor is not None:
-        admin = is_admin(actor, keypair)
-        if forced and not admin:
+        if forced and not may_force_terminate(actor):
             raise DestroyRefused("You are not allowed to force-terminate", 403)
-        if not admin and session.user_id != actor.pk:
+        if not is_admin(actor, keypair) and session.user_id != actor.pk:
             raise DestroyRefused("Session not found", 404)
     if forced:
         reason = "force-terminated"
@@ -114,6 +157,7 @@ def _destroy_session(session, *, forced, reason, actor, keypair, requeue):
             refusal = _refusal(kernel, forced)
             if refusal:
                 raise DestroyRefused(refusal + _times_out(kernel), rule=refusal)
+        request.record(session)  # before the changes it causes, in their transaction
         for kernel in kernels:
             outcome = _destroy_kernel(kernel, forced=forced, reason=reason, actor=actor_name,
                                       requeue=requeue)

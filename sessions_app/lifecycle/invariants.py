@@ -27,12 +27,13 @@ TIMED = [S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING,
          S.TERMINATING]
 
 
-def timeout_of(group, status):
+def timeout_of(group, status, grace_period=0):
     """Seconds past which a kernel in `status` is stuck: its group's timeout, twice for
-    TERMINATING (a forced kill first, then ERROR after as long again)."""
+    TERMINATING (a forced kill after the grace period plus the margin, then ERROR after as
+    long again)."""
     if status == S.PENDING:
         return group.pending_timeout
-    timeout = group.timeout_of(status)
+    timeout = group.timeout_of(status, grace_period)
     return 2 * timeout if status == S.TERMINATING else timeout
 
 
@@ -110,13 +111,19 @@ def _stuck(now):
             cutoff = now - timedelta(seconds=timeout) - STUCK_AFTER
             since = "session__created_at" if status == S.PENDING else "status_changed"
             for kernel in Kernel.objects.filter(status=status, session__scaling_group=group,
-                                                **{f"{since}__lt": cutoff}):
+                                                **{f"{since}__lt": cutoff}).select_related(
+                                                    "session"):
+                own = timeout
+                if status == S.TERMINATING:  # its grace period is part of its timeout
+                    own = timeout_of(group, status, kernel.session.grace_seconds)
+                    if kernel.status_changed >= now - timedelta(seconds=own) - STUCK_AFTER:
+                        continue
                 last_retry = StatusData(kernel.status_data).last_retry
                 if last_retry and last_retry > cutoff:
                     continue  # a retry gets the whole timeout again
                 stuck.violations.append(f"kernel {kernel.pk} of session {kernel.session_id}: "
                                         f"{status} since {kernel.status_changed:%H:%M:%S}, "
-                                        f"its timeout {timeout}s")
+                                        f"its timeout {own}s")
         lost_cutoff = now - timedelta(seconds=group.lost_timeout) - STUCK_AFTER
         for kernel in Kernel.objects.filter(
                 agent__scaling_group=group, agent__status=AgentStatus.LOST,

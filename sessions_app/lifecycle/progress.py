@@ -105,9 +105,26 @@ def check_pulling_progress():
 def terminate_sessions():
     """Re-send the destroy request of TERMINATING kernels that got no answer, and keep
     asking for the removal of any container of ERROR kernels (forced): an ERROR kernel
-    ends when its agent confirms it has no container left."""
-    return (_resend_stale(S.TERMINATING, Key.LAST_DESTROY_REQUEST, _send_destroy_again)
-            + _resend_stale(S.ERROR, Key.LAST_DESTROY_REQUEST, _send_destroy_again))
+    ends when its agent confirms it has no container left. Not while the kernel's agent
+    says it is stopping it: the request arrived, and the stop may rightly take its grace
+    period (the agent would only join it)."""
+    return (_resend_stale(S.TERMINATING, Key.LAST_DESTROY_REQUEST, _send_destroy_again,
+                          skip=being_stopped)
+            + _resend_stale(S.ERROR, Key.LAST_DESTROY_REQUEST, _send_destroy_again,
+                            skip=being_stopped))
+
+
+def being_stopped(kernels):
+    """The ids of `kernels` that their ALIVE agent listed as `stopping` in a heartbeat of
+    the last RESEND_AFTER (Agent.containers); an older list is no evidence."""
+    recent = clock.now() - RESEND_AFTER
+    stopping = set()
+    for containers in Agent.objects.filter(
+            pk__in={k.agent_id for k in kernels if k.agent_id}, status=AgentStatus.ALIVE,
+            containers_at__gte=recent).values_list("containers", flat=True):
+        stopping |= {c.get("kernel_id") for c in containers or ()
+                     if c.get("state") == "stopping"}
+    return {k.pk for k in kernels if str(k.pk) in stopping}
 
 
 def _send_destroy_again(kernel):
@@ -116,14 +133,17 @@ def _send_destroy_again(kernel):
     rpc.send_destroy_kernel(kernel, data.destroy_reason or kernel.status_info, forced=forced)
 
 
-def _resend_stale(status, marker, send, **filters):
+def _resend_stale(status, marker, send, skip=None, **filters):
     """Send again the request of kernels in `status` for RESEND_AFTER, at most once per
-    RESEND_AFTER (the time of the last resend is kept in status_data[marker])."""
+    RESEND_AFTER (the time of the last resend is kept in status_data[marker]); not to
+    the kernels whose ids skip(kernels) gives."""
     stale = clock.now() - RESEND_AFTER
     sent = 0
-    for kernel in _kernels(status, status_changed__lt=stale, **filters):
+    kernels = _kernels(status, status_changed__lt=stale, **filters)
+    skipped = skip(kernels) if skip is not None and kernels else set()
+    for kernel in kernels:
         last = StatusData(kernel.status_data).time_of(marker)
-        if last and last > stale:
+        if kernel.pk in skipped or (last and last > stale):
             continue
         engine.merge_status_data(kernel, {marker: clock.now().isoformat()})
         send(kernel)
@@ -189,8 +209,9 @@ def check_progress():
     - PREPARING, PULLING and CREATING: retried on the same agent after a backoff, then
       rescheduled (a pull is never killed: the kernel moves on and the agent discards the
       result);
-    - TERMINATING: the agent is told to kill the container at once; without an answer
-      for as long again, the kernel goes to ERROR (its container may still run).
+    - TERMINATING (after the kernel's grace period plus the group's margin): the agent is
+      told to kill the container at once; without an answer for as long again, the kernel
+      goes to ERROR (its container may still run).
     Also sends the retries that are due (their countdown task may have been lost), and
     ends the kernels of sessions one of whose kernels ended by itself."""
     now = clock.now()
@@ -257,13 +278,16 @@ def _reschedule_stuck(kernel, reason, *, exclude):
 
 
 def _force_stuck_terminations(group, now):
-    """TERMINATING past the group's timeout: a forced destroy (SIGKILL now, no hook);
-    unanswered for as long again: ERROR, for an admin to see (the terminate handler keeps
-    asking the agent to remove the container)."""
-    timeout = timedelta(seconds=group.terminate_timeout)
+    """TERMINATING past its grace period plus the group's margin (terminate_timeout): a
+    forced destroy (SIGKILL now, no hook); unanswered for as long again: ERROR, for an
+    admin to see (the terminate handler keeps asking the agent to remove the container)."""
     moved = 0
     for kernel in _kernels(S.TERMINATING, session__scaling_group=group,
-                           status_changed__lt=now - timeout):
+                           status_changed__lt=now - timedelta(seconds=group.terminate_timeout)):
+        seconds = group.timeout_of(S.TERMINATING, kernel.session.grace_seconds)
+        timeout = timedelta(seconds=seconds)
+        if kernel.status_changed >= now - timeout:
+            continue  # still within its grace period and the margin
         forced_at = StatusData(kernel.status_data).forced_at
         if forced_at is None:
             reason = kernel.status_info or "force-terminated"
@@ -272,15 +296,14 @@ def _force_stuck_terminations(group, now):
                 Key.DESTROY_REASON: reason, Key.LAST_DESTROY_REQUEST: now.isoformat()})
             engine.record_event(kernel.session, "kernel_force_kill", actor="system",
                                 reason=f"{kernel.cluster_hostname} TERMINATING for over "
-                                       f"{group.terminate_timeout}s: killed at once",
+                                       f"{seconds}s: killed at once",
                                 data={"kernel_id": str(kernel.pk)})
-            log.warning("kernel %s TERMINATING past %ss: killed at once", kernel.pk,
-                        group.terminate_timeout)
+            log.warning("kernel %s TERMINATING past %ss: killed at once", kernel.pk, seconds)
             rpc.send_destroy_kernel(kernel, reason, forced=True)
             moved += 1
         elif forced_at < now - timeout:
             error = (f"terminate-timeout: agent {kernel.agent_id} did not confirm the "
-                     f"container's removal within {2 * group.terminate_timeout}s")
+                     f"container's removal within {2 * seconds}s")
             if engine.mark_kernel_error(kernel, reason=error[:255],
                                         from_statuses={S.TERMINATING},
                                         status_data={Key.TEARDOWN_ERROR: error}):

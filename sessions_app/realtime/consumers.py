@@ -139,8 +139,8 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
                                            created_at__gte=since - CATCH_UP_OVERLAP)
         if self.session_events_only:
             rows = rows.filter(kernel=None)
-        rows = (rows
-                .select_related("session").order_by("created_at", "id")[:CATCH_UP_LIMIT + 1])
+        rows = (rows.select_related("session", "kernel")
+                .order_by("created_at", "id")[:CATCH_UP_LIMIT + 1])
         return [message_of(row) for row in rows]
 
     async def push(self, event):

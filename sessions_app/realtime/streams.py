@@ -127,8 +127,8 @@ def history_messages(session_id):
     session = Session.objects.filter(pk=session_id).first()
     if session is None:
         return [], True
-    events = SessionEvent.objects.filter(session=session).select_related("session").order_by(
-        "created_at", "id")
+    events = SessionEvent.objects.filter(session=session).select_related(
+        "session", "kernel").order_by("created_at", "id")
     return [message_of(event) for event in events], session.status in StatusGroup.FINISHED
 
 

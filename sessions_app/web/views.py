@@ -23,7 +23,7 @@ from sessions_app.enums import Status, StatusGroup
 from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import DestroyRefused, destroy_session
 from sessions_app.models import Session
-from sessions_app.querysets import is_admin
+from sessions_app.querysets import is_admin, may_force_terminate
 from sessions_app.web import timeline
 from sessions_app.web.forms import SessionForm
 
@@ -59,6 +59,7 @@ def session_list(request):
     shown = finished.order_by("-terminated_at", "-created_at") if tab == "finished" else live
     return render(request, "dashboard/session_list.html", {
         "sessions": shown[:LIST_LIMIT], "tab": tab, "scope": scope, "admin": admin,
+        "may_force": may_force_terminate(request.user),
         "counts": {"live": live.count(), "finished": finished.count()},
         "limit": LIST_LIMIT, "rendered_at": clock.now(),
     })
@@ -89,6 +90,7 @@ def session_detail(request, pk):
     idle_state, idle_checks = timeline.idle_checks(session, now)
     return render(request, "dashboard/session_detail.html", {
         "session": session, "admin": admin, "events": events,
+        "may_force": may_force_terminate(request.user),
         "kernels": session.kernels.select_related("agent"), "phases": timeline.phases(events),
         "progress": timeline.start_progress(session),
         "finished": session.status in StatusGroup.FINISHED, "rendered_at": now,

@@ -1,16 +1,23 @@
 """Stop means what it says, on a real Docker engine through the live system: a forced
-destroy kills at once, a plain one gives the whole workload SIGTERM and its grace period,
+destroy kills at once, a plain one gives the whole workload SIGTERM and its grace period
+(never cut short by the terminate timeout), one stop per kernel however often it is asked,
 a kernel that ends by itself ends its session, OOM is named, a refused teardown is ERROR."""
 
 import contextlib
 import shutil
 import subprocess
+import threading
 import time
+from datetime import timedelta
 
 import pytest
+from django.db import connections
 from django.test import Client
 
+from agents_app import rpc
+from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
+from sessions_app.lifecycle import progress
 from sessions_app.models import Kernel, Session, SessionEvent
 from tests.live.test_agent_docker import create, wait_status
 from tests.support import IMAGE, need, wait_for
@@ -231,3 +238,109 @@ def test_a_restart_stops_the_workload_gracefully_and_runs_the_startup_command_ag
     assert Session.objects.get(pk=session_id).status == S.RUNNING
     as_alice.delete(f"/api/v1/sessions/{session_id}/")
     wait_status(session_id, S.TERMINATED)
+
+
+@contextlib.contextmanager
+def beat(handler, interval=0.3):
+    """`handler` every `interval` s in a thread, as beat fires it (the live system runs no
+    beat); yields the results."""
+    stop, results = threading.Event(), []
+
+    def run():
+        try:
+            while not stop.is_set():
+                results.append(handler())
+                stop.wait(interval)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield results
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def test_a_grace_period_longer_than_the_margin_is_not_cut_by_the_terminate_timeout(
+        live, as_alice, volume_reader, docker_client):
+    # Margin 2 s, grace 8 s: the kernel may stay TERMINATING 10 s. The workload needs 6 s
+    # of its grace; with the margin as the whole timeout it was SIGKILLed after 2 s.
+    ScalingGroup.objects.filter(name="default").update(terminate_timeout=2)
+    session_id = create(as_alice, "patient", grace_period=8,
+                        startup_command="trap 'sleep 6; echo saved > /home/work/saved; "
+                                        "exit 0' TERM; while :; do sleep 1; done")
+    wait_status(session_id, S.RUNNING)
+    kernel = Kernel.objects.get(session_id=session_id)
+    container = docker_client.containers.get(kernel.container_id)
+    reader = volume_reader(container.labels["ai.backend.scratch-volume"])
+    started = time.monotonic()
+    with beat(progress.check_progress):
+        as_alice.delete(f"/api/v1/sessions/{session_id}/")
+        wait_status(session_id, S.TERMINATED, timeout=20)
+    took = time.monotonic() - started
+    kernel.refresh_from_db()
+    assert kernel.exit_code == 0, kernel.log_tail  # it ended by itself, not by SIGKILL
+    assert 6 <= took < 10, took
+    assert not SessionEvent.objects.filter(session_id=session_id,
+                                           name="kernel_force_kill").exists()
+    assert reader.exec_run(["cat", "/w/saved"]).output == b"saved\n"
+
+
+def kill_signals(docker_client, container_id, since):
+    """The signals Docker sent the container since `since` (its `kill` events: `docker
+    stop` sends SIGTERM, then SIGKILL if the grace period runs out)."""
+    return [int(e["Actor"]["Attributes"]["signal"]) for e in docker_client.events(
+        since=since, until=time.time(), decode=True,
+        filters={"container": container_id, "event": "kill"})]
+
+
+SLOW_STOP = ("trap 'sleep 5; exit 0' TERM; while :; do sleep 1; done")
+COUNTED_HOOK = "echo ran >> /home/work/hook-runs; sleep 1"
+
+
+def test_a_repeated_destroy_joins_the_stop_in_flight(live, as_alice, volume_reader,
+                                                    docker_client, monkeypatch):
+    # A stop of about 6 s (a 1 s hook, a workload taking 5 s of its 20 s grace) and the
+    # manager's resend interval lowered to 1 s: the terminate handler runs every 0.3 s.
+    monkeypatch.setattr(progress, "RESEND_AFTER", timedelta(seconds=1))
+    session_id = create(as_alice, "once", grace_period=20, startup_command=SLOW_STOP,
+                        pre_stop_command=COUNTED_HOOK)
+    wait_status(session_id, S.RUNNING)
+    kernel = Kernel.objects.get(session_id=session_id)
+    container = docker_client.containers.get(kernel.container_id)
+    reader = volume_reader(container.labels["ai.backend.scratch-volume"])
+    since = time.time()
+    with beat(progress.terminate_sessions) as resent:
+        as_alice.delete(f"/api/v1/sessions/{session_id}/")
+        kernel.refresh_from_db()
+        time.sleep(1.5)  # the stop is under way (the hook is running)
+        for _ in range(3):  # and the agent is asked again anyway, directly
+            rpc.send_destroy_kernel(kernel, "user-requested")
+            time.sleep(0.5)
+        wait_status(session_id, S.TERMINATED, timeout=30)
+    kernel.refresh_from_db()
+    # The manager did not re-send: the agent's heartbeats listed the kernel as stopping.
+    assert sum(resent) == 0 and "last_destroy_request" not in kernel.status_data
+    assert kernel.exit_code == 0  # a graceful end within its grace period
+    assert reader.exec_run(["cat", "/w/hook-runs"]).output == b"ran\n"  # the hook ran once
+    assert kill_signals(docker_client, container.id, since) == [15]  # one docker stop
+
+
+def test_a_forced_destroy_during_a_graceful_stop_kills_at_once(live, as_alice, as_carol,
+                                                             docker_client):
+    session_id = create(as_alice, "escalated", grace_period=60, startup_command=SLOW_STOP,
+                        pre_stop_command="sleep 30")
+    wait_status(session_id, S.RUNNING)
+    kernel = Kernel.objects.get(session_id=session_id)
+    since = time.time()
+    as_alice.delete(f"/api/v1/sessions/{session_id}/")
+    time.sleep(1)  # its 30 s hook is running
+    started = time.monotonic()
+    assert as_carol.delete(f"/api/v1/sessions/{session_id}/?forced=true").status_code == 200
+    wait_for(lambda: not kernel_containers(docker_client, kernel), timeout=10,
+             message="the container to be gone")
+    assert time.monotonic() - started < 4  # neither the hook nor the grace period waited for
+    wait_status(session_id, S.TERMINATED)
+    assert 15 not in kill_signals(docker_client, kernel.container_id, since)  # no docker stop

@@ -43,15 +43,22 @@ class Command(BaseCommand):
                             help="HOST:PORT of the stream endpoint (terminals, apps); "
                                  "port 0: any free one.")
         parser.add_argument("--concurrency", type=int, default=8,
-                            help="Kernel operations run at once (threads).")
+                            help="Kernel creates, stops and restarts run at once (threads "
+                                 "of the lifecycle lane; also the task threads).")
+        parser.add_argument("--pull-concurrency", type=int, default=4,
+                            help="Image pulls run at once (threads of the pull lane; one "
+                                 "pull per image).")
 
     def handle(self, *args, **options):
         connection_created.connect(forbid_database)
         malloc.tune_for_transfers()  # the stream endpoint relays app traffic
         slots = parse_slots(options["slots"]) if options["slots"] else None
+        if options["concurrency"] < 1 or options["pull_concurrency"] < 1:
+            raise CommandError("--concurrency and --pull-concurrency must be at least 1")
         agent = install(Agent(options["id"], options["scaling_group"], slots=slots,
                               heartbeat_interval=options["heartbeat_interval"],
-                              addr=options["addr"]))
+                              addr=options["addr"], lifecycle_threads=options["concurrency"],
+                              pull_threads=options["pull_concurrency"]))
         agent.docker_available()  # says in one line when Docker is unreachable
         if settings.KERNEL_FIREWALL:
             firewall.install()
@@ -67,4 +74,6 @@ class Command(BaseCommand):
             worker.start()
         finally:
             agent.stopping.set()
+            agent.lifecycle.shutdown()  # what waits in a lane is asked for again
+            agent.pulls.shutdown()
             agent.release_all_networks()

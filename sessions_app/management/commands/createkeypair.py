@@ -1,4 +1,5 @@
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
@@ -12,7 +13,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("username")
-        parser.add_argument("--admin", action="store_true", help="An admin keypair.")
+        parser.add_argument("--admin", action="store_true",
+                            help="An admin keypair; its user may also force-terminate "
+                                 "sessions (the permission is granted).")
         parser.add_argument("--resource-policy", default="default")
 
     @transaction.atomic
@@ -33,4 +36,7 @@ class Command(BaseCommand):
             keypair.save(update_fields=["is_admin", "resource_policy"])
         else:
             keypair = KeyPair.objects.create(user=user, resource_policy=policy, is_admin=admin)
+        if admin:  # force-terminate is the user's permission, whatever keypair it uses
+            user.user_permissions.add(Permission.objects.get(
+                content_type__app_label="sessions_app", codename="force_terminate_session"))
         self.stdout.write(f"{keypair.access_key} {keypair.secret_key}")
