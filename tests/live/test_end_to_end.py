@@ -88,15 +88,22 @@ def test_agent_never_opens_a_database_connection(live):
         "connected to redis", "").replace("celery.worker.consumer.connection", "")
 
 
-def test_a_session_no_agent_could_ever_hold_is_cancelled_with_the_reason(live, alice, client):
+def test_a_session_no_agent_could_hold_waits_with_the_reason_for_an_agent_that_large(
+        live, alice, client):
     client.force_login(alice)
     response = client.post("/api/v1/sessions/", {
         "name": "too-big", "image": IMAGE, "resources": {"cpu": "64", "mem": "256m"},
     }, content_type="application/json")
     session_id = response.json()["id"]
-    wait_for(lambda: session_status(session_id) == Status.CANCELLED, message="CANCELLED")
-    assert Session.objects.get(pk=session_id).status_info == (
-        "scheduler: asks for more cpu than any agent of scaling group default has")
+
+    def reason():
+        body = client.get(f"/api/v1/sessions/{session_id}/").json()
+        return body["pending_reason"].startswith("asks for") and body
+
+    body = wait_for(reason, message="a pending reason")
+    assert body["status"] == Status.PENDING
+    assert body["pending_reason"] == ("asks for more cpu than any agent of scaling group "
+                                      "default has; it waits for an agent that large to join")
 
 
 def test_session_waits_pending_with_a_reason_while_the_agent_is_full(live, alice, client):
