@@ -719,6 +719,9 @@ class Agent:
             container = self.docker.containers.get(container_id)
         except NotFound:
             return
+        if backend.is_kept(container):  # only a resume or a drop touches a kept kernel
+            log.warning("not removing kept container %s as dangling", container.name)
+            return
         log.warning("removing dangling container %s (%s)", container.name, container_id[:12])
         self._destroying.add(container.labels.get(backend.KERNEL_ID, ""))
         KernelRunner.from_container(self.docker, self.id, container).teardown(forced=True)

@@ -41,6 +41,9 @@ CONNECT_TIMEOUT = 10
 READ_TIMEOUT = 300  # a commit of a large written layer answers the first request late
 JSON_MAX = 1024 * 1024
 TAR_BLOCK = 512
+# tar's records of 1 MiB (2048 blocks) instead of its 10 KiB: a hundredth of the reads and
+# writes through the pipes (a GiB: 1.8 s → 1.0 s through Python here).
+TAR_RECORD = "2048"
 
 
 # Measuring what a kept kernel holds.
@@ -306,7 +309,8 @@ def volume_stream(client, volume):
     followed, nothing from outside the volume's directory."""
     path = volume_path(client, volume)
     process = subprocess.Popen(
-        ["tar", "-C", path, "--numeric-owner", "--one-file-system", "-cf", "-", "."],
+        ["tar", "-C", path, "--numeric-owner", "--one-file-system", "-b", TAR_RECORD, "-cf",
+         "-", "."],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _bigger_pipe(process.stdout.fileno())
     try:
@@ -450,7 +454,8 @@ def fill_volume(path, chunks):
     modes as they were; GNU tar refuses names that climb out and links it would follow."""
     process = subprocess.Popen(
         ["tar", "-C", path, "--numeric-owner", "--same-owner", "--same-permissions",
-         "-xf", "-"], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+         "-b", TAR_RECORD, "--read-full-records", "-xf", "-"],
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     _bigger_pipe(process.stdin.fileno())
     try:
         for chunk in chunks:

@@ -17,6 +17,7 @@ Nothing here changes what is kept.
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import queue
 import threading
@@ -73,8 +74,9 @@ async def manifest(server, request):
 
 async def image(server, request):
     kernel_id, _ = await _kept_of(server, request)
+    body = await request.content.read(kept.JSON_MAX + 1)
     try:
-        have = (await request.json()).get("have") or []
+        have = json.loads(body).get("have") or [] if len(body) <= kept.JSON_MAX else None
     except (ValueError, AttributeError):
         have = None
     if not isinstance(have, list) or len(have) > MAX_HAVE or \

@@ -156,6 +156,14 @@ def test_a_stopped_kernel_is_kept_and_resumes_in_the_same_container_with_its_fil
     # Its exit is no kernel's end: nothing reported it as terminated.
     time.sleep(1)
     assert "kernel_terminated" not in agent.events()
+    # An agent started again knows it from Docker alone; its bytes are measured in the
+    # background, not in the heartbeat (None until then).
+    again = RecordingAgent()
+    again.id, again._client = agent.id, docker_client
+    [entry] = again.heartbeat_info()["kept"]
+    assert (entry["container_id"], entry["bytes"]) == (container_id, None)
+    wait_for(lambda: again.heartbeat_info()["kept"][0]["bytes"] == stopped["kept_bytes"],
+             timeout=10, message="the kept bytes measured")
 
     # A stop again reports it kept; a destroy (the manager's stale one) does not touch it.
     assert stop_keeping(agent, spec, container_id)["kept_bytes"] == stopped["kept_bytes"]
