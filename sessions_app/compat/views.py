@@ -6,10 +6,13 @@ the DRF API (create_session, destroy_session, the agent tools, the engine's even
 answers in the SDK's response shape. Errors are Backend.AI's `{"type", "title", "msg"}`.
 """
 
+import functools
 import shlex
 import uuid
 from datetime import UTC
+from pathlib import Path
 
+from aiohttp import ClientError
 from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
@@ -17,7 +20,9 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from agents_app import stream_tokens
 from agents_app.models import Image
+from agents_app.runtime import python_query
 from common import clock
 from scheduling_app.idle import checks_of as idle_checks_of
 from scheduling_app.models import Domain, Project, default_project
@@ -36,6 +41,8 @@ from sessions_app.enums import SessionType, Status, StatusGroup
 from sessions_app.events import ADMINS_GROUP, session_group, user_group
 from sessions_app.models import Session
 from sessions_app.querysets import as_uuid
+from sessions_app.realtime import access
+from sessions_app.realtime.agent_client import client
 from sessions_app.realtime.streams import (
     KEEPALIVE_SECONDS,
     history_messages,
@@ -46,10 +53,16 @@ from sessions_app.realtime.streams import (
     wait_until_finished,
     wait_until_started,
 )
-from sessions_app.tools import execute_on_kernel, restart_session, running_main_kernel, session_logs
+from sessions_app.tools import restart_session, running_main_kernel, session_logs
 
 RUNTIME_PATH_LABEL = "ai.backend.runtime-path"
+RUNTIME_TYPE_LABEL = "ai.backend.runtime-type"
 EXECUTE_TIMEOUT = 300  # seconds a query or batch run may take
+# How long a run's output is gathered into one result, as Backend.AI's manager asks its
+# agent: 2 s for each `execute` request, 0.2 s between the messages of a streamed run. A
+# run that ends within it is answered with one "finished" result holding all its output.
+EXECUTE_FLUSH = 2.0
+STREAM_FLUSH = 0.2
 
 
 def first_of(data, *keys, default=None):
@@ -292,19 +305,46 @@ def dependents_of(session):
     return found[::-1]
 
 
+@functools.cache
+def python_query_source():
+    return Path(python_query.__file__).read_text()
+
+
+def is_python(labels):
+    runtime = labels.get(RUNTIME_PATH_LABEL) or ""
+    return labels.get(RUNTIME_TYPE_LABEL) == "python" or \
+        runtime.rpartition("/")[2].startswith("python")
+
+
+def query_command(labels, code):
+    """The shell command of query-mode `code` on an image with these labels, and whether
+    it marks its code's start: on a Python image, a run in the kernel's one interpreter
+    (agents_app/runtime/python_query.py, marked); on another image naming its interpreter
+    (`ai.backend.runtime-path`), `PATH -c CODE`; else the code itself, for the shell."""
+    runtime = labels.get(RUNTIME_PATH_LABEL)
+    if is_python(labels):
+        return (f"exec {shlex.quote(runtime or 'python3')} "
+                f"-c {shlex.quote(python_query_source())} run {shlex.quote(code)}"), True
+    if runtime:
+        return f"exec {shlex.quote(runtime)} -c {shlex.quote(code)}", False
+    return code, False
+
+
 def run_command(session, data):
-    """The shell command an execute request runs, and its run id."""
+    """What an execute request runs: (the shell command, or None for the next part of a
+    run going on; its run id; whether the command marks its code's start)."""
     mode = data.get("mode")
     run_id = text(data.get("runId"), "runId") or uuid.uuid4().hex
+    if not stream_tokens.TERMINAL_ID.match(run_id):
+        raise RequestFailed("runId is 1 to 64 letters, digits, '_' or '-'.",
+                            data={"runId": ["1 to 64 letters, digits, '_' or '-'"]})
     if mode == "query":
         code = text(data.get("code"), "code")
         if code is None:
             raise RequestFailed("query mode needs code.", data={"code": ["required"]})
         image = Image.objects.filter(name=session.image).first()
-        runtime = (image.labels or {}).get(RUNTIME_PATH_LABEL) if image else None
-        if runtime:
-            return f"exec {shlex.quote(runtime)} -c {shlex.quote(code)}", run_id
-        return code, run_id
+        command, marked = query_command((image.labels or {}) if image else {}, code)
+        return command, run_id, marked
     if mode == "batch":
         options = data.get("options") or {}
         if not isinstance(options, dict):
@@ -314,21 +354,42 @@ def run_command(session, data):
         if not text(options.get("exec"), "options.exec"):
             raise RequestFailed("batch mode needs options.exec.",
                                 data={"options.exec": ["required"]})
-        return " && ".join(steps), run_id
+        return " && ".join(steps), run_id, False
     if mode == "continue":
-        return None, run_id  # every run finishes within its first request here
+        if data.get("runId") is None:
+            raise RequestFailed("continue needs the runId of the run.",
+                                data={"runId": ["required"]})
+        return None, run_id, False
     raise RequestFailed(f"Unsupported execution mode {mode!r}; this server runs query, "
-                        "batch and continue.", data={"mode": ["query, batch or continue"]})
+                        "batch and continue (a run has no stdin, so never waits for input).",
+                        data={"mode": ["query, batch or continue"]})
 
 
-def execution_result(run_id, outcome):
-    if outcome.get("error"):
-        raise RequestFailed(outcome["error"], 503)
-    console = [[stream, outcome[stream]] for stream in ("stdout", "stderr")
-               if outcome.get(stream)]
-    return {"result": {"runId": run_id, "status": "finished",
-                       "exitCode": outcome.get("exit_code"), "console": console,
-                       "options": {}, "files": []}}
+def execution_result(run_id, result):
+    """The manager's answer to `execute`: the agent's result of the run's next part."""
+    return {"result": {"runId": run_id, "status": result.get("status"),
+                       "exitCode": result.get("exitCode"), "console": result.get("console", []),
+                       "options": None, "files": []}}
+
+
+async def execute_step(grant, body):
+    """The next result of a run, from the kernel's agent (agents_app/runtime/
+    session_streams.py, POST /v1/exec/step)."""
+    try:
+        async with client().post(grant.url("/v1/exec/step"), json=body,
+                                 headers={stream_tokens.TOKEN_HEADER: grant.token}) as upstream:
+            answer = await upstream.json(content_type=None)
+            status_code = upstream.status
+    except (TimeoutError, ClientError, ValueError) as exc:
+        raise RequestFailed(f"The session's agent does not answer ({type(exc).__name__}).",
+                            502) from None
+    if status_code != 200:
+        message = answer.get("error") if isinstance(answer, dict) else None
+        if status_code in (400, 404, 409) and message:
+            raise RequestFailed(message, status_code)
+        raise RequestFailed(f"The session's agent failed ({status_code}): "
+                            f"{message or 'no reason given'}", 502)
+    return answer
 
 
 class SessionResource(CompatView):
@@ -355,18 +416,20 @@ class SessionResource(CompatView):
     def post(self, request, ref):
         data = body_of(request)
         session = self.session(request, ref, touch=True)  # a command is activity
-        command, run_id = run_command(session, data)
-        if command is None:
-            return Response(execution_result(run_id, {}))
-        kernel = running_main_kernel(session)
+        command, run_id, marked = run_command(session, data)
+        running_main_kernel(session)  # else 409, saying so
+        try:
+            grant = access.grant(request.user, session.pk, f"exec:{run_id}")
+        except access.Refusal as refusal:
+            raise RequestFailed(refusal.message, refusal.status) from None
+        body = {"flush": EXECUTE_FLUSH}
+        if command is not None:
+            body.update(command=command, timeout=EXECUTE_TIMEOUT, marked=marked)
         response = Response()
 
         async def follow_up():
-            # Waits for the agent in a thread of its own, not Django's shared one.
-
-            outcome = await sync_to_async(execute_on_kernel, thread_sensitive=False)(
-                kernel, command=command, timeout=EXECUTE_TIMEOUT)
-            response.data = execution_result(run_id, outcome)
+            # The wait (up to EXECUTE_FLUSH) is the event loop's, not a thread's.
+            response.data = execution_result(run_id, await execute_step(grant, body))
             return response
         response.follow_up = follow_up
         return response
