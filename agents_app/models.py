@@ -10,6 +10,10 @@ log = logging.getLogger(__name__)
 # most, one per slot: ai.backend.resource.min.cpu = "1", ai.backend.resource.min.mem = "256m".
 MIN_LABEL = "ai.backend.resource.min."
 MAX_LABEL = "ai.backend.resource.max."
+# A committed session's image (sessions_app/commits.py) is its owner's: "user:<user id>".
+OWNER_LABEL = "ai.backend.customized-image.owner"
+CUSTOMIZED_NAME_LABEL = "ai.backend.customized-image.name"
+COMMITTED_FROM_LABEL = "ai.backend.committed-from"  # the session id
 
 
 class AgentStatus(models.TextChoices):
@@ -111,12 +115,24 @@ def resource_limits(labels):
     return bounds
 
 
+class ImageQuerySet(models.QuerySet):
+    def usable_by(self, user_id):
+        """The images a user may see and start sessions from: every image but the ones
+        committed from other users' sessions. `None`: every image (admins)."""
+        if user_id is None:
+            return self
+        return self.filter(~models.Q(labels__has_key=OWNER_LABEL)
+                           | models.Q(**{f"labels__{OWNER_LABEL}": f"user:{user_id}"}))
+
+
 class Image(models.Model):
     name = models.CharField(max_length=255, help_text="For example bai-local/busybox:latest.")
     architecture = models.CharField(max_length=32, default="x86_64")
     registry = models.CharField(max_length=255, blank=True)
     labels = models.JSONField(default=dict, blank=True)
     min_slots = SlotsField()  # what its ai.backend.resource.min.* labels ask for
+
+    objects = ImageQuerySet.as_manager()
 
     class Meta:
         constraints = [

@@ -157,6 +157,15 @@ def parse_slots(resources):
         raise SessionRequestError(str(exc), "resources") from None
 
 
+def check_image_owner(image, user_id):
+    """A session's image may be one committed from its owner's session, not another
+    user's (sessions_app/commits.py)."""
+    images = Image.objects.filter(name=image)
+    if images.exists() and not images.usable_by(user_id).exists():
+        raise SessionRequestError(f"There is no image {image!r} you may use: it was "
+                                  "committed from another user's session.", "image")
+
+
 def fit_to_image(slots, resources, image):
     """Each kernel's slots on `image`, held to the minimum and maximum its labels declare
     (ai.backend.resource.min.* / .max.*), as Backend.AI's manager holds them: cpu and mem
@@ -234,6 +243,8 @@ class SessionSpec:
         if not image:
             errors.setdefault("image", "An image name is required, such as "
                                        f"{settings.DEFAULT_KERNEL_IMAGE}.")
+        else:
+            check(check_image_owner, image, keypair.user_id)
         if session_type not in SessionType.values:
             errors["session_type"] = (
                 f"session_type must be one of {', '.join(SessionType.values)}.")

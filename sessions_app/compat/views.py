@@ -26,7 +26,7 @@ from agents_app.runtime import python_query
 from common import clock
 from scheduling_app.idle import checks_of as idle_checks_of
 from scheduling_app.models import Domain, Project, default_project
-from sessions_app import activity, service_ports
+from sessions_app import activity, commits, service_ports
 from sessions_app.api.errors import RequestFailed
 from sessions_app.api.permissions import owner_keypair, request_is_admin
 from sessions_app.api.views import (
@@ -39,12 +39,13 @@ from sessions_app.api.views import (
 )
 from sessions_app.enums import SessionType, Status, StatusGroup
 from sessions_app.events import ADMINS_GROUP, session_group, user_group
-from sessions_app.models import Session
+from sessions_app.models import BackgroundTask, Session
 from sessions_app.querysets import as_uuid
 from sessions_app.realtime import access
 from sessions_app.realtime.agent_client import client
 from sessions_app.realtime.streams import (
     KEEPALIVE_SECONDS,
+    RECHECK_SECONDS,
     history_messages,
     message_key,
     next_message,
@@ -433,6 +434,90 @@ class SessionResource(CompatView):
             return response
         response.follow_up = follow_up
         return response
+
+
+class CommitSession(CompatView):
+    """POST /session/NAME/commit (ComputeSession.commit, `backend.ai session commit`): the
+    main kernel saved as an image (sessions_app/commits.py), answered at once (201) with
+    the background task that follows it: `{"bgtask_id", "kernel", "path": null, "image"}`
+    (Backend.AI's agent writes a tar file at `path`; here the image is registered)."""
+
+    def post(self, request, ref):
+        session = self.session(request, ref, touch=True)
+        task = commits.start_commit(session, user=request.user)
+        return Response({"bgtask_id": str(task.pk), "kernel": task.result["kernel"],
+                         "path": None, "image": task.result["image"]},
+                        status=status.HTTP_201_CREATED)
+
+
+class ConvertToImage(CompatView):
+    """POST /session/NAME/imagify?image_name=NAME (ComputeSession.export_to_image, `backend.ai
+    session convert-to-image`): the same, as the image <owner's prefix>/NAME; `{"task_id"}`.
+    Nothing is pushed to a registry: the image stays on the kernel's agent host."""
+
+    def post(self, request, ref):
+        data = request.data if isinstance(request.data, dict) else {}
+        name = first_of(request.query_params, "image_name") or data.get("image_name")
+        if not name:
+            raise RequestFailed("image_name is required: the name of the new image.",
+                                data={"image_name": ["required"]})
+        session = self.session(request, ref, touch=True)
+        return Response({"task_id": str(commits.start_commit(
+            session, user=request.user, name=name).pk)})
+
+
+class BackgroundTaskEvents(CompatView):
+    """GET /events/background-task?task_id=ID: Server-Sent Events of a background task of
+    the caller's (admins: anyone's), as the SDK's BackgroundTask.listen_events reads them:
+    `bgtask_updated` {"task_id", "message", "current_progress", "total_progress"} as it
+    goes (its last state first), then one of `bgtask_done` / `bgtask_failed` /
+    `bgtask_cancelled` {"task_id", "message"}, then `server_close`."""
+
+    def get(self, request):
+        task_id = as_uuid(first_of(request.query_params, "task_id", "taskId"))
+        if task_id is None:
+            raise RequestFailed("task_id must be the id of a background task.",
+                                data={"task_id": ["not a UUID"]})
+        tasks = BackgroundTask.objects.filter(pk=task_id)
+        if not request_is_admin(request):
+            tasks = tasks.filter(user=request.user)
+        if not tasks.exists():
+            raise RequestFailed(f"There is no background task {task_id}.", 404)
+
+        async def follow_up():
+            response = StreamingHttpResponse(bgtask_stream(task_id),
+                                             content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"
+            return response
+        response = Response()
+        response.follow_up = follow_up
+        return response
+
+
+def bgtask_state(task_id):
+    task = BackgroundTask.objects.get(pk=task_id)
+    commits.expire_if_stale(task)  # its agent is gone: say so rather than wait for ever
+    return commits.event_of(task)
+
+
+async def bgtask_stream(task_id):
+    async with subscription([commits.bgtask_group(task_id)]) as queue:
+        yield ": connected\n\n"
+        last, waited = None, 0.0
+        while True:
+            name, data = await sync_to_async(bgtask_state)(task_id)
+            if (name, data) != last:
+                yield sse(name, data)
+                last, waited = (name, data), 0.0
+            if name != "bgtask_updated":
+                yield sse("server_close", {})
+                return
+            if await next_message(queue, RECHECK_SECONDS) is None:
+                waited += RECHECK_SECONDS
+                if waited >= KEEPALIVE_SECONDS:
+                    yield ": keep-alive\n\n"
+                    waited = 0.0
 
 
 def graph_time(moment):

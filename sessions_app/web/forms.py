@@ -22,17 +22,17 @@ from storage_app.folders import visible_folders
 MIB = 2**20
 
 
-def image_choices():
-    names = sorted(set(Image.objects.values_list("name", flat=True)))
+def image_choices(user_id=None):
+    names = sorted(set(Image.objects.usable_by(user_id).values_list("name", flat=True)))
     names = names or [settings.DEFAULT_KERNEL_IMAGE]
     return [(name, name) for name in names]
 
 
-def image_minimums():
+def image_minimums(user_id=None):
     """{image: {"cpu": cores, "mem": MiB}}: the least a kernel of each registered image
     may have (its ai.backend.resource.min.* labels), as the form's fields count them."""
     minimums = {}
-    for name, labels in Image.objects.values_list("name", "labels"):
+    for name, labels in Image.objects.usable_by(user_id).values_list("name", "labels"):
         least = resource_limits(labels)[0]
         fields = {}
         if least.get("cpu"):
@@ -98,7 +98,9 @@ class SessionForm(forms.Form):
         self.fields["image"].initial = settings.DEFAULT_KERNEL_IMAGE
         # The image's minimum: where the cpu and memory fields start, and their lower bound
         # (static/js/session_form.js follows the chosen image).
-        self.minimums = image_minimums()
+        # Committed images are their owners' (sessions_app/commits.py).
+        self.fields["image"].choices = image_choices(keypair.user_id)
+        self.minimums = image_minimums(keypair.user_id)
         self.fields["image"].widget.attrs["data-minimums"] = json.dumps(self.minimums)
         limits = Limits.current()  # SessionSpec's, checked early for the browser too
         self._bound("cluster_size", limits.max_cluster_size, "the most kernels allowed")
