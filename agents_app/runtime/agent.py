@@ -483,15 +483,17 @@ class Agent:
                         error="the kernel has no container on this agent")
             return
         started, done = time.monotonic(), threading.Event()
-        size = backend.writable_size(self.docker, container.id)
-        what = f"committing {_megabytes(size)} written in the kernel as {image}"
 
         def progress():
+            # Docker measures the layer by walking it: beside the commit, not before it.
+            what = f"committing {_megabytes(backend.writable_size(self.docker, container.id))}" \
+                   f" written in the kernel as {image}"
             while not done.wait(COMMIT_REPORT_SECONDS):
                 self.report(kernel_id, "commit_progress", task_id=task_id, current=1,
                             message=f"{what}: {time.monotonic() - started:.0f} s")
 
-        self.report(kernel_id, "commit_progress", task_id=task_id, current=0, message=what)
+        self.report(kernel_id, "commit_progress", task_id=task_id, current=0,
+                    message=f"committing the kernel as {image}")
         threading.Thread(target=progress, name=f"commit-{task_id[:8]}", daemon=True).start()
         try:
             committed = backend.commit_container(container, image, labels)
