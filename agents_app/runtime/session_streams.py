@@ -228,12 +228,17 @@ async def execute_step(server, request):
                             "and it was ended.")
     async with run.lock:
         run.keep()
-        result = await run.next_result(_seconds(params.get("flush"), 2.0, MAX_FLUSH_SECONDS))
-        if result["status"] == "finished":
-            server.runs.pop(key, None)
-            run.release()
-        else:
-            run.abandon_after(RUN_ABANDONED_SECONDS, functools.partial(_abandon, server, key))
+        result = None
+        try:
+            result = await run.next_result(_seconds(params.get("flush"), 2.0,
+                                                    MAX_FLUSH_SECONDS))
+        finally:
+            if result is not None and result["status"] == "finished":
+                server.runs.pop(key, None)
+                run.release()
+            else:  # going on (or this request was cancelled): a `continue` is due
+                run.abandon_after(RUN_ABANDONED_SECONDS,
+                                  functools.partial(_abandon, server, key))
     return web.json_response(result)
 
 
