@@ -450,8 +450,10 @@ def commit_container(container, image, labels):
         base_env = {entry.partition("=")[0] for entry in base.get("Env") or []}
         changes = [f"LABEL {json.dumps(key)}=\"\"" for key in sorted(own.get("Labels") or {})
                    if key not in base_labels and key not in labels]
+        # Never one an engine may put there itself (an empty PATH would break the image).
         changes += [f'ENV {name}=""' for name in sorted(
-            {entry.partition("=")[0] for entry in own.get("Env") or []} - base_env)]
+            {entry.partition("=")[0] for entry in own.get("Env") or []} - base_env
+            - {"PATH", "HOME", "HOSTNAME", "TERM"})]
         changes += [f"LABEL {json.dumps(key)}={json.dumps(value)}"
                     for key, value in sorted(labels.items())]
         if base.get("Cmd"):
