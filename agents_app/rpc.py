@@ -213,6 +213,12 @@ def send_destroy_kernel(kernel, reason, *, forced=False):
                  container_id=kernel.container_id, reason=reason, forced=forced)
 
 
+def send_commit_kernel(kernel, task_id, image, labels):
+    return _send(kernel.agent_id, "agent.commit_kernel", kernel_id=str(kernel.pk),
+                 container_id=kernel.container_id, task_id=task_id, image=image,
+                 labels=labels)
+
+
 def send_restart_kernel(kernel):
     return _send(kernel.agent_id, "agent.restart_kernel", kernel_id=str(kernel.pk),
                  container_id=kernel.container_id, grace_period=kernel.session.grace_seconds)

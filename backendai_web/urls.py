@@ -65,9 +65,12 @@ compat_urls = [
     path("session/<str:ref>/download",
          with_follow_up(session_files.SessionDownload.as_view())),
     path("session/<str:ref>/dependency-graph", compat.DependencyGraph.as_view()),
+    path("session/<str:ref>/commit", compat.CommitSession.as_view()),
+    path("session/<str:ref>/imagify", compat.ConvertToImage.as_view()),
     path("template/session", compat_templates.SessionTemplates.as_view()),
     path("template/session/<str:ref>", compat_templates.SessionTemplateResource.as_view()),
     path("events/session", with_follow_up(compat.SessionEvents.as_view())),
+    path("events/background-task", with_follow_up(compat.BackgroundTaskEvents.as_view())),
     # Backend.AI's vfolder routes (storage_app.compat); /folders/ is the dashboard's.
     path("folders", folders_compat.Folders.as_view()),
     path("folders/_/id", folders_compat.FolderId.as_view()),

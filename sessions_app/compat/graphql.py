@@ -53,6 +53,11 @@ def _is_admin(info):
     return request_is_admin(_request(info))
 
 
+def _images(info):
+    """Every image but those committed from other users' sessions (admins: every one)."""
+    return Image.objects.usable_by(None if _is_admin(info) else _request(info).user.pk)
+
+
 def _require_admin(info, what):
     if not _is_admin(info):
         raise GraphQLError(f"Only administrators may see {what}.",
@@ -667,7 +672,7 @@ class Query(graphene.ObjectType):
         return _page(agents, limit, offset)
 
     def resolve_image(root, info, reference=None, architecture=None, id=None):
-        images = Image.objects.all()
+        images = _images(info)
         if id is not None:
             return images.filter(pk=id).first() if str(id).isdigit() else None
         if reference is None:
@@ -682,7 +687,7 @@ class Query(graphene.ObjectType):
         # "operation" image: is_operation asks for those only.
         if is_operation or is_installed is False:
             return Image.objects.none()
-        return Image.objects.order_by("name", "architecture")
+        return _images(info).order_by("name", "architecture")
 
     def resolve_keypair(root, info, domain_name=None, access_key=None):
         own = acting_keypair(_request(info))

@@ -12,7 +12,7 @@ from django.db import transaction
 
 from agents_app import rpc
 from common import clock
-from sessions_app import engine
+from sessions_app import commits, engine
 from sessions_app import events as events_module
 from sessions_app.enums import SessionResult, SessionType, Status, StatusGroup
 from sessions_app.lifecycle.create import kick_scheduler
@@ -207,6 +207,18 @@ def _destroy_on_agent(kernel, reason, *, forced=False):
         rpc.send_destroy_kernel(kernel, reason, forced=forced)
 
 
+def _commit_progress(kernel, data, actor):
+    commits.record_progress(kernel, data)
+
+
+def _commit_done(kernel, data, actor):
+    commits.record_committed(kernel, data, actor)
+
+
+def _commit_failed(kernel, data, actor):
+    commits.record_commit_failed(kernel, data, actor)
+
+
 HANDLERS = {
     "image_pulling": _pulling,
     "pull_progress": _pull_progress,
@@ -220,4 +232,7 @@ HANDLERS = {
     "kernel_health": _health,
     "kernel_restarted": _restarted,
     "kernel_restart_failed": _restart_failed,
+    "commit_progress": _commit_progress,
+    "commit_done": _commit_done,
+    "commit_failed": _commit_failed,
 }

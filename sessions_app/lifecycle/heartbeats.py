@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import transaction
 
 from agents_app import network_pool, rpc
-from agents_app.models import Agent, AgentStatus, Image
+from agents_app.models import Agent, AgentStatus, Image, resource_limits
 from common import clock
 from common.bulk import update_rows
 from scheduling_app.idle import add_sample, summarize
@@ -75,9 +75,10 @@ def handle_heartbeat(info):
             agent.status, agent.lost_at = AgentStatus.ALIVE, None
         agent.save()
     for image in info.get("images", []):
+        labels = image.get("labels") or {}
         Image.objects.update_or_create(
             name=image["name"], architecture=agent.architecture,
-            defaults={"labels": image.get("labels", {})},
+            defaults={"labels": labels, "min_slots": resource_limits(labels)[0].to_json()},
         )
     if "kernels" in info:  # only a heartbeat that could list its containers
         reconcile_containers(agent, info["kernels"], info.get("taken_at"),
