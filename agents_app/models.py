@@ -55,6 +55,10 @@ class Agent(models.Model):
     networks = models.JSONField(
         default=list, blank=True, editable=False,
         help_text="The session networks its last heartbeat listed: name, session id, driver.")
+    kept = models.JSONField(
+        default=list, blank=True, editable=False,
+        help_text="The stopped sessions' kernels its engine keeps, as its last heartbeat "
+                  "listed them: [{kernel_id, container_id, volume, bytes}].")
     images = models.JSONField(
         default=list, blank=True, editable=False,
         help_text="The kernel images its Docker engine holds, as its last heartbeat listed "

@@ -59,6 +59,8 @@ compat_urls = [
          with_follow_up(compat_templates.CreateFromTemplate.as_view())),
     path("session/<str:ref>", with_follow_up(compat.SessionResource.as_view())),
     path("session/<str:ref>/rename", compat.RenameSession.as_view()),
+    path("session/<str:ref>/stop", compat.StopSession.as_view()),
+    path("session/<str:ref>/resume", compat.ResumeSession.as_view()),
     path("session/<str:ref>/logs", compat.SessionLogs.as_view()),
     path("session/<str:ref>/status-history", compat.StatusHistory.as_view()),
     path("session/<str:ref>/upload", with_follow_up(session_files.SessionUpload.as_view())),

@@ -16,6 +16,7 @@ from sessions_app.models import (
 STATUS_COLORS = {
     Status.PENDING: "#8a6d3b", Status.RUNNING: "#2e7d32", Status.TERMINATED: "#616161",
     Status.CANCELLED: "#616161", Status.ERROR: "#c62828", Status.TERMINATING: "#ef6c00",
+    Status.STOPPED: "#57606a",
 }
 
 
@@ -74,6 +75,7 @@ class SessionAdmin(DestroyActionsMixin, admin.ModelAdmin):
                                        "terminated_at", "result"]
     inlines = [KernelInline, SessionEventInline]
     show_full_result_count = False
+    actions = [admin_actions.stop_sessions, admin_actions.resume_sessions]
 
 
 @admin.register(Kernel)

@@ -231,6 +231,13 @@ class Kernel(StatusFields):
         help_text="Recent samples [time, cpu %, mem %] for utilization-based idle checks.")
     created_at = models.DateTimeField(auto_now_add=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
+    kept_on = models.CharField(
+        max_length=64, blank=True,
+        help_text="The agent that keeps this kernel's files while its session is stopped "
+                  "(its stopped container and scratch volume), until resumed or deleted.")
+    kept = models.JSONField(
+        default=dict, blank=True,
+        help_text="What its agent keeps: {container_id, volume, bytes}.")
 
     objects = KernelQuerySet.as_manager()
 

@@ -16,7 +16,10 @@ from docker.errors import APIError, ImageNotFound, NotFound
 PERMANENT = "permanent"
 AGENT = "agent"
 TRANSIENT = "transient"
-KINDS = (PERMANENT, AGENT, TRANSIENT)
+# A resume's kept files could not be brought back (sessions_app.lifecycle.stop): the
+# session is STOPPED again, nothing deleted.
+RESTORE = "restore"
+KINDS = (PERMANENT, AGENT, TRANSIENT, RESTORE)
 
 # Docker's and registries' words for what no retry fixes.
 _PERMANENT_MARKERS = (

@@ -28,7 +28,7 @@ from scheduling_app.idle import checks_of as idle_checks_of
 from scheduling_app.models import Domain, Project, default_project
 from sessions_app import activity, commits, service_ports
 from sessions_app.api.errors import RequestFailed
-from sessions_app.api.permissions import owner_keypair, request_is_admin
+from sessions_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
 from sessions_app.api.views import (
     create_for,
     destroy_for,
@@ -40,6 +40,7 @@ from sessions_app.api.views import (
 from sessions_app.enums import SessionType, Status, StatusGroup
 from sessions_app.events import ADMINS_GROUP, session_group, user_group
 from sessions_app.lifecycle import DestroyRefused
+from sessions_app.lifecycle.stop import resume_session, stop_session
 from sessions_app.models import BackgroundTask, Session
 from sessions_app.querysets import as_uuid
 from sessions_app.realtime import access
@@ -570,6 +571,23 @@ class RenameSession(CompatView):
             raise RequestFailed("The new name is required (name).", data={"name": ["required"]})
         rename_for(request, self.session(request, ref), new_name)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class StopSession(CompatView):
+    """POST /session/NAME/stop: this project's stop (Backend.AI has none): the compute
+    freed, the files kept; resumed with POST /session/NAME/resume."""
+
+    def post(self, request, ref):
+        session = stop_session(self.session(request, ref), actor=request.user,
+                               keypair=acting_keypair(request))
+        return Response({"status": session.status}, status=status.HTTP_202_ACCEPTED)
+
+
+class ResumeSession(CompatView):
+    def post(self, request, ref):
+        session = resume_session(self.session(request, ref), actor=request.user,
+                                 keypair=acting_keypair(request))
+        return Response({"status": session.status}, status=status.HTTP_202_ACCEPTED)
 
 
 class SessionLogs(CompatView):
