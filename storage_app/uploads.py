@@ -34,7 +34,8 @@ def start(folder, user, path, length):
     upload = Upload.objects.create(folder=folder, user=user, path=path, length=length)
     staging = uploads_dir(folder)
     staging.mkdir(exist_ok=True)
-    os.close(os.open(staging / upload.pk.hex, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    # 0o644 as a PUT makes a file: the partial becomes the file by a rename.
+    os.close(os.open(staging / upload.pk.hex, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
     if length == 0:
         finish(upload)
     return upload

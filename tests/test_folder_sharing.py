@@ -218,3 +218,55 @@ def test_the_admin_lists_folders_invitations_and_grants(call, client, carol, ali
         response = client.get(page)
         assert response.status_code == 200, page
         assert b"bob" in response.content or b"vf" in response.content
+
+
+# The query the SDK's paginated lists send (ai.backend.client.pagination), with the
+# default fields of VFolder.paginated_*_list.
+FOLDER_PAGE = """
+query($limit:Int!, $offset:Int!, $filter: String, $order: String) {
+  ROOT(
+      limit:$limit, offset:$offset, filter:$filter, order:$order) {
+    items { host name status created_at creator group permission ownership_type }
+    total_count
+  }
+}"""
+
+
+def folder_page(call, user, root, **variables):
+    response = call(user, "POST", "/admin/gql", {
+        "query": FOLDER_PAGE.replace("ROOT", root),
+        "variables": {"limit": 20, "offset": 0, "filter": None, "order": None, **variables}})
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert "errors" not in body, body
+    return body["data"][root]
+
+
+def test_the_graphql_folder_lists_the_sdk_pages_through(call, client, carol, alice, bob,
+                                                        defaults):
+    call(alice, "POST", "/folders", {"name": "mine"})
+    call(bob, "POST", "/folders", {"name": "bobs"})
+    invite(call, bob, "bobs", "ro", "alice@example.com")
+    accept_all(call, alice)
+    client.force_login(carol)
+    client.post("/api/v1/folders/", {"name": "team", "project": "default"},
+                content_type="application/json")
+    defaults.members.add(alice)
+
+    def names(root, **variables):
+        page = folder_page(call, alice, root, **variables)
+        assert page["total_count"] == len(page["items"])
+        return [(i["name"], i["permission"], i["ownership_type"]) for i in page["items"]]
+
+    assert names("vfolder_list") == [("bobs", "ro", "user"), ("mine", "rw", "user"),
+                                     ("team", "rw", "group")]
+    assert names("vfolder_list", order="-name")[0][0] == "team"
+    assert names("vfolder_own_list") == [("mine", "rw", "user")]
+    assert names("vfolder_invited_list") == [("bobs", "ro", "user")]
+    assert names("vfolder_project_list") == [("team", "rw", "group")]
+    item = folder_page(call, alice, "vfolder_own_list")["items"][0]
+    assert item["creator"] == "alice@example.com" and item["status"] == "ready"
+    refused = call(alice, "POST", "/admin/gql", {
+        "query": FOLDER_PAGE.replace("ROOT", "vfolder_list"),
+        "variables": {"limit": 20, "offset": 0, "filter": 'name == "x"', "order": None}})
+    assert "not supported" in refused.json()["errors"][0]["message"]
