@@ -95,11 +95,20 @@ def append(upload, offset, chunks, *, path=None):
             raise FileError(f"Upload-Offset must be {received}, the bytes received so far.",
                             409)
         writer = DiskWriter(fd, received)
-        for chunk in chunks:
-            if writer.position + len(chunk) > upload.length:
-                os.ftruncate(fd, received)
-                raise FileError("The part goes past Upload-Length.", 413)
-            writer.write(chunk)
+        try:
+            for chunk in chunks:
+                if writer.position + len(chunk) > upload.length:
+                    os.ftruncate(fd, received)
+                    raise FileError("The part goes past Upload-Length.", 413)
+                writer.write(chunk)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise FileError("The storage is full.", 507) from None
+            if exc.errno is not None:
+                raise
+            # The part's bytes stopped coming (the client went away): what arrived stays.
+            raise FileError(f"The part stopped short at byte {writer.position} ({exc}); "
+                            "HEAD says where to resume.") from None
         if writer.position == upload.length:
             # On disk before the last part is answered: a finished upload survives a
             # crash of the host, as the client is told it will.

@@ -201,8 +201,9 @@ def test_a_part_cut_short_keeps_its_bytes_and_the_upload_resumes(alice, defaults
         yield b"4567"
         raise OSError("the client went away during the request body")
 
-    with pytest.raises(OSError):
+    with pytest.raises(FileError) as cut:
         uploads.append(upload, 0, dropped())
+    assert cut.value.status_code == 400 and "stopped short at byte 8" in cut.value.message
     assert uploads.offset_of(upload) == 8
     assert uploads.append(upload, 8, [b"89ab"]) == 12
     assert not Upload.objects.exists()

@@ -7,12 +7,13 @@ this server's own (storage_app/compat/proxy.py)."""
 import json
 from datetime import UTC, datetime
 
+from django.db.models import Q
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from scheduling_app.models import ScalingGroup
+from scheduling_app.models import Project, ScalingGroup
 from storage_app import folders as domain
 from storage_app import sharing, transfer_tokens, uploads
 from storage_app.api.views import (
@@ -48,7 +49,7 @@ def as_vfolder(folder, user, *, admin=False):
         "permission": domain.access_of(folder, user, admin=admin) or "ro",
         "user": str(folder.user_id) if folder.user_id else None,
         "group": str(folder.project_id) if folder.project_id else None,
-        "creator": folder.user.get_username() if folder.user_id else "",
+        "creator": sharing.email_of(folder.user) if folder.user_id else "",
         "type": "group" if folder.project_id else "user",
         "ownership_type": "group" if folder.project_id else "user",
         "max_size": folder.quota or 0, "max_files": 0, "cloneable": False, "status": "ready",
@@ -63,7 +64,7 @@ class FolderView(APIView):
         if folder is None:
             raise FolderRequestFailed(f"There is no virtual folder {name!r}.", 404)
         if write and not domain.may_write(folder, request.user, admin=admin):
-            raise FolderRequestFailed(f"The folder {name!r} is read-only for you.", 403)
+            raise FolderRequestFailed(f"The folder {folder.name!r} is read-only for you.", 403)
         return folder
 
 
@@ -77,12 +78,24 @@ class Folders(FolderView):
     def post(self, request):
         name = argument(request, "name")
         group = argument(request, "group")
+        project = None
         if group:
-            raise FolderRequestFailed("Project (group) folders are made by administrators "
-                                      "through /api/v1/folders/.", 403)
+            if not request_is_admin(request):
+                raise FolderRequestFailed("Project (group) folders are made by "
+                                          "administrators.", 403)
+            # A project by its name, or its number (the manager's ids are UUIDs).
+            project = Project.objects.filter(
+                Q(name=group) | Q(pk=int(group) if str(group).isdigit() else None)).first()
+            if project is None:
+                raise FolderRequestFailed(f"There is no project {group!r}.", 404)
         folder = domain.create_folder(
-            user=request.user, name=name, policy=acting_keypair(request).resource_policy,
+            user=request.user, name=name, project=project,
+            policy=acting_keypair(request).resource_policy,
             scaling_group=argument(request, "host") or "default")
+        permission = argument(request, "permission")
+        if project is not None and permission in ("ro", "rw"):
+            Folder.objects.filter(pk=folder.pk).update(member_permission=permission)
+            folder.refresh_from_db()
         return Response(as_vfolder(folder, request.user), status=status.HTTP_201_CREATED)
 
     @file_errors
