@@ -72,9 +72,11 @@ def access_of(folder, user, *, admin=False):
     return grant or folder.member_permission
 
 
+WRITABLE = (GrantPermission.READ_WRITE, GrantPermission.WRITE_DELETE)
+
+
 def may_write(folder, user, *, admin=False):
-    return access_of(folder, user, admin=admin) in (GrantPermission.READ_WRITE,
-                                                    GrantPermission.WRITE_DELETE)
+    return access_of(folder, user, admin=admin) in WRITABLE
 
 
 def may_delete(folder, user, *, admin=False):

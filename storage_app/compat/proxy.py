@@ -91,8 +91,7 @@ def granted(request, op, folder_id, path):
     if user is None or folder is None:
         raise Refused("The folder, or the user the token was given to, is gone.", 404)
     access = domain.access_of(folder, user, admin=bool(payload.get("a")))
-    if access is None or (op == UPLOAD and not domain.may_write(
-            folder, user, admin=bool(payload.get("a")))):
+    if access is None or (op == UPLOAD and access not in domain.WRITABLE):
         raise Refused(f"{user.get_username()} may no longer "
                       f"{'write' if op == UPLOAD else 'read'} this folder.", 403)
     target = path
