@@ -82,8 +82,9 @@ def refusals(headers=None):
 
 
 def granted(request, op, folder_id, path):
-    """(folder, user, path in the folder) once the token is good for `op` on this folder
-    and path and its user may still do it."""
+    """(folder, user, the token's payload, the path in the folder: under dst_dir if the
+    client gave one) once the token is good for `op` on this folder and path and its user
+    may still do it."""
     payload = verify(request.GET.get("token"), op, folder_id=folder_id, path=path)
     user = get_user_model().objects.filter(pk=payload["u"], is_active=True).first()
     folder = Folder.objects.select_related("scaling_group", "project").filter(
@@ -115,6 +116,7 @@ def upload(request, folder_id, path):
     if upload is None:
         raise Refused("There is no such upload (finished, abandoned or never started); "
                       "ask for another (request-upload).", 404)
+    upload.folder = folder  # loaded already, with its scaling group
     headers = {**TUS_HEADERS, "Upload-Length": str(upload.length)}
     if request.method == "HEAD":
         return HttpResponse(status=200, headers={
