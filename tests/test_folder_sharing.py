@@ -270,3 +270,20 @@ def test_the_graphql_folder_lists_the_sdk_pages_through(call, client, carol, ali
         "query": FOLDER_PAGE.replace("ROOT", "vfolder_list"),
         "variables": {"limit": 20, "offset": 0, "filter": 'name == "x"', "order": None}})
     assert "not supported" in refused.json()["errors"][0]["message"]
+
+
+def test_the_dashboard_shows_a_folder_shared_read_only(call, alice, bob, storage):
+    from django.test import Client
+
+    folder_id = Folder.objects.get(pk=call(alice, "POST", "/folders",
+                                           {"name": "vf"}).json()["id"]).pk
+    invite(call, alice, "vf", "ro", "bob@example.com")
+    accept_all(call, bob)
+    browser = Client()
+    browser.force_login(bob)
+    assert b"vf" in browser.get("/folders/").content
+    page = browser.get(f"/folders/{folder_id}/")
+    assert page.status_code == 200 and b"read-only for you" in page.content
+    refused = browser.post(f"/folders/{folder_id}/delete/", follow=True)
+    assert b"Only the owner of" in refused.content
+    assert Folder.objects.filter(pk=folder_id).exists()
