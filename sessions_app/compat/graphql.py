@@ -29,6 +29,7 @@ from sessions_app import service_ports
 from sessions_app.api.errors import error_body
 from sessions_app.api.permissions import acting_keypair, request_is_admin
 from sessions_app.models import Kernel, KeyPair, Session
+from storage_app.compat.graphql import FolderQueries
 
 MAX_PAGE_SIZE = 100  # the client's own limit (ai.backend.client.pagination)
 
@@ -609,7 +610,7 @@ def _by_email(keypairs, email):
     return keypairs.filter(user__in=users)
 
 
-class Query(graphene.ObjectType):
+class Query(FolderQueries):  # and the folder lists of storage_app/compat/graphql.py
     compute_session = graphene.Field(ComputeSession, id=graphene.UUID(required=True))
     compute_session_list = graphene.Field(
         ComputeSessionList, limit=graphene.Int(required=True),
