@@ -1,7 +1,19 @@
+import logging
+
 from django.db import models
 
-from common.slots import ResourceSlots
+from common.slots import ResourceSlots, SlotError
 from scheduling_app.models import ScalingGroup, SlotsField
+
+log = logging.getLogger(__name__)
+# Backend.AI's labels of the resources a kernel of an image needs at least and may use at
+# most, one per slot: ai.backend.resource.min.cpu = "1", ai.backend.resource.min.mem = "256m".
+MIN_LABEL = "ai.backend.resource.min."
+MAX_LABEL = "ai.backend.resource.max."
+# A committed session's image (sessions_app/commits.py) is its owner's: "user:<user id>".
+OWNER_LABEL = "ai.backend.customized-image.owner"
+CUSTOMIZED_NAME_LABEL = "ai.backend.customized-image.name"
+COMMITTED_FROM_LABEL = "ai.backend.committed-from"  # the session id
 
 
 class AgentStatus(models.TextChoices):
@@ -43,6 +55,10 @@ class Agent(models.Model):
     networks = models.JSONField(
         default=list, blank=True, editable=False,
         help_text="The session networks its last heartbeat listed: name, session id, driver.")
+    kept = models.JSONField(
+        default=list, blank=True, editable=False,
+        help_text="The stopped sessions' kernels its engine keeps, as its last heartbeat "
+                  "listed them: [{kernel_id, container_id, volume, bytes}].")
     images = models.JSONField(
         default=list, blank=True, editable=False,
         help_text="The kernel images its Docker engine holds, as its last heartbeat listed "
@@ -92,12 +108,39 @@ class WarmNetwork(models.Model):
         return self.name
 
 
+def resource_limits(labels):
+    """(minimum, maximum) per kernel that an image's labels declare, as ResourceSlots; a
+    slot without a label is not bounded. A label that is not a quantity is left out."""
+    bounds = (ResourceSlots(), ResourceSlots())
+    for key, value in (labels or {}).items():
+        for prefix, slots in zip((MIN_LABEL, MAX_LABEL), bounds, strict=True):
+            if key.startswith(prefix):
+                name = key[len(prefix):]
+                try:
+                    slots.update(ResourceSlots.parse({name: value}))
+                except SlotError as exc:
+                    log.warning("image label %s=%r ignored: %s", key, value, exc)
+    return bounds
+
+
+class ImageQuerySet(models.QuerySet):
+    def usable_by(self, user_id):
+        """The images a user may see and start sessions from: every image but the ones
+        committed from other users' sessions. `None`: every image (admins)."""
+        if user_id is None:
+            return self
+        return self.filter(~models.Q(labels__has_key=OWNER_LABEL)
+                           | models.Q(**{f"labels__{OWNER_LABEL}": f"user:{user_id}"}))
+
+
 class Image(models.Model):
     name = models.CharField(max_length=255, help_text="For example bai-local/busybox:latest.")
     architecture = models.CharField(max_length=32, default="x86_64")
     registry = models.CharField(max_length=255, blank=True)
     labels = models.JSONField(default=dict, blank=True)
-    min_slots = SlotsField()
+    min_slots = SlotsField()  # what its ai.backend.resource.min.* labels ask for
+
+    objects = ImageQuerySet.as_manager()
 
     class Meta:
         constraints = [

@@ -5,6 +5,7 @@ status that could still roll back.
 """
 
 
+from agents_app import stream_tokens
 from agents_app.models import Agent, AgentStatus, WarmNetwork, swarm_key
 from backendai_web.celery import agent_queue, app, send_task_safely
 from sessions_app.models import Session
@@ -63,6 +64,7 @@ def kernel_spec(kernel, session_part=None):
         "cluster_role": kernel.cluster_role,
         "cluster_idx": kernel.cluster_idx,
         "cluster_hostname": kernel.cluster_hostname,
+        **({"restore": restore} if (restore := restore_spec(kernel)) else {}),
     }
 
 
@@ -211,6 +213,42 @@ def send_destroy_kernel(kernel, reason, *, forced=False):
     """Stop the kernel's container: gracefully, or (forced) SIGKILL at once, no hook."""
     return _send(kernel.agent_id, "agent.destroy_kernel", kernel_id=str(kernel.pk),
                  container_id=kernel.container_id, reason=reason, forced=forced)
+
+
+def send_commit_kernel(kernel, task_id, image, labels):
+    return _send(kernel.agent_id, "agent.commit_kernel", kernel_id=str(kernel.pk),
+                 container_id=kernel.container_id, task_id=task_id, image=image,
+                 labels=labels)
+
+
+def send_stop_kernel(kernel, reason):
+    """Stop the kernel's container gracefully and keep it, with its scratch volume (the
+    session is being stopped: sessions_app.lifecycle.stop)."""
+    return _send(kernel.agent_id, "agent.stop_kernel", kernel_id=str(kernel.pk),
+                 container_id=kernel.container_id, reason=reason)
+
+
+def send_drop_kept(agent_id, kernel_id):
+    """Remove what `agent_id` keeps of a stopped kernel (its container, image, volume)."""
+    return _send(agent_id, "agent.drop_kept", kernel_id=str(kernel_id))
+
+
+def restore_spec(kernel):
+    """How the kernel's agent gets back its kept files on a resume: its own stopped
+    container, or a move from the agent that keeps them (with a token for that agent's
+    stream endpoint); None for a kernel that keeps nothing."""
+    if not kernel.kept_on:
+        return None
+    if kernel.kept_on == kernel.agent_id:
+        return {"from": "local"}
+    source = Agent.objects.filter(pk=kernel.kept_on).values_list("stream_addr", flat=True)
+    token = stream_tokens.mint(agent_id=kernel.kept_on, kernel_id=kernel.pk,
+                               container_id="", target=f"kept:{kernel.pk}",
+                               ttl=KEPT_TOKEN_TTL)
+    return {"from": kernel.kept_on, "stream_addr": source.first() or "", "token": token}
+
+
+KEPT_TOKEN_TTL = 900  # seconds: a move starts once its create task is taken
 
 
 def send_restart_kernel(kernel):

@@ -52,6 +52,11 @@ def execute(kernel_id, container_id, command, timeout=30):
     return current().execute(kernel_id, container_id, command, timeout)
 
 
+@shared_task(name="agent.commit_kernel", ignore_result=True)
+def commit_kernel(kernel_id, container_id, task_id, image, labels):
+    current().commit_kernel(kernel_id, container_id, task_id, image, labels)
+
+
 @shared_task(name="agent.create_network")
 def create_network(session_id=None, internal=False, name=None):
     return current().create_network(session_id, internal, name)

@@ -18,6 +18,7 @@ from sessions_app.compat.streams import (  # noqa: E402
 from sessions_app.realtime.apps import AppProxy  # noqa: E402
 from sessions_app.realtime.routing import websocket_urlpatterns  # noqa: E402
 from storage_app.api.views import DIRECT_BODY_PATHS  # noqa: E402
+from storage_app.compat.proxy import DIRECT_BODY_PATHS as PROXY_BODY_PATHS  # noqa: E402
 
 browser_websockets = AllowedHostsOriginValidator(
     AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
@@ -34,9 +35,10 @@ async def websockets(scope, receive, send):
 application = ProtocolTypeRouter(
     {
         # /sessions/<id>/apps/… is proxied to the session's apps, streaming (realtime/apps.py);
-        # the rest goes to Django, with storage's and session files' upload bodies read by
-        # their views as they arrive.
-        "http": AppProxy(DirectBody(django_asgi_app, [*DIRECT_BODY_PATHS, *UPLOAD_PATHS])),
+        # the rest goes to Django, with storage's, the storage proxy's and session files'
+        # upload bodies read by their views as they arrive.
+        "http": AppProxy(DirectBody(django_asgi_app, [*DIRECT_BODY_PATHS, *PROXY_BODY_PATHS,
+                                                      *UPLOAD_PATHS])),
         "websocket": websockets,
     }
 )

@@ -274,6 +274,12 @@ ACTIVITY_TOUCH_INTERVAL = env_int("ACTIVITY_TOUCH_INTERVAL", 10)
 # shared filesystem (NFS or similar) mounted at the same path on every host and the web host.
 STORAGE_ROOT = Path(env("STORAGE_ROOT", str(VAR_DIR / "storage")))
 STORAGE_CHUNK_SIZE = env_int("STORAGE_CHUNK_SIZE", 1024 * 1024)  # bytes per read/write
+# Backend.AI's vfolder upload/download: the manager's request-upload/-download hand out this
+# storage proxy's URL (served by the web processes; empty: the origin the request came to)
+# and a token good for one folder and path for this many seconds (every part of an upload
+# carries it, so a transfer must end within it).
+STORAGE_PROXY_URL = env("STORAGE_PROXY_URL", "").rstrip("/")
+STORAGE_TOKEN_TTL = env_int("STORAGE_TOKEN_TTL", 3600)
 
 # Scheduler
 DEFAULT_BATCH_TIMEOUT = env_int("DEFAULT_BATCH_TIMEOUT", 0)  # seconds; 0 = none

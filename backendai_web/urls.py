@@ -19,6 +19,8 @@ from sessions_app.compat import views as compat
 from sessions_app.compat.graphql import GraphQLEndpoint
 from sessions_app.realtime.streams import with_follow_up
 from storage_app.api.views import FolderViewSet
+from storage_app.compat import proxy as folders_proxy
+from storage_app.compat import sharing as folders_sharing
 from storage_app.compat import views as folders_compat
 
 API_VERSION = "v7.20230615"
@@ -59,27 +61,57 @@ compat_urls = [
          with_follow_up(compat_templates.CreateFromTemplate.as_view())),
     path("session/<str:ref>", with_follow_up(compat.SessionResource.as_view())),
     path("session/<str:ref>/rename", compat.RenameSession.as_view()),
+    path("session/<str:ref>/stop", compat.StopSession.as_view()),
+    path("session/<str:ref>/resume", compat.ResumeSession.as_view()),
     path("session/<str:ref>/logs", compat.SessionLogs.as_view()),
     path("session/<str:ref>/status-history", compat.StatusHistory.as_view()),
     path("session/<str:ref>/upload", with_follow_up(session_files.SessionUpload.as_view())),
     path("session/<str:ref>/download",
          with_follow_up(session_files.SessionDownload.as_view())),
     path("session/<str:ref>/dependency-graph", compat.DependencyGraph.as_view()),
+    path("session/<str:ref>/commit", compat.CommitSession.as_view()),
+    path("session/<str:ref>/imagify", compat.ConvertToImage.as_view()),
     path("template/session", compat_templates.SessionTemplates.as_view()),
     path("template/session/<str:ref>", compat_templates.SessionTemplateResource.as_view()),
     path("events/session", with_follow_up(compat.SessionEvents.as_view())),
+    path("events/background-task", with_follow_up(compat.BackgroundTaskEvents.as_view())),
     # Backend.AI's vfolder routes (storage_app.compat); /folders/ is the dashboard's.
     path("folders", folders_compat.Folders.as_view()),
     path("folders/_/id", folders_compat.FolderId.as_view()),
+    path("folders/_/hosts", folders_compat.FolderHosts.as_view()),
+    re_path(r"^folders/_/all[-_]hosts\Z", folders_compat.FolderAllHosts.as_view()),
+    re_path(r"^folders/_/allowed[-_]types\Z", folders_compat.FolderAllowedTypes.as_view()),
+    path("folders/_/shared", folders_sharing.Shared.as_view()),
+    path("folders/_/change-ownership", folders_sharing.ChangeOwnership.as_view()),
+    re_path(r"^folders/_/(?:mounts|umounts|fstab)\Z",
+            folders_compat.NotSupported.as_view(reason="host-mounts")),
+    path("folders/_/perf-metric", folders_compat.NotSupported.as_view(reason="perf-metric")),
+    path("folders/invitations/list", folders_sharing.Invitations.as_view()),
+    re_path(r"^folders/invitations/list[-_]sent\Z", folders_sharing.SentInvitations.as_view()),
+    path("folders/invitations/accept", folders_sharing.AcceptInvitation.as_view()),
+    path("folders/invitations/delete", folders_sharing.DeleteInvitation.as_view()),
     path("folders/<str:name>", folders_compat.FolderResource.as_view()),
     path("folders/<str:name>/files", folders_compat.FolderFilesList.as_view()),
     path("folders/<str:name>/mkdir", folders_compat.FolderMkdir.as_view()),
     path("folders/<str:name>/rename-file", folders_compat.FolderRenameFile.as_view()),
     path("folders/<str:name>/move-file", folders_compat.FolderMoveFile.as_view()),
     path("folders/<str:name>/delete-files", folders_compat.FolderDeleteFiles.as_view()),
-    path("folders/<str:name>/request-upload", folders_compat.FolderTransferRefused.as_view()),
+    path("folders/<str:name>/request-upload", folders_compat.FolderRequestUpload.as_view()),
     path("folders/<str:name>/request-download",
-         folders_compat.FolderTransferRefused.as_view()),
+         folders_compat.FolderRequestDownload.as_view()),
+    path("folders/<str:name>/rename", folders_compat.FolderRename.as_view()),
+    path("folders/<str:name>/update-options", folders_compat.FolderUpdateOptions.as_view()),
+    path("folders/<str:name>/force", folders_compat.FolderForceDelete.as_view()),
+    path("folders/<str:name>/clone", folders_compat.NotSupported.as_view(reason="clone")),
+    path("folders/<str:name>/invite", folders_sharing.Invite.as_view()),
+    path("folders/<str:name>/leave", folders_sharing.Leave.as_view()),
+    path("folders/<str:name>/share", folders_sharing.Share.as_view()),
+    path("folders/<str:name>/unshare", folders_sharing.Unshare.as_view()),
+    # The storage proxy's client side (upload: tus; download: HTTP with ranges), where the
+    # URLs of request-upload and request-download point.
+    path(f"{folders_proxy.PREFIX}/upload/<str:folder_id>/<path:path>", folders_proxy.upload),
+    path(f"{folders_proxy.PREFIX}/download/<str:folder_id>/<path:path>",
+         folders_proxy.download),
 ]
 
 urlpatterns = [

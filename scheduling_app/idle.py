@@ -23,6 +23,7 @@ from sessions_app import engine
 from sessions_app.enums import SessionType, Status
 from sessions_app.events import publish_many_on_commit
 from sessions_app.lifecycle.destroy import DestroyRefused, destroy_session
+from sessions_app.lifecycle.stop import StopRefused, stop_session
 from sessions_app.models import Kernel, Session, SessionEvent
 
 log = logging.getLogger(__name__)
@@ -358,15 +359,24 @@ class _Ref:
 
 
 def _cull(s, report):
-    session = Session.objects.filter(pk=s.id, status=Status.RUNNING).first()
+    """Stop an interactive session whose scaling group's cull action is `stop` (its files
+    kept, its owner may resume it: Kubeflow's culler); terminate the others."""
+    session = Session.objects.filter(pk=s.id, status=Status.RUNNING).select_related(
+        "scaling_group", "keypair__resource_policy").first()
     if session is None:
         return None
+    stops = (session.session_type == SessionType.INTERACTIVE
+             and session.scaling_group.cull_action == ScalingGroup.CullAction.STOP)
     try:
-        destroy_session(session, reason=report.reason)
-    except DestroyRefused as exc:
+        if stops:
+            stop_session(session, reason=report.reason)
+        else:
+            destroy_session(session, reason=report.reason)
+    except (DestroyRefused, StopRefused) as exc:
         log.info("idle cull of %s refused: %s", s.id, exc.message)
         return None
-    log.info("culled session %s (%s): %s", s.name, s.id, report.reason,
+    log.info("culled session %s (%s): %s, %s", s.name, s.id, report.reason,
+             "stopped" if stops else "terminated",
              extra={"session_id": str(s.id), "reason": report.reason})
     metrics.count("culls", reason=report.reason)
     return True

@@ -176,6 +176,19 @@ class ScalingGroup(models.Model):
         help_text="A preempted batch session goes back to PENDING once its kernels have "
                   "stopped (gracefully, as any preempted session), in its place in the queue, "
                   "and runs again later; off: it ends (TERMINATED, reason preempted).")
+    class CullAction(models.TextChoices):
+        STOP = "stop"
+        TERMINATE = "terminate"
+
+    cull_action = models.CharField(
+        max_length=16, choices=CullAction, default=CullAction.STOP,
+        help_text="What idle culling does to an interactive session: stop it (its compute "
+                  "freed, its files kept, its owner may resume it: Kubeflow's culler) or "
+                  "terminate it. Batch sessions are always terminated.")
+    stopped_retention = models.PositiveIntegerField(
+        default=14 * 86400,
+        help_text="Seconds a stopped session is kept; then it is deleted with its files "
+                  "(its owner warned a day before). 0 means for ever.")
     aging_interval = models.PositiveIntegerField(
         default=0,
         help_text="Every this many seconds of waiting raise a pending session's priority by "
@@ -221,6 +234,12 @@ class ResourcePolicy(models.Model):
     kernel_open_files_limit = models.PositiveIntegerField(
         default=8192, validators=[MinValueValidator(64)],
         help_text="Open files per process in a kernel container (RLIMIT_NOFILE).")
+
+    storage_quota = models.PositiveBigIntegerField(
+        default=0,
+        help_text="Bytes a user's stopped sessions may keep in all (their kernels' kept "
+                  "files, as their agents measure them; storage folders have their own "
+                  "quota); 0 means unlimited. A stop is refused once they are over it.")
 
     # Storage folders (storage_app).
     max_folder_count = models.PositiveIntegerField(

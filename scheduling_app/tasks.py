@@ -4,7 +4,7 @@ from celery import shared_task
 
 from agents_app import rpc
 from scheduling_app import idle, scheduler
-from sessions_app.lifecycle import progress
+from sessions_app.lifecycle import progress, stop
 
 
 @shared_task(name="scheduling.schedule", ignore_result=True)
@@ -33,3 +33,4 @@ terminate_sessions = _periodic(progress.terminate_sessions)
 check_progress = _periodic(progress.check_progress)
 sweep_pending = _periodic(progress.sweep_pending)
 sweep_lost_agents = _periodic(progress.sweep_lost_agents)
+sweep_stopped = _periodic(stop.sweep_stopped)

@@ -13,8 +13,8 @@ force=0
 if [ "${1:-}" = "--force" ]; then force=1; shift; fi
 TAG="${1:-${JUPYTER_IMAGE:-bai-local/jupyter:latest}}"
 # Raised whenever what goes into the image changes: an image of an older revision is rebuilt.
-# 2: dropbear-bin and openssh-client (sshd for cluster sessions).
-REVISION=2
+# 2: dropbear-bin and openssh-client (sshd for cluster sessions). 3: Backend.AI's labels.
+REVISION=3
 REVISION_LABEL=backendai-web.image-revision
 
 if [ "$force" = 0 ] && [ "$(docker image inspect -f "{{index .Config.Labels \"$REVISION_LABEL\"}}" \
@@ -75,12 +75,20 @@ exec python3 -m notebook --no-browser --allow-root --ip=0.0.0.0 --port=8888 \
 EOF
 chmod 755 "$ROOT/etc/backend.ai/jupyter.sh"
 
+# Backend.AI's standard labels: base distro (as its agent names them, "debian12"), the
+# runtime query mode uses (python: agents_app/runtime/python_query.py), the least a kernel
+# needs (Jupyter and an IPython kernel: half a core, 256 MiB; no maximum).
+DISTRO=$(. "$ROOT/etc/os-release" && echo "${ID}${VERSION_ID:-}")
 tar -C "$ROOT" -c . | docker import \
     --change 'LABEL ai.backend.kernelspec="1"' \
     --change 'LABEL ai.backend.service-ports="jupyter:http:8888"' \
     --change 'LABEL ai.backend.service-start.jupyter="/etc/backend.ai/jupyter.sh"' \
+    --change 'LABEL ai.backend.runtime-type="python"' \
     --change 'LABEL ai.backend.runtime-path="/usr/bin/python3"' \
     --change "LABEL $REVISION_LABEL=\"$REVISION\"" \
+    --change "LABEL ai.backend.base-distro=\"$DISTRO\"" \
+    --change 'LABEL ai.backend.resource.min.cpu="0.5"' \
+    --change 'LABEL ai.backend.resource.min.mem="256m"' \
     --change 'ENV LANG=C.UTF-8 HOME=/home/work SHELL=/bin/bash' \
     --change 'WORKDIR /home/work' \
     --change 'CMD ["/bin/bash"]' \

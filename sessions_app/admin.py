@@ -4,11 +4,19 @@ from django.utils.html import format_html
 from sessions_app import admin_actions
 from sessions_app.admin_actions import DestroyActionsMixin
 from sessions_app.enums import Status
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, SessionTemplate
+from sessions_app.models import (
+    BackgroundTask,
+    Kernel,
+    KeyPair,
+    Session,
+    SessionEvent,
+    SessionTemplate,
+)
 
 STATUS_COLORS = {
     Status.PENDING: "#8a6d3b", Status.RUNNING: "#2e7d32", Status.TERMINATED: "#616161",
     Status.CANCELLED: "#616161", Status.ERROR: "#c62828", Status.TERMINATING: "#ef6c00",
+    Status.STOPPED: "#57606a",
 }
 
 
@@ -67,6 +75,7 @@ class SessionAdmin(DestroyActionsMixin, admin.ModelAdmin):
                                        "terminated_at", "result"]
     inlines = [KernelInline, SessionEventInline]
     show_full_result_count = False
+    actions = [admin_actions.stop_sessions, admin_actions.resume_sessions]
 
 
 @admin.register(Kernel)
@@ -106,3 +115,23 @@ class SessionTemplateAdmin(admin.ModelAdmin):
     list_select_related = ["user", "project"]
     search_fields = ["name", "user__username"]
     readonly_fields = ["created_at", "modified_at"]
+
+
+@admin.register(BackgroundTask)
+class BackgroundTaskAdmin(admin.ModelAdmin):
+    """Commits of sessions as images (sessions_app/commits.py): read-only."""
+
+    list_display = ["created_at", "kind", "user", "session", "state", "current_progress",
+                    "total_progress", "message"]
+    list_filter = ["kind", "state"]
+    list_select_related = ["user", "session"]
+    search_fields = ["id", "session__name", "user__username"]
+    readonly_fields = ["kind", "user", "session", "state", "current_progress",
+                       "total_progress", "message", "result", "created_at", "updated_at",
+                       "finished_at"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -8,6 +8,7 @@ from django.contrib.admin import helpers
 from django.template.response import TemplateResponse
 
 from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.lifecycle.stop import ResumeRefused, StopRefused, resume_session, stop_session
 from sessions_app.models import Session
 from sessions_app.querysets import may_force_terminate
 
@@ -97,6 +98,36 @@ class DestroyActionsMixin:
 
     def has_force_terminate_permission(self, request):
         return can_force(request)
+
+
+def _stop_or_resume(modeladmin, request, queryset, *, do, refusal, verb):
+    done, refused = 0, defaultdict(list)
+    for session in queryset.select_related("keypair__resource_policy", "scaling_group"):
+        try:
+            do(session, actor=request.user)
+        except refusal as exc:
+            refused[exc.message].append(session.name)
+        else:
+            done += 1
+    if done:
+        modeladmin.message_user(request, f"{verb} {done} session(s).", messages.SUCCESS)
+    for message, names in refused.items():
+        modeladmin.message_user(
+            request, f"Refused {len(names)} session(s) — {message}: {', '.join(sorted(names))}.",
+            messages.WARNING)
+
+
+@admin.action(description="Stop the selected sessions (their files kept)",
+              permissions=("change",))
+def stop_sessions(modeladmin, request, queryset):
+    _stop_or_resume(modeladmin, request, queryset, do=stop_session, refusal=StopRefused,
+                    verb="Stopping")
+
+
+@admin.action(description="Resume the selected stopped sessions", permissions=("change",))
+def resume_sessions(modeladmin, request, queryset):
+    _stop_or_resume(modeladmin, request, queryset, do=resume_session, refusal=ResumeRefused,
+                    verb="Resuming")
 
 
 def sessions_of_sessions(queryset):

@@ -29,19 +29,28 @@ _ALLOCATED = {S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING}
 
 # Allowed transitions, for kernels and (derived from them) sessions.
 # PENDING is reachable again from the allocated states (a retry reschedules elsewhere) and
-# from TERMINATING (a preempted batch session is re-queued).
+# from TERMINATING (a preempted batch session is re-queued). STOPPED comes from TERMINATING
+# (a stop keeps the files) and from the way back to RUNNING (a resume that cannot restore
+# them, or that waited past its pending timeout, leaves the session as it was).
+_BACK_TO_STOPPED = {S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING}
 TRANSITIONS = {
-    S.PENDING: {S.SCHEDULED, S.CANCELLED, S.ERROR},
-    S.SCHEDULED: {S.PREPARING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
+    S.PENDING: {S.SCHEDULED, S.CANCELLED, S.ERROR, S.STOPPED},
+    S.SCHEDULED: {S.PREPARING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR,
+                  S.STOPPED},
     S.PREPARING: {S.PULLING, S.PREPARED, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED,
-                  S.ERROR},
-    S.PULLING: {S.PREPARED, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
-    S.PREPARED: {S.CREATING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
-    S.CREATING: {S.RUNNING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR},
+                  S.ERROR, S.STOPPED},
+    S.PULLING: {S.PREPARED, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR,
+                S.STOPPED},
+    S.PREPARED: {S.CREATING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR,
+                 S.STOPPED},
+    S.CREATING: {S.RUNNING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR,
+                 S.STOPPED},
     S.RUNNING: {S.TERMINATING, S.TERMINATED, S.ERROR},
     # PENDING again: a preempted batch session re-queued once its container is gone.
-    S.TERMINATING: {S.TERMINATED, S.PENDING, S.ERROR},
+    S.TERMINATING: {S.TERMINATED, S.PENDING, S.ERROR, S.STOPPED},
     S.ERROR: {S.TERMINATING, S.TERMINATED},
+    # Resumed (PENDING), or deleted with its kept files (TERMINATED).
+    S.STOPPED: {S.PENDING, S.TERMINATED},
     S.TERMINATED: set(),
     S.CANCELLED: set(),
 }
@@ -49,10 +58,12 @@ TRANSITIONS = {
 # A session is an aggregate: kernels placed one by one can leave it partly placed, and
 # tearing such a session down goes from PENDING straight to TERMINATING or TERMINATED.
 # A session whose kernels are cancelled one by one (a failure no retry fixes, before it
-# ran) is TERMINATING between the first and the last, then CANCELLED.
+# ran) is TERMINATING between the first and the last, then CANCELLED; one whose stopped
+# kernels are deleted one by one is TERMINATING between them.
 SESSION_TRANSITIONS = {**TRANSITIONS,
                        S.PENDING: TRANSITIONS[S.PENDING] | {S.TERMINATING, S.TERMINATED},
-                       S.TERMINATING: TRANSITIONS[S.TERMINATING] | {S.CANCELLED}}
+                       S.TERMINATING: TRANSITIONS[S.TERMINATING] | {S.CANCELLED},
+                       S.STOPPED: TRANSITIONS[S.STOPPED] | {S.TERMINATING}}
 
 # A kernel holds its agent's slots from allocation until its container is gone.
 SLOT_HOLDING = frozenset(_ALLOCATED | {S.RUNNING, S.TERMINATING, S.ERROR})
@@ -74,6 +85,7 @@ KERNEL_EVENT_NAMES = {
     S.TERMINATED: "kernel_terminated",
     S.CANCELLED: "kernel_cancelled",
     S.ERROR: "kernel_error",
+    S.STOPPED: "kernel_stopped",
 }
 SESSION_EVENT_NAMES = {
     S.PENDING: "session_enqueued",
@@ -87,8 +99,12 @@ SESSION_EVENT_NAMES = {
     S.TERMINATED: "session_terminated",
     S.CANCELLED: "session_cancelled",
     S.ERROR: "session_error",
+    S.STOPPED: "session_stopped",
 }
-_PROGRESS = [S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING, S.RUNNING]
+# A stopped kernel is before PENDING: a session resumed kernel by kernel stays STOPPED until
+# the last is PENDING, and one whose resume fails is STOPPED again from the first.
+_PROGRESS = [S.STOPPED, S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED,
+             S.CREATING, S.RUNNING]
 
 
 class IllegalTransition(Exception):

@@ -20,6 +20,9 @@ class Status(models.TextChoices):
     TERMINATED = "TERMINATED"
     CANCELLED = "CANCELLED"
     ERROR = "ERROR"
+    # Stopped and kept (Kubeflow's culler scales a notebook to zero): no slot held, its
+    # kernels' files kept on their agents until it is resumed, deleted or past retention.
+    STOPPED = "STOPPED"
 
 
 class StatusGroup(frozenset, enum.Enum):

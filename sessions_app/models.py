@@ -231,6 +231,13 @@ class Kernel(StatusFields):
         help_text="Recent samples [time, cpu %, mem %] for utilization-based idle checks.")
     created_at = models.DateTimeField(auto_now_add=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
+    kept_on = models.CharField(
+        max_length=64, blank=True,
+        help_text="The agent that keeps this kernel's files while its session is stopped "
+                  "(its stopped container and scratch volume), until resumed or deleted.")
+    kept = models.JSONField(
+        default=dict, blank=True,
+        help_text="What its agent keeps: {container_id, volume, bytes}.")
 
     objects = KernelQuerySet.as_manager()
 
@@ -322,3 +329,38 @@ class SessionTemplate(models.Model):
 
     def __str__(self):
         return self.name or str(self.pk)
+
+
+class BackgroundTask(models.Model):
+    """A long job of a user's, followed by Backend.AI's background-task events
+    (`GET /events/background-task`): for now, committing a session's main kernel as an
+    image (sessions_app/commits.py). Its last progress is kept here, so that a client that
+    starts listening late, or on another web process, still hears how it ended."""
+
+    class State(models.TextChoices):
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=32)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="background_tasks")
+    session = models.ForeignKey(Session, null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="background_tasks")
+    state = models.CharField(max_length=16, choices=State, default=State.RUNNING)
+    current_progress = models.FloatField(default=0)
+    total_progress = models.FloatField(default=0)
+    message = models.TextField(blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["session", "state"])]
+
+    def __str__(self):
+        return f"{self.kind} {self.pk} ({self.state})"

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from common.slots import ResourceSlots, SlotError
+from agents_app.models import Image, resource_limits
+from common.slots import ResourceSlots, SlotError, format_bytes, humanize
 from scheduling_app.models import Project, ScalingGroup, default_project
 from sessions_app.enums import ClusterMode, SessionType
 from storage_app.folders import FolderError, resolve_mounts
@@ -156,6 +157,46 @@ def parse_slots(resources):
         raise SessionRequestError(str(exc), "resources") from None
 
 
+def check_image_owner(image, user_id):
+    """A session's image may be one committed from its owner's session, not another
+    user's (sessions_app/commits.py)."""
+    images = Image.objects.filter(name=image)
+    if images.exists() and not images.usable_by(user_id).exists():
+        raise SessionRequestError(f"There is no image {image!r} you may use: it was "
+                                  "committed from another user's session.", "image")
+
+
+def fit_to_image(slots, resources, image):
+    """Each kernel's slots on `image`, held to the minimum and maximum its labels declare
+    (ai.backend.resource.min.* / .max.*), as Backend.AI's manager holds them: cpu and mem
+    that the request leaves out are the image's minimum where that is more."""
+    labels = Image.objects.filter(name=image).values_list("labels", flat=True).first()
+    minimum, maximum = resource_limits(labels)
+    given = resources if isinstance(resources, dict) else {}
+    slots = ResourceSlots(slots)
+    for name in ("cpu", "mem"):
+        if name in minimum and name not in given:
+            slots[name] = max(slots.get(name, 0), minimum[name])
+    below = [name for name, least in sorted(minimum.items()) if slots.get(name, 0) < least]
+    if below:
+        raise SessionRequestError(
+            f"Your resource request is smaller than the minimum required by the image "
+            f"{image} ({humanize(minimum)}): {asked(slots, below)}.", "resources")
+    above = [name for name, most in sorted(maximum.items()) if slots.get(name, 0) > most]
+    if above:
+        raise SessionRequestError(
+            f"Your resource request is larger than the maximum allowed by the image "
+            f"{image} ({humanize(maximum)}): {asked(slots, above)}.", "resources")
+    return slots
+
+
+def asked(slots, names):
+    """"mem 128 MiB asked" for each slot named."""
+    amounts = {name: slots.get(name, 0) for name in names}
+    return ", ".join(f"{name} {format_bytes(value) if name == 'mem' else value} asked"
+                     for name, value in amounts.items())
+
+
 @dataclass(frozen=True)
 class SessionSpec:
     name: str
@@ -202,10 +243,14 @@ class SessionSpec:
         if not image:
             errors.setdefault("image", "An image name is required, such as "
                                        f"{settings.DEFAULT_KERNEL_IMAGE}.")
+        else:
+            check(check_image_owner, image, keypair.user_id)
         if session_type not in SessionType.values:
             errors["session_type"] = (
                 f"session_type must be one of {', '.join(SessionType.values)}.")
         slots = check(parse_slots, resources)
+        if slots is not None and image:
+            slots = check(fit_to_image, slots, resources, image)
         check(whole_number, cluster_size, "cluster_size", 1, limits.max_cluster_size,
               optional=False)
         if cluster_mode not in ClusterMode.values:

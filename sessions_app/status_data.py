@@ -29,10 +29,12 @@ class Key(StrEnum):
     KERNEL = "kernel"                    # Backend.AI's {"exit_code": …}: destroy
     SESSION = "session"                  # Backend.AI's {"status": …}: destroy
     REQUEUE = "requeue"                  # preempted, to be re-queued once stopped: destroy
+    STOP = "stop"                        # stopping to be kept (STOPPED), not removed: stop
     # Sessions
     SCHEDULER = "scheduler"              # the scheduler's record of a pass: scheduler.core
     EXCLUDED_AGENTS = "excluded_agents"  # {agent: until ISO time}: progress.reschedule
     IDLE_CHECKS = "idle_checks"          # each idle checker's last report: scheduling_app.idle
+    RETENTION_WARNED = "retention_warned"  # when its owner was warned of the end: stop
 
 
 @dataclass(frozen=True)

@@ -363,19 +363,24 @@ class DiskWriter:
     the kernel start putting each WRITEBACK_STEP of it on disk as soon as it is written
     (sync_file_range, which returns at once): the disk works while the next bytes arrive,
     and the final fsync waits for the last step, not for the whole file. `position` is
-    where the descriptor writes from (the bytes of an upload's earlier parts)."""
+    where the descriptor writes from (the bytes of an upload's earlier parts).
+
+    The steps are the file's own (each multiple of WRITEBACK_STEP from its start), not
+    counted from where this writer began: an upload sent in parts smaller than a step (the
+    Backend.AI client's 16 MiB) starts its writeback as often as one sent whole."""
 
     def __init__(self, fd, position=0):
-        self.fd, self.position, self.flushed = fd, position, position
+        self.fd, self.position = fd, position
+        self.flushed = position - position % WRITEBACK_STEP
 
     def write(self, data):
         write_all(self.fd, data)
         self.position += len(data)
         if SYNC_FILE_RANGE is not None and self.position - self.flushed >= WRITEBACK_STEP:
+            end = self.position - self.position % WRITEBACK_STEP
             # A failure here is only a lost head start: the final fsync reports errors.
-            SYNC_FILE_RANGE(self.fd, self.flushed, self.position - self.flushed,
-                            SYNC_FILE_RANGE_WRITE)
-            self.flushed = self.position
+            SYNC_FILE_RANGE(self.fd, self.flushed, end - self.flushed, SYNC_FILE_RANGE_WRITE)
+            self.flushed = end
 
 
 def read_range(fd, start, end, chunk_size):

@@ -16,7 +16,7 @@ from common import clock
 from scheduling_app.models import ScalingGroup
 from sessions_app.models import Session
 from storage_app.files import FileError, FolderFiles, check_name
-from storage_app.models import Folder, Mount, Upload
+from storage_app.models import Folder, GrantPermission, Mount, Upload
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Where a folder may be mounted in a kernel: its work directory, or /mnt or /data.
@@ -48,29 +48,61 @@ def uploads_dir(folder) -> Path:
 
 
 def visible_folders(user, *, admin=False):
-    """A user's own folders and their projects'; every folder for admins."""
+    """A user's own folders, their projects', and the users' folders shared with them (an
+    accepted invitation); every folder for admins."""
     folders = Folder.objects.select_related("user", "project", "scaling_group")
     if admin:
         return folders
-    return folders.filter(Q(user=user) | Q(project__members=user)).distinct()
+    return folders.filter(Q(user=user) | Q(project__members=user)
+                          | Q(user__isnull=False, grants__user=user)).distinct()
+
+
+def access_of(folder, user, *, admin=False):
+    """What `user` may do in `folder`: "rw" for its owner and admins; for a user's folder
+    shared with them, their grant's permission ("ro", "rw" or "wd"); for a project
+    folder, the members' permission, or this member's own grant, which overrides it;
+    None when they may not use it at all."""
+    if admin or folder.user_id == user.pk:
+        return GrantPermission.READ_WRITE.value
+    grant = folder.grants.filter(user=user).values_list("permission", flat=True).first()
+    if folder.project_id is None:
+        return grant
+    if not folder.project.members.filter(pk=user.pk).exists():
+        return None
+    return grant or folder.member_permission
+
+
+WRITABLE = (GrantPermission.READ_WRITE, GrantPermission.WRITE_DELETE)
 
 
 def may_write(folder, user, *, admin=False):
-    if admin or folder.user_id == user.pk:
-        return True
-    return folder.member_permission == Folder.Permission.READ_WRITE
+    return access_of(folder, user, admin=admin) in WRITABLE
+
+
+def may_delete(folder, user, *, admin=False):
+    """Deleting a folder (not its files) is its owner's; a project folder's, admins'."""
+    return admin or (folder.project_id is None and folder.user_id == user.pk)
+
+
+def delete_refusal(folder):
+    if folder.project_id:
+        return "Only administrators delete project folders."
+    return (f"Only the owner of {folder.name!r} deletes it; leave it to stop using it "
+            "(vfolder leave).")
 
 
 def find_folder(user, ref, *, admin=False):
     """The visible folder `ref` names (id, or name among the user's own first, then their
-    projects'); None when there is none, so that another user's folder is a 404."""
+    projects', then the folders shared with them); None when there is none, so that
+    another user's folder is a 404."""
     folders = visible_folders(user, admin=admin)
     try:
         return folders.filter(pk=uuid.UUID(str(ref))).first()
     except ValueError:  # not an id: a name
         pass
     return (folders.filter(name=ref, user=user).first()
-            or folders.filter(name=ref, project__isnull=False).first())
+            or folders.filter(name=ref, project__isnull=False).first()
+            or folders.filter(name=ref, user__isnull=False, grants__user=user).first())
 
 
 def create_folder(*, user, name, policy, project=None, scaling_group="default"):
@@ -194,7 +226,7 @@ def resolve_mounts(mounts, *, user, scaling_group, admin=False):
     """[(folder, path, mode)] for a create request's `mounts`: folder names, or dicts
     {"name", "path", "mode": "rw"|"ro"}. Only folders the user may see (others are
     "no such folder"), in the session's scaling group's storage, once each, at paths that
-    do not nest."""
+    do not nest; read-write only where the user may write."""
     if mounts in (None, ""):
         return []
     if not isinstance(mounts, list | tuple):
@@ -215,7 +247,9 @@ def resolve_mounts(mounts, *, user, scaling_group, admin=False):
         if folder is None:
             raise FolderError(f"There is no folder {item['name']!r} you may mount.", 404,
                               "mounts")
-        mode = item.get("mode") or "rw"
+        # Without a mode, as the user may (Backend.AI mounts a folder shared read-only
+        # with its user read-only); rw asked of a read-only folder is refused below.
+        mode = item.get("mode") or ("rw" if may_write(folder, user, admin=admin) else "ro")
         if mode not in Folder.Permission.values:
             raise FolderError(f"A mount mode is rw or ro, not {mode!r}.", field="mounts")
         if mode == "rw" and not may_write(folder, user, admin=admin):

@@ -84,3 +84,68 @@ class Upload(models.Model):
 
     def __str__(self):
         return f"upload of {self.path} ({self.length} bytes)"
+
+
+class GrantPermission(models.TextChoices):
+    """What another user may do in a folder shared with them (Backend.AI's mount
+    permissions): read; read and write; write and delete, which here is the same as
+    read-write (rw already deletes files), kept as the client gave it."""
+
+    READ_ONLY = "ro"
+    READ_WRITE = "rw"
+    WRITE_DELETE = "wd"
+
+
+class FolderInvitation(models.Model):
+    """An owner's offer of their folder to another user; accepting it makes a FolderGrant.
+    Rows stay after they are answered, as the record of who offered what to whom."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        ACCEPTED = "accepted"
+        REJECTED = "rejected"  # by the invitee
+        CANCELED = "canceled"  # by the inviter
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    folder = models.ForeignKey(Folder, on_delete=models.CASCADE, related_name="invitations")
+    inviter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="folder_invitations_sent")
+    invitee = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                related_name="folder_invitations")
+    permission = models.CharField(max_length=2, choices=GrantPermission,
+                                  default=GrantPermission.READ_WRITE)
+    state = models.CharField(max_length=8, choices=State, default=State.PENDING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    modified_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["folder", "invitee"], condition=Q(state="pending"),
+                                    name="one_pending_invitation_per_invitee"),
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.folder.name} to {self.invitee.get_username()} ({self.state})"
+
+
+class FolderGrant(models.Model):
+    """A user's permission on a folder that is not theirs: an accepted invitation to a
+    user's folder (the folder is then theirs to use until they leave or the owner
+    takes it back), or an administrator's share of a project folder with one of its
+    members, which overrides the members' permission for that member only."""
+
+    folder = models.ForeignKey(Folder, on_delete=models.CASCADE, related_name="grants")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="folder_grants")
+    permission = models.CharField(max_length=2, choices=GrantPermission,
+                                  default=GrantPermission.READ_WRITE)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["folder", "user"], name="one_grant_per_user"),
+        ]
+
+    def __str__(self):
+        return f"{self.folder.name} for {self.user.get_username()} ({self.permission})"

@@ -24,6 +24,8 @@ PATHS = {
     S.TERMINATED: [S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.RUNNING,
                    S.TERMINATED],
     S.CANCELLED: [S.CANCELLED],
+    S.STOPPED: [S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.RUNNING, S.TERMINATING,
+                S.STOPPED],
 }
 
 
@@ -56,6 +58,11 @@ def walk(kernel, status, agent=None):
             agent.refresh_from_db()
         elif step == S.RUNNING:
             assert engine.mark_kernel_running(kernel, {"container_id": f"c-{kernel.pk.hex}"})
+        elif step == S.STOPPED:  # stopped, its files kept by its agent
+            assert engine.transition_kernel(
+                kernel, step, reason="test", kept_on=kernel.agent_id,
+                kept={"container_id": kernel.container_id,
+                      "volume": f"bai-scratch-{kernel.pk}", "bytes": 1000})
         else:
             assert engine.transition_kernel(kernel, step, reason="test")
     kernel.refresh_from_db()

@@ -192,7 +192,9 @@ def test_check_invariants_counts_stray_containers_missing_ones_drift_and_stuck_k
         "containers without a live kernel": 1, "live kernels without a container": 1,
         "agent slot drift": 1, "keypair concurrency drift": 1,
         "kernels past their state's timeout": 1,
-        "session networks without a live session": 1}
+        "session networks without a live session": 1,
+        "kept files without a stopped session": 0,
+        "stopped sessions without their kept files": 0}
     assert str(kernel.pk) in checks["live kernels without a container"][0]
     assert str(terminating.pk) in checks["kernels past their state's timeout"][0]
 

@@ -23,5 +23,5 @@ def test_an_unknown_bench_name_runs_nothing(monkeypatch, capsys):
     assert main(["bench", "sched"]) == 1
     assert ran == []
     out = capsys.readouterr().out
-    assert out.startswith("no benchmark named sched; there are: agent, idle, ")
+    assert out.startswith("no benchmark named sched; there are: agent, commit, idle, ")
     assert "scheduler, scheduler_day" in out

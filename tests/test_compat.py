@@ -4,7 +4,9 @@ The real `backend.ai` CLI against a running server is in test_compat_cli.py; her
 request and response shapes, the lookups and the refusals, without Docker.
 """
 
+import shlex
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -12,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents_app.models import Image
+from agents_app.runtime import python_query
 from common import clock
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
@@ -219,15 +222,30 @@ def test_restart_records_the_request_and_asks_the_agent(client, kp, alice, monke
         "grace_period": 10})]
 
 
-def test_execute_answers_in_the_sdk_result_format(client, kp, alice, monkeypatch):
-    calls = []
+@pytest.fixture
+def agent_steps(monkeypatch):
+    """The requests execute makes to the kernel's agent (its run id and body), each answered
+    with the next of `answers`."""
+    class Steps(list):
+        answers = []
 
-    def fake_call(agent_id, task, wait, **kwargs):
-        calls.append(kwargs["command"])
-        return {"exit_code": 3, "stdout": "out\n", "stderr": ""}
+    steps = Steps()
 
-    monkeypatch.setattr("agents_app.rpc.call", fake_call)
+    async def execute_step(grant, body):
+        steps.append((grant.target, body))
+        return steps.answers.pop(0)
+
+    monkeypatch.setattr("sessions_app.compat.views.execute_step", execute_step)
+    make_agent(stream_addr="127.0.0.1:9")
+    return steps
+
+
+FINISHED = {"status": "finished", "console": [["stdout", "out\n"]], "exitCode": 3}
+
+
+def test_execute_answers_in_the_sdk_result_format(client, kp, alice, agent_steps):
     make_session(alice, Status.RUNNING, name="s1")
+    agent_steps.answers += [FINISHED, FINISHED]
     query = signed_call(client, kp, "POST", "/session/s1",
                         {"mode": "query", "code": "echo out; exit 3", "runId": None})
     assert query.status_code == 200, query.content
@@ -238,22 +256,51 @@ def test_execute_answers_in_the_sdk_result_format(client, kp, alice, monkeypatch
         "mode": "batch", "code": "", "runId": "r1",
         "options": {"build": "make", "exec": "./run", "clean": None, "buildLog": False}})
     assert batch.json()["result"]["runId"] == "r1"
-    assert calls == ["echo out; exit 3", "( make ) && ( ./run )"]
+    assert [(target, body["command"], body["flush"]) for target, body in agent_steps] == [
+        (f"exec:{result['runId']}", "echo out; exit 3", 2.0),
+        ("exec:r1", "( make ) && ( ./run )", 2.0)]
     unknown = signed_call(client, kp, "POST", "/session/s1", {"mode": "input", "code": "x"})
     assert unknown.status_code == 400
     assert "Unsupported execution mode 'input'" in unknown.json()["msg"]
 
 
-def test_query_mode_uses_the_images_interpreter_when_it_names_one(client, kp, alice,
-                                                                 monkeypatch):
-    calls = []
-    monkeypatch.setattr("agents_app.rpc.call", lambda *a, **kw: calls.append(kw["command"])
-                        or {"exit_code": 0, "stdout": "", "stderr": ""})
-    make_agent()
-    Image.objects.filter(name=IMAGE).update(labels={"ai.backend.runtime-path": "/usr/bin/python3"})
+def test_a_long_run_is_continued_by_its_run_id(client, kp, alice, agent_steps):
     make_session(alice, Status.RUNNING, name="s1")
-    signed_call(client, kp, "POST", "/session/s1", {"mode": "query", "code": "print('hi')"})
-    assert calls == ["exec /usr/bin/python3 -c 'print('\"'\"'hi'\"'\"')'"]
+    agent_steps.answers += [
+        {"status": "continued", "console": [["stdout", "a\n"]], "exitCode": None},
+        {"status": "finished", "console": [], "exitCode": 0}]
+    first = signed_call(client, kp, "POST", "/session/s1",
+                        {"mode": "query", "code": "long()", "runId": "run-1"}).json()["result"]
+    assert (first["status"], first["console"], first["exitCode"]) == (
+        "continued", [["stdout", "a\n"]], None)
+    then = signed_call(client, kp, "POST", "/session/s1",
+                       {"mode": "continue", "code": "", "runId": "run-1"}).json()["result"]
+    assert (then["status"], then["exitCode"], then["runId"]) == ("finished", 0, "run-1")
+    assert agent_steps[1] == ("exec:run-1", {"flush": 2.0})  # no command: the next part
+    without_id = signed_call(client, kp, "POST", "/session/s1", {"mode": "continue", "code": ""})
+    assert without_id.status_code == 400 and "runId" in without_id.json()["msg"]
+    bad_id = signed_call(client, kp, "POST", "/session/s1",
+                         {"mode": "query", "code": "1", "runId": "a/b"})
+    assert bad_id.status_code == 400 and "runId" in bad_id.json()["msg"]
+
+
+def test_query_mode_on_a_python_image_runs_in_the_kernels_interpreter(client, kp, alice,
+                                                                     agent_steps):
+    make_session(alice, Status.RUNNING, name="s1")
+    agent_steps.answers += [FINISHED] * 3
+    for labels in ({"ai.backend.runtime-type": "python",
+                    "ai.backend.runtime-path": "/usr/bin/python3"},
+                   {"ai.backend.runtime-path": "/usr/local/bin/python3.12"},
+                   {"ai.backend.runtime-path": "/usr/bin/ruby"}):
+        Image.objects.filter(name=IMAGE).update(labels=labels)
+        signed_call(client, kp, "POST", "/session/s1", {"mode": "query", "code": "print('hi')"})
+    commands = [body["command"] for _target, body in agent_steps]
+    assert [body["marked"] for _target, body in agent_steps] == [True, True, False]
+    source = Path(python_query.__file__).read_text()
+    assert commands[0] == f"exec /usr/bin/python3 -c {shlex.quote(source)} run " \
+                          "'print('\"'\"'hi'\"'\"')'"
+    assert commands[1].startswith("exec /usr/local/bin/python3.12 -c ")
+    assert commands[2] == "exec /usr/bin/ruby -c 'print('\"'\"'hi'\"'\"')'"
 
 
 def read_stream(response):
@@ -353,9 +400,12 @@ def test_any_create_body_is_answered_in_form(client, kp, body):
 @FUZZ
 @given(body=EXECUTE_BODY)
 def test_any_execute_body_is_answered_in_form(client, kp, alice, monkeypatch, body):
-    monkeypatch.setattr("agents_app.rpc.call", lambda *a, **kw: {
-        "exit_code": 0, "stdout": "", "stderr": ""})
+    async def execute_step(grant, body):
+        return FINISHED
+
+    monkeypatch.setattr("sessions_app.compat.views.execute_step", execute_step)
     if not Session.objects.filter(name="fuzz").exists():
+        make_agent(stream_addr="127.0.0.1:9")
         make_session(alice, Status.RUNNING, name="fuzz")
     assert_answered_in_form(signed_call(client, kp, "POST", "/session/fuzz", body))
 

@@ -105,7 +105,7 @@ def test_finished_sessions_move_to_the_finished_tab(as_alice, alice):
     make_session(alice, S.TERMINATED, name="done")
     live = as_alice.get("/sessions/")
     assert "alive" in text_of(live) and "done" not in text_of(live)
-    assert live.context["counts"] == {"live": 1, "finished": 1}
+    assert live.context["counts"] == {"live": 1, "stopped": 0, "finished": 1}
     finished = text_of(as_alice.get("/sessions/?tab=finished"))
     assert "done" in finished and "alive" not in finished
 

@@ -37,6 +37,8 @@ def expected_outcome(status, forced, role):
         return 200, None, S.CANCELLED, reason, "kernel_cancelled"
     if status == S.RUNNING:
         return 200, None, S.TERMINATING, reason, "kernel_terminating"
+    if status == S.STOPPED:  # nothing runs: it ends, its kept files dropped
+        return 200, None, S.TERMINATED, reason, "kernel_terminated"
     if not forced:
         return 409, TRANSIT_REFUSAL, status, None, None
     return 200, None, S.TERMINATED, reason, "kernel_terminated"

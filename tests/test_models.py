@@ -49,4 +49,4 @@ def test_cluster_size_must_be_positive(alice):
 def test_status_values_are_exactly_the_lifecycle():
     assert list(Status.values) == [
         "PENDING", "SCHEDULED", "PREPARING", "PULLING", "PREPARED", "CREATING", "RUNNING",
-        "TERMINATING", "TERMINATED", "CANCELLED", "ERROR"]
+        "TERMINATING", "TERMINATED", "CANCELLED", "ERROR", "STOPPED"]

@@ -2,19 +2,26 @@
 the scratch directory, the tar framing of downloads, the protocol frames of streamed
 execution and the terminal, and the refusals at the websocket handshake."""
 
+import asyncio
 import base64
 import io
 import json
 import tarfile
+import time
 from datetime import UTC, datetime
 
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
+from agents_app.runtime import python_query
 from agents_app.runtime.session_streams import (
+    START_MARKER,
+    STARTED,
     TAR_END,
+    ExecRun,
     PidReader,
+    aggregate_console,
     scratch_path,
     tar_header,
     tar_padding,
@@ -22,7 +29,6 @@ from agents_app.runtime.session_streams import (
 from backendai_web.asgi import application
 from sessions_app.api.authentication import sign
 from sessions_app.compat.streams import (
-    console_of,
     execution_message,
     execution_request,
     pty_input,
@@ -84,12 +90,90 @@ def test_stderr_without_a_process_id_is_passed_on():
     assert reader.pid == 0
 
 
+def test_the_start_marker_after_the_process_id_is_taken_off_stderr():
+    reader = PidReader()
+    assert reader.feed(b"123\n" + START_MARKER[:5]) == b""
+    assert reader.feed(START_MARKER[5:] + b"Traceback\n") == b"Traceback\n"
+    assert (reader.pid, reader.started) == (123, True)
+    assert reader.feed(START_MARKER) == START_MARKER  # later on: the command's own bytes
+    assert python_query.START_MARKER == START_MARKER  # what the interpreter's client writes
+
+
+def test_stderr_that_only_begins_like_the_marker_is_the_commands():
+    reader = PidReader()
+    assert reader.feed(b"7\n" + START_MARKER[:4]) == b""
+    assert reader.feed(b"x") == START_MARKER[:4] + b"x"
+    assert not reader.started
+    ended = PidReader()
+    assert ended.feed(b"7\n" + START_MARKER[:4]) == b""
+    assert ended.rest() == START_MARKER[:4]  # the stream ended: what was held is passed on
+
+
 def test_execution_messages_have_the_managers_shape():
-    assert json.loads(execution_message("continued", console_of({"stdout": "a\n"}))) == {
+    assert json.loads(execution_message("continued", [["stdout", "a\n"]])) == {
         "status": "continued", "console": [["stdout", "a\n"]], "exitCode": None,
         "options": None, "files": None}
     assert json.loads(execution_message("finished", exit_code=3))["exitCode"] == 3
-    assert console_of({"stderr": "e", "stdout": ""}) == [("stderr", "e")]
+
+
+def test_a_results_console_joins_each_run_of_one_stream_in_order():
+    assert aggregate_console([("stdout", "a"), ("stdout", "b\n"), ("stderr", "e1"),
+                              ("stderr", "e2"), ("stdout", "c")]) == [
+        ["stdout", "ab\n"], ["stderr", "e1e2"], ["stdout", "c"]]
+    assert aggregate_console([]) == []
+
+
+class QueuedRun(ExecRun):
+    """An ExecRun whose output is put in its queue by the test, not read from Docker."""
+
+    def __init__(self, exit_code, marked=False):
+        super().__init__(api=None, container_id="c", marked=marked)
+        self.code = exit_code
+
+    async def exit_code(self):
+        return self.code
+
+
+async def results_of(run, flush):
+    results = []
+    while not results or results[-1]["status"] != "finished":
+        results.append(await run.next_result(flush))
+    return results
+
+
+@pytest.mark.asyncio
+async def test_a_run_that_ends_within_the_interval_is_one_finished_result():
+    run = QueuedRun(exit_code=3)
+    for record in (("stdout", "first\n"), ("stderr", "oops\n"), ("stdout", "second\n")):
+        await run.queue.put(record)
+    await run.queue.put(None)
+    assert await results_of(run, 0.2) == [{
+        "status": "finished", "exitCode": 3,
+        "console": [["stdout", "first\n"], ["stderr", "oops\n"], ["stdout", "second\n"]]}]
+
+
+@pytest.mark.asyncio
+async def test_a_long_run_is_continued_at_every_interval_with_what_came_meanwhile():
+    run = QueuedRun(exit_code=0)
+
+    async def program():
+        await run.queue.put(("stdout", "a\n"))
+        await asyncio.sleep(1.0)
+        await run.queue.put(("stdout", "b\n"))
+        await asyncio.sleep(0.05)
+        await run.queue.put(None)
+
+    started = time.monotonic()
+    writer = asyncio.ensure_future(program())
+    results = await results_of(run, 0.2)
+    await writer
+    assert results[0] == {"status": "continued", "console": [["stdout", "a\n"]],
+                          "exitCode": None}
+    assert len(results) >= 4  # one at least every 0.2 s of the second's wait
+    assert all(r["status"] == "continued" for r in results[:-1])
+    assert results[-1]["status"] == "finished" and results[-1]["exitCode"] == 0
+    assert "".join(text for r in results for _, text in r["console"]) == "a\nb\n"
+    assert time.monotonic() - started < 2.0
 
 
 def test_the_first_frame_of_an_execution_names_its_mode():
@@ -175,3 +259,19 @@ async def test_unsigned_and_foreign_stream_handshakes_are_refused(settings, alic
     assert not await _handshake(path, _ws_headers(bob_kp, path))  # another user's session
     assert not await _handshake("/stream/session/x/other", _ws_headers(bob_kp, "/x"))
 
+
+@pytest.mark.asyncio
+async def test_a_marked_runs_first_interval_counts_from_its_codes_start():
+    run = QueuedRun(exit_code=0, marked=True)
+
+    async def program():
+        await asyncio.sleep(0.5)  # the interpreter takes the run (after another one, say)
+        await run.queue.put(STARTED)
+        await asyncio.sleep(0.1)
+        await run.queue.put(("stdout", "2\n"))
+        await run.queue.put(None)
+
+    writer = asyncio.ensure_future(program())
+    assert await results_of(run, 0.2) == [
+        {"status": "finished", "console": [["stdout", "2\n"]], "exitCode": 0}]
+    await writer

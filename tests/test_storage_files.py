@@ -122,4 +122,14 @@ def test_the_disk_writer_writes_every_byte_and_starts_the_disk_on_each_step(
         os.close(fd)
     assert target.read_bytes() == b"h" * 100 + b"".join(pieces)
     mib = 1 << 20
-    assert started == [(100, mib, 2), (100 + mib, mib, 2), (100 + 2 * mib, mib, 2)]
+    # At the file's own steps, the earlier parts' bytes since the last step included.
+    assert started == [(0, mib, 2), (mib, mib, 2), (2 * mib, mib, 2)]
+    # The next part (from 3.5 MiB) hands the step it completes, from 3 MiB.
+    started.clear()
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND)
+    try:
+        writer = files_module.DiskWriter(fd, os.fstat(fd).st_size)
+        writer.write(b"x" * (mib // 2))
+    finally:
+        os.close(fd)
+    assert started == [(3 * mib, mib, 2)]

@@ -31,6 +31,7 @@ from backendai_web.logs import RepeatedFailure
 log = logging.getLogger("agent")
 STOPPED_KEPT = 30  # seconds a stopped kernel stays in the heartbeat's "stopping"
 KEPT_MEASURE_EVERY = 300  # seconds between measures of a kept kernel's bytes, at least
+COMMIT_REPORT_SECONDS = 1.0  # progress of a commit, while Docker works on it
 
 
 class Stop:
@@ -600,7 +601,8 @@ class Agent:
         log.info("kernel %s stopped and kept (%s bytes)", kernel_id, kept_bytes,
                  extra={"kernel_id": kernel_id, "agent_id": self.id})
         self.report(kernel_id, "kernel_stopped", exit_code=exit_code, log_tail=logs,
-                    container_id=container.id, kept_bytes=kept_bytes)
+                    container_id=container.id, kept_bytes=kept_bytes,
+                    volume=container.labels.get(SCRATCH_VOLUME, ""))
 
     def drop_kept(self, kernel_id):
         """Remove what a stopped kernel keeps here: its kept container, the image committed
@@ -726,6 +728,42 @@ class Agent:
         self._destroying.add(container.labels.get(backend.KERNEL_ID, ""))
         KernelRunner.from_container(self.docker, self.id, container).teardown(forced=True)
 
+    def commit_kernel(self, kernel_id, container_id, task_id, image, labels):
+        """Save the kernel's container as `image` (docker commit, sessions_app/commits.py):
+        reports commit_progress every COMMIT_REPORT_SECONDS while Docker works, then
+        commit_done with the image's labels, or commit_failed."""
+        container = backend.find_kernel_container(self.docker, self.id, kernel_id,
+                                                  container_id)
+        if container is None:
+            self.report(kernel_id, "commit_failed", task_id=task_id,
+                        error="the kernel has no container on this agent")
+            return
+        started, done = time.monotonic(), threading.Event()
+
+        def progress():
+            # Docker measures the layer by walking it: beside the commit, not before it.
+            what = f"committing {_megabytes(backend.writable_size(self.docker, container.id))}" \
+                   f" written in the kernel as {image}"
+            while not done.wait(COMMIT_REPORT_SECONDS):
+                self.report(kernel_id, "commit_progress", task_id=task_id, current=1,
+                            message=f"{what}: {time.monotonic() - started:.0f} s")
+
+        self.report(kernel_id, "commit_progress", task_id=task_id, current=0,
+                    message=f"committing the kernel as {image}")
+        threading.Thread(target=progress, name=f"commit-{task_id[:8]}", daemon=True).start()
+        try:
+            committed = backend.commit_container(container, image, labels)
+        except Exception as exc:  # whatever it was, the task must not wait for ever
+            log.warning("commit of kernel %s as %s failed: %s", kernel_id, image, exc)
+            self.report(kernel_id, "commit_failed", task_id=task_id, error=str(exc)[:500])
+            return
+        finally:
+            done.set()
+        self.report(kernel_id, "commit_done", task_id=task_id, image=image,
+                    image_id=committed.id, labels=committed.labels,
+                    size=committed.attrs.get("Size"),
+                    seconds=round(time.monotonic() - started, 3))
+
     def logs(self, kernel_id, container_id="", tail=2000):
         container = backend.find_kernel_container(self.docker, self.id, kernel_id,
                                                   container_id, kept=True)
@@ -744,6 +782,10 @@ class Agent:
         return {"exit_code": result.exit_code,
                 "stdout": (stdout or b"").decode("utf-8", "replace")[-65536:],
                 "stderr": (stderr or b"").decode("utf-8", "replace")[-65536:]}
+
+
+def _megabytes(size):
+    return "?" if size is None else f"{size / 1e6:.0f} MB"
 
 
 def kept_activity(seen, report):

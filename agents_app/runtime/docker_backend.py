@@ -487,6 +487,48 @@ def find_kernel_container(client, agent_id, kernel_id, container_id="", image=""
     return found[0] if found else None
 
 
+COMMIT_TIMEOUT = 3600  # seconds Docker may take to commit a container's writable layer
+
+
+def writable_size(client, container_id):
+    """Bytes of the container's writable layer (what a commit stores), or None."""
+    with contextlib.suppress(DockerException, OSError, KeyError, IndexError):
+        return client.api.containers(all=True, filters={"id": container_id},
+                                     size=True)[0].get("SizeRw")
+    return None
+
+
+def commit_container(container, image, labels):
+    """`docker commit` of a kernel's container as `image` (repository:tag): its writable
+    layer over its image, with the image's own configuration. The labels and environment
+    variables the agent gave the kernel are blanked, as the commit would otherwise hand
+    them to every kernel of the new image that does not set them itself (the old kernel's
+    scratch volume, network, pre-stop hook, mounts, the user's variables); the image's
+    command is put back; `labels` are added. The new image."""
+    client = docker.from_env(timeout=COMMIT_TIMEOUT)
+    try:
+        base = client.images.get(container.attrs["Image"]).attrs.get("Config") or {}
+        own = container.attrs.get("Config") or {}
+        base_labels = base.get("Labels") or {}
+        base_env = {entry.partition("=")[0] for entry in base.get("Env") or []}
+        changes = [f"LABEL {json.dumps(key)}=\"\"" for key in sorted(own.get("Labels") or {})
+                   if key not in base_labels and key not in labels]
+        # Never one an engine may put there itself (an empty PATH would break the image).
+        changes += [f'ENV {name}=""' for name in sorted(
+            {entry.partition("=")[0] for entry in own.get("Env") or []} - base_env
+            - {"PATH", "HOME", "HOSTNAME", "TERM"})]
+        changes += [f"LABEL {json.dumps(key)}={json.dumps(value)}"
+                    for key, value in sorted(labels.items())]
+        if base.get("Cmd"):
+            changes.append(f"CMD {json.dumps(base['Cmd'])}")
+        repository, _, tag = image.rpartition(":")
+        image_id = client.api.commit(container.id, repository=repository, tag=tag,
+                                     changes=changes)["Id"]
+        return client.images.get(image_id)
+    finally:
+        client.close()
+
+
 def list_kernel_containers(client, agent_id):
     # A container removed between the listing and its inspection is left out, not an
     # error (that failed whole heartbeats while a teardown was removing containers).

@@ -19,6 +19,8 @@ from docker.errors import APIError, ImageNotFound, NotFound
 PERMANENT = "permanent"
 AGENT = "agent"
 TRANSIENT = "transient"
+# A resume's kept files could not be brought back (sessions_app.lifecycle.stop): the
+# session is STOPPED again, nothing deleted.
 RESTORE = "restore"
 KINDS = (PERMANENT, AGENT, TRANSIENT, RESTORE)
 

@@ -80,15 +80,9 @@ def volume_path(client, name):
     return client.volumes.get(name).attrs["Mountpoint"]
 
 
-def layer_bytes(client, container):
-    """The container's written layer (Docker's SizeRw), in bytes."""
-    found = client.api.containers(all=True, size=True, filters={"id": container.id})
-    return (found[0].get("SizeRw") or 0) if found else 0
-
-
 def kept_bytes(client, container, volume):
     """The container's written layer plus its scratch volume `volume`, in bytes."""
-    return layer_bytes(client, container) + volume_bytes(client, volume)
+    return (backend.writable_size(client, container.id) or 0) + volume_bytes(client, volume)
 
 
 def volume_bytes(client, volume):
@@ -139,7 +133,7 @@ def manifest(client, container, kernel_id, volume):
     the volume's size."""
     with commit_lock(kernel_id):
         image = commit(client, container, kernel_id)
-    layer = layer_bytes(client, container)
+    layer = backend.writable_size(client, container.id) or 0
     return {"kernel_id": kernel_id, "image": backend.kept_image(kernel_id),
             "diff_ids": image.attrs["RootFS"]["Layers"],
             "layer_bytes": layer_sizes(client, image, layer),

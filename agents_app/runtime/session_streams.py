@@ -2,10 +2,20 @@
 served by the stream endpoint (streams.py) with the same tokens as terminals and apps:
 
 - `GET /v1/exec` (websocket), token `exec:<run id>`: the first text frame is JSON
-  `{"command": "...", "timeout": seconds}`; the command runs in the kernel's container
-  (`docker exec` in /home/work, no TTY, no stdin) and its output comes as it is written,
-  as text frames `{"stdout": text}` / `{"stderr": text}`, then `{"exited": true,
-  "exitCode": n}`. Closing the websocket first ends the command.
+  `{"command": "...", "timeout": seconds, "flush": seconds, "marked": bool}`; the command
+  runs in the kernel's container (`docker exec` in /home/work, no TTY, no stdin) and its
+  output comes gathered as Backend.AI's agent gathers it: a text frame `{"status":
+  "continued", "console": [["stdout"|"stderr", text], ...], "exitCode": null}` every
+  `flush` seconds while it runs (an empty console when it wrote nothing), and `{"status":
+  "finished", "console", "exitCode": n}` when it ends, with what it wrote since. So a
+  command that ends within the first interval is one message holding its whole output. A
+  `marked` command says when its code starts (START_MARKER): its first interval counts
+  from there. Closing the websocket first ends the command.
+- `POST /v1/exec/step`, token `exec:<run id>`, body `{"command", "timeout", "flush",
+  "marked"}`: the same, one result per request (the Backend.AI clients' `execute`): the
+  first request starts the run and answers what it wrote within `flush` seconds, or its
+  end; a request without `command` (the clients' `continue`) answers the next part. A run
+  whose next part nobody asks for within RUN_ABANDONED_SECONDS is ended.
 - `POST /v1/files/upload`, token `files:scratch`: a multipart body whose file parts are
   written, streamed, into the kernel's scratch directory (/home/work in the container) at
   the path each part's filename gives.
@@ -23,6 +33,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import stat
 import tarfile
@@ -40,6 +51,8 @@ from storage_app.files import FileError, FolderFiles, read_range, split_path
 log = logging.getLogger("agent.session_streams")
 SCRATCH_IN_CONTAINER = "/home/work"
 MAX_EXEC_SECONDS = 24 * 3600
+MAX_FLUSH_SECONDS = 10.0
+RUN_ABANDONED_SECONDS = 60.0  # a `continue` comes at once after a `continued` answer
 FIRST_FRAME_SECONDS = 30  # the web process sends the command at once
 OUTPUT_QUEUE = 64  # docker frames held while the websocket is slow: the exec then waits
 FILE_CHUNK = 1024 * 1024
@@ -54,6 +67,7 @@ LONG_THREADS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="session-st
 
 def add_routes(app, server):
     app.router.add_get("/v1/exec", functools.partial(execute, server))
+    app.router.add_post("/v1/exec/step", functools.partial(execute_step, server))
     app.router.add_post("/v1/files/upload", functools.partial(upload, server))
     app.router.add_post("/v1/files/download", functools.partial(download, server))
 
@@ -85,25 +99,62 @@ def tar_padding(size):
 TAR_END = b"\0" * (2 * TAR_BLOCK)
 
 
+# A command may say when its code starts, on stderr right after the wrapper's process id
+# (python_query.py does, once the kernel's interpreter takes the run): the first result's
+# interval then counts from there, as Backend.AI's does from when its kernel runner, which is
+# always running, is given the code. Taken off the stream.
+START_MARKER = b"\0backendai:code-started\0\n"
+STARTED = object()  # the queue's record of it
+
+
 class PidReader:
-    """Takes the first line of stderr (the process id the wrapper prints) off the stream."""
+    """Takes the first line of stderr (the process id the wrapper prints) off the stream,
+    and a START_MARKER right after it (`started`)."""
 
     def __init__(self):
         self.pid, self._head = None, b""
+        self.started = self._checked = False
 
     def feed(self, data):
         """The stderr bytes that are the command's own."""
-        if self.pid is not None:
+        if self._checked:
             return data
         self._head += data
-        line, newline, rest = self._head.partition(b"\n")
-        if not newline:
-            if len(self._head) > 64:  # no id came: pass everything on
-                self.pid, rest = 0, self._head
-                return rest
-            return b""
-        self.pid = int(line) if line.strip().isdigit() else 0
-        return rest
+        if self.pid is None:
+            line, newline, rest = self._head.partition(b"\n")
+            if not newline:
+                if len(self._head) > 64:  # no id came: pass everything on
+                    self.pid, self._checked = 0, True
+                    return self.rest()
+                return b""
+            self.pid, self._head = (int(line) if line.strip().isdigit() else 0), rest
+        if len(self._head) < len(START_MARKER) and START_MARKER.startswith(self._head):
+            return b""  # perhaps the marker, not whole yet
+        self._checked = True
+        if self._head.startswith(START_MARKER):
+            self.started, self._head = True, self._head[len(START_MARKER):]
+        return self.rest()
+
+    def rest(self):
+        """What is held back still (at the end of the stream: the command's own)."""
+        held, self._head = self._head, b""
+        return held
+
+
+def aggregate_console(records):
+    """Backend.AI's console of one result: the (stream, text) records in the order they
+    came, each run of one stream's records joined into one entry."""
+    console = []
+    for stream, text in records:
+        if console and console[-1][0] == stream:
+            console[-1][1] += text
+        else:
+            console.append([stream, text])
+    return console
+
+
+def execution_result(status, records, exit_code=None):
+    return {"status": status, "console": aggregate_console(records), "exitCode": exit_code}
 
 
 # Streaming execution.
@@ -125,7 +176,8 @@ async def execute(server, request):
         await ws.close()
         return ws
     timeout = _bounded(params.get("timeout"), 300, MAX_EXEC_SECONDS)
-    run = ExecRun(server.agent.docker.api, info["id"])
+    flush = _seconds(params.get("flush"), 0.2, MAX_FLUSH_SECONDS)
+    run = ExecRun(server.agent.docker.api, info["id"], marked=params.get("marked") is True)
     try:
         await run.start(command, timeout)
     except (DockerException, OSError) as exc:
@@ -135,22 +187,67 @@ async def execute(server, request):
     watcher = asyncio.ensure_future(_until_closed(ws))
     try:
         while True:
-            getter = asyncio.ensure_future(run.queue.get())
-            done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if getter not in done:  # the client went away: end the command
-                getter.cancel()
+            step = asyncio.ensure_future(run.next_result(flush))
+            done, _ = await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if step not in done:  # the client went away: end the command
+                step.cancel()
                 await run.stop()
                 break
-            item = getter.result()
-            if item is None:
-                await ws.send_str(json.dumps({"exited": True, "exitCode": await run.exit_code()}))
+            result = step.result()
+            await ws.send_str(json.dumps(result))
+            if result["status"] == "finished":
                 break
-            await ws.send_str(json.dumps(item))
     finally:
         watcher.cancel()
         run.release()
         await ws.close()
     return ws
+
+
+async def execute_step(server, request):
+    payload, run_id = server.authorize(request, "exec")
+    info = await server.container_of(payload)
+    params = _json(await request.text())
+    key = (payload["k"], run_id)
+    run = server.runs.get(key)
+    command = params.get("command")
+    if command is not None:
+        if not isinstance(command, str) or not command:
+            raise _refusal(400, "command must be a non-empty string.")
+        if run is not None:
+            raise _refusal(409, f"Run {run_id} is going on already.")
+        run = ExecRun(server.agent.docker.api, info["id"], marked=params.get("marked") is True)
+        try:
+            await run.start(command, _bounded(params.get("timeout"), 300, MAX_EXEC_SECONDS))
+        except (DockerException, OSError) as exc:
+            raise _refusal(502, f"could not run the command: {exc}") from None
+        server.runs[key] = run
+    elif run is None:
+        raise _refusal(404, f"No run {run_id} is going on in this kernel: it has finished, "
+                            f"or nobody asked for its output for {RUN_ABANDONED_SECONDS:.0f} s "
+                            "and it was ended.")
+    async with run.lock:
+        run.keep()
+        result = None
+        try:
+            result = await run.next_result(_seconds(params.get("flush"), 2.0,
+                                                    MAX_FLUSH_SECONDS))
+        finally:
+            if result is not None and result["status"] == "finished":
+                server.runs.pop(key, None)
+                run.release()
+            else:  # going on (or this request was cancelled): a `continue` is due
+                run.abandon_after(RUN_ABANDONED_SECONDS,
+                                  functools.partial(_abandon, server, key))
+    return web.json_response(result)
+
+
+async def _abandon(server, key):
+    run = server.runs.pop(key, None)
+    if run is not None:
+        log.info("exec run %s of kernel %s abandoned: ended", key[1], key[0])
+        await run.stop()
+        run.release()
 
 
 async def _until_closed(ws):
@@ -160,14 +257,60 @@ async def _until_closed(ws):
 
 class ExecRun:
     """One command in a container, its demultiplexed output read in a thread into `queue`
-    ({"stdout": text} / {"stderr": text}, None at the end)."""
+    ((stream, text) records, None at the end) and taken from there a result at a time."""
 
-    def __init__(self, api, container_id):
-        self.api, self.container_id = api, container_id
+    def __init__(self, api, container_id, marked=False):
+        self.api, self.container_id, self.marked = api, container_id, marked
         self.exec_id = self.output = None
         self.queue = asyncio.Queue(OUTPUT_QUEUE)
         self.pid = PidReader()
         self.stopped = False
+        self.lock = asyncio.Lock()  # one reader of the results at a time
+        self.results = 0  # given so far
+        self._abandon = None
+
+    async def next_result(self, flush):
+        """What the command writes within `flush` seconds, as Backend.AI's agent gathers
+        it: a "continued" result (perhaps of no output), or, as soon as the command has
+        ended, a "finished" one with its exit code and what it wrote since the last. The
+        first interval of a `marked` command starts when its code does (START_MARKER), or
+        at its first output."""
+        loop = asyncio.get_running_loop()
+        first, self.results = not self.results, self.results + 1
+        deadline = None if first and self.marked else loop.time() + flush
+        records = []
+        while True:
+            if not self.queue.empty():
+                item = self.queue.get_nowait()
+            elif deadline is None:
+                item = await self.queue.get()
+            else:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return execution_result("continued", records)
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), remaining)
+                except TimeoutError:
+                    return execution_result("continued", records)
+            if item is None:
+                return execution_result("finished", records, await self.exit_code())
+            if item is STARTED:
+                if first:
+                    deadline = loop.time() + flush
+                continue
+            if deadline is None:
+                deadline = loop.time() + flush
+            records.append(item)
+
+    def keep(self):
+        if self._abandon is not None:
+            self._abandon.cancel()
+            self._abandon = None
+
+    def abandon_after(self, seconds, abandon):
+        self.keep()
+        self._abandon = asyncio.get_running_loop().call_later(
+            seconds, lambda: asyncio.ensure_future(abandon()))
 
     async def start(self, command, timeout):
         def create():
@@ -190,19 +333,24 @@ class ExecRun:
 
         try:
             for stdout, stderr in self.output:
-                for name, data in (("stdout", stdout), ("stderr", self.pid.feed(stderr or b""))):
+                stderr = self.pid.feed(stderr or b"")
+                if self.pid.started:
+                    self.pid.started = False
+                    put(STARTED)
+                for name, data in (("stdout", stdout), ("stderr", stderr)):
                     text = decoders[name].decode(data or b"")
                     if text:
-                        put({name: text})
+                        put((name, text))
         except (DockerException, OSError, ValueError) as exc:
             if not self.stopped:
                 log.warning("exec %s: output lost: %s", (self.exec_id or "")[:12], exc)
         finally:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
                 for name, decoder in decoders.items():
-                    text = decoder.decode(b"", final=True)
+                    held = self.pid.rest() if name == "stderr" else b""
+                    text = decoder.decode(held, final=True)
                     if text:
-                        put({name: text})
+                        put((name, text))
                 put(None)
 
     async def exit_code(self):
@@ -254,9 +402,13 @@ async def _files_of(server, request):
 
 
 def _refused(error):
+    return _refusal(error.status_code, error.message)
+
+
+def _refusal(status, message):
     # streams.py imports this module to add its routes: its Refused is looked up here.
     from agents_app.runtime.streams import Refused
-    return Refused(error.status_code, error.message)
+    return Refused(status, message)
 
 
 async def upload(server, request):
@@ -376,6 +528,14 @@ def _json(text):
     except (TypeError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _seconds(value, default, maximum):
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return default
+    return min(max(seconds, 0.01), maximum) if math.isfinite(seconds) else default
 
 
 def _bounded(value, default, maximum):

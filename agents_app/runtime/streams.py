@@ -14,8 +14,8 @@ the kernel, its container and what may be opened:
   to that service port of the container, at its address on the session's own network,
   streamed both ways. The path is the one the browser asked for (apps serve under
   /sessions/<id>/apps/<name>/).
-- `/v1/exec` and `/v1/files/…`, tokens `exec:<run id>` and `files:scratch`: the Backend.AI
-  clients' streamed execution and session files (session_streams.py).
+- `/v1/exec`, `/v1/exec/step` and `/v1/files/…`, tokens `exec:<run id>` and
+  `files:scratch`: the Backend.AI clients' execution and session files (session_streams.py).
 - `/v1/kept…`, token `kept:<kernel id>`: what this agent keeps of a stopped kernel, for the
   agent that resumes it (kept_streams.py).
 
@@ -89,6 +89,7 @@ class StreamServer:
         self.loop = None
         self.http = None
         self.terminals = {}  # (kernel id, terminal id) → Terminal
+        self.runs = {}  # (kernel id, run id) → the Backend.AI clients' execute, between steps
         self._containers = {}  # container id → (monotonic time, what _inspect found)
         self._ready = threading.Event()
         self._error = None

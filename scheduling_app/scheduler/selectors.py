@@ -185,6 +185,10 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
     """
     if excluded is None:
         excluded = session.excluded_agents
+    if session.kernels[0].kept_on:
+        kept = _where_kept(session, index, excluded)
+        if kept is not None:
+            return kept
     if session.cluster_mode == ClusterMode.SINGLE_NODE:
         agent = index.first_fit(session.total, excluded, session.shape[1], session.image)
         return None if agent is None else {k.id: agent.id for k in session.kernels}
@@ -212,6 +216,24 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
             index.forget_shapes()
     index.snap.refusals[session.shape] = refusal
     return None
+
+
+def _where_kept(session: PendingSession, index: AgentIndex, excluded):
+    """A resumed session on the agents that keep its kernels' files, when they are
+    schedulable and have room (no files to move); else None, and it goes where the
+    strategy says (its agents move the files)."""
+    need = {}
+    for kernel in session.kernels:
+        need[kernel.kept_on] = need.get(kernel.kept_on, ResourceSlots()) + kernel.slots
+    agents = index.snap.agents
+    for agent_id, slots in need.items():
+        agent = agents.get(agent_id)
+        if agent is None or not agent.schedulable or agent_id in excluded \
+                or not slots.fits_in(agent.free):
+            return None
+    if len(need) > 1 and cross_host_problem(index.snap, set(need)) is not None:
+        return None
+    return {k.id: k.kept_on for k in session.kernels}
 
 
 def cross_host_problem(snap: Snapshot, agent_ids):

@@ -47,11 +47,11 @@ def load_pending(group, limit=None):
             queued_at=_requeued_at(data), user_id=user_id,
             user_concurrency=user_concurrency,
         )
-    for pk, session_id, slots in (Kernel.objects.filter(session_id__in=sessions,
-                                                        status=Status.PENDING)
-                                  .order_by("cluster_role", "cluster_idx")
-                                  .values_list("id", "session_id", "requested_slots")):
-        sessions[session_id].kernels.append(PendingKernel(pk, parse(slots)))
+    for pk, session_id, slots, kept_on in (
+            Kernel.objects.filter(session_id__in=sessions, status=Status.PENDING)
+            .order_by("cluster_role", "cluster_idx")
+            .values_list("id", "session_id", "requested_slots", "kept_on")):
+        sessions[session_id].kernels.append(PendingKernel(pk, parse(slots), kept_on))
     through = Session.dependencies.through
     for from_id, to_id in through.objects.filter(from_session_id__in=sessions).values_list(
             "from_session_id", "to_session_id"):

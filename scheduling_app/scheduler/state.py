@@ -16,6 +16,7 @@ from sessions_app.enums import ClusterMode, SessionType
 class PendingKernel:
     id: object
     slots: ResourceSlots
+    kept_on: str = ""  # a resumed kernel: the agent that keeps its files
 
 
 @dataclass

@@ -22,6 +22,7 @@ PROBLEMS = {
     415: ("unsupported-media-type", "Unsupported media type."),
     429: ("too-many-requests", "Too many requests."),
     500: ("internal-server-error", "Something has gone wrong."),
+    501: ("not-implemented", "This API is not implemented."),
     503: ("service-unavailable", "Service unavailable."),
 }
 

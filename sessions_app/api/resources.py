@@ -77,10 +77,15 @@ class ImageSerializer(serializers.ModelSerializer):
 
 
 class ImageViewSet(viewsets.ReadOnlyModelViewSet):
-    """Kernel images the agents have reported."""
+    """Kernel images the agents have reported (a user's: not those committed from other
+    users' sessions)."""
 
     queryset = Image.objects.order_by("name", "architecture")
     serializer_class = ImageSerializer
+
+    def get_queryset(self):
+        admin = request_is_admin(self.request)
+        return super().get_queryset().usable_by(None if admin else self.request.user.pk)
 
 
 class KeyPairSerializer(serializers.ModelSerializer):

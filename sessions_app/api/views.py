@@ -30,6 +30,7 @@ from sessions_app.lifecycle.create import (
     dry_run_session,
     rename_session,
 )
+from sessions_app.lifecycle.stop import resume_session, stop_session
 from sessions_app.models import Kernel, Session, SessionEvent
 from sessions_app.tools import execute_in_session, restart_session, session_logs
 
@@ -370,6 +371,26 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         """Restart the containers of a RUNNING session in place (see README)."""
         restart_session(self.get_object(), actor=request.user.get_username())
         return Response({"status": "restarting"}, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: SessionSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):
+        """Stop a RUNNING interactive session: its compute is freed, its files kept
+        (STOPPED, once its kernels have stopped); 409 with why otherwise."""
+        session = stop_session(self.get_object(), actor=request.user,
+                               keypair=acting_keypair(request))
+        return Response(SessionSerializer(self.get_queryset().get(pk=session.pk)).data,
+                        status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: SessionSerializer})
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        """Resume a STOPPED session: it is scheduled like a new one and comes back with
+        its files; 409 with its status unless STOPPED."""
+        session = resume_session(self.get_object(), actor=request.user,
+                                 keypair=acting_keypair(request))
+        return Response(SessionSerializer(self.get_queryset().get(pk=session.pk)).data,
+                        status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=RenameSerializer, responses=SessionSerializer)
     @action(detail=True, methods=["post"])

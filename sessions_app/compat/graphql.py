@@ -29,6 +29,7 @@ from sessions_app import service_ports
 from sessions_app.api.errors import error_body
 from sessions_app.api.permissions import acting_keypair, request_is_admin
 from sessions_app.models import Kernel, KeyPair, Session
+from storage_app.compat.graphql import FolderQueries
 
 MAX_PAGE_SIZE = 100  # the client's own limit (ai.backend.client.pagination)
 
@@ -51,6 +52,11 @@ def _request(info):
 
 def _is_admin(info):
     return request_is_admin(_request(info))
+
+
+def _images(info):
+    """Every image but those committed from other users' sessions (admins: every one)."""
+    return Image.objects.usable_by(None if _is_admin(info) else _request(info).user.pk)
 
 
 def _require_admin(info, what):
@@ -604,7 +610,7 @@ def _by_email(keypairs, email):
     return keypairs.filter(user__in=users)
 
 
-class Query(graphene.ObjectType):
+class Query(FolderQueries):  # and the folder lists of storage_app/compat/graphql.py
     compute_session = graphene.Field(ComputeSession, id=graphene.UUID(required=True))
     compute_session_list = graphene.Field(
         ComputeSessionList, limit=graphene.Int(required=True),
@@ -667,7 +673,7 @@ class Query(graphene.ObjectType):
         return _page(agents, limit, offset)
 
     def resolve_image(root, info, reference=None, architecture=None, id=None):
-        images = Image.objects.all()
+        images = _images(info)
         if id is not None:
             return images.filter(pk=id).first() if str(id).isdigit() else None
         if reference is None:
@@ -682,7 +688,7 @@ class Query(graphene.ObjectType):
         # "operation" image: is_operation asks for those only.
         if is_operation or is_installed is False:
             return Image.objects.none()
-        return Image.objects.order_by("name", "architecture")
+        return _images(info).order_by("name", "architecture")
 
     def resolve_keypair(root, info, domain_name=None, access_key=None):
         own = acting_keypair(_request(info))

@@ -4,9 +4,12 @@
   an existing session, the SDK's `stream_execute`). The client sends one JSON text frame
   `{"code", "mode": "query"|"batch", "options"}`; the server answers with JSON text frames
   `{"status": "continued", "console": [["stdout"|"stderr", text], ...], "exitCode": null,
-  "options": null, "files": null}` as the output is written, then one with `"status":
-  "finished"` and the exit code, and closes. A problem after the handshake is `{"status":
-  "error", "msg": ...}`, as the Backend.AI manager says it.
+  "options": null, "files": null}`, one every STREAM_FLUSH seconds while the program runs
+  (with what it wrote meanwhile, perhaps nothing), then one with `"status": "finished"`,
+  the rest of its output and the exit code, and closes: a program that ends within the
+  first interval is answered with one `finished` message holding its whole console, as
+  Backend.AI's agent gathers it. A problem after the handshake is `{"status": "error",
+  "msg": ...}`, as the Backend.AI manager says it.
 - `/stream/session/<name or id>/pty`: a terminal (the SDK's `stream_pty`). From the
   client, JSON text frames `{"type": "stdin", "chars": base64}`, `{"type": "resize",
   "rows", "cols"}`, `{"type": "ping"}`, `{"type": "restart"}` (a new shell); to it,
@@ -39,7 +42,7 @@ from rest_framework.request import Request
 
 from agents_app.stream_tokens import TOKEN_HEADER
 from sessions_app.api.authentication import KeypairSignatureAuthentication
-from sessions_app.compat.views import EXECUTE_TIMEOUT, CompatView, run_command
+from sessions_app.compat.views import EXECUTE_TIMEOUT, STREAM_FLUSH, CompatView, run_command
 from sessions_app.realtime import access
 from sessions_app.realtime.agent_client import client
 from sessions_app.realtime.relay import RelayConsumer
@@ -76,12 +79,6 @@ def execution_message(status, console=(), exit_code=None):
     """One message of Backend.AI's streamed execution."""
     return json.dumps({"status": status, "console": [list(record) for record in console],
                        "exitCode": exit_code, "options": None, "files": None})
-
-
-def console_of(message):
-    """The console records of one output message of the agent's /v1/exec."""
-    return [(stream, message[stream]) for stream in ("stdout", "stderr")
-            if isinstance(message.get(stream), str) and message[stream]]
 
 
 def execution_request(text):
@@ -172,7 +169,7 @@ class ExecuteConsumer(SignedStreamConsumer):
             return  # input to a running command: not supported (its stdin is closed)
         try:
             mode, code, options = execution_request(text_data)
-            command, _run_id = await database_sync_to_async(run_command)(
+            command, _run_id, marked = await database_sync_to_async(run_command)(
                 self.session, {"mode": mode, "code": code, "options": options})
         except (ValueError, APIException) as exc:
             detail = getattr(exc, "detail", exc)
@@ -182,7 +179,8 @@ class ExecuteConsumer(SignedStreamConsumer):
         if problem:
             await self.fail(problem)
             return
-        await self.upstream.send_str(json.dumps({"command": command,
+        await self.upstream.send_str(json.dumps({"command": command, "flush": STREAM_FLUSH,
+                                                 "marked": marked,
                                                  "timeout": EXECUTE_TIMEOUT}))
         self.pump = asyncio.ensure_future(self.relay())
 
@@ -193,17 +191,15 @@ class ExecuteConsumer(SignedStreamConsumer):
                 if message.type != WSMsgType.TEXT:
                     break
                 data = json.loads(message.data)
-                if data.get("exited"):
-                    await self.send(text_data=execution_message(
-                        "finished", exit_code=data.get("exitCode")))
-                    finished = True
-                    break
                 if data.get("error"):  # the agent could not run it
                     problem = f"The session's agent: {data['error']}."
                     break
-                console = console_of(data)
-                if console:
-                    await self.send(text_data=execution_message("continued", console))
+                # The agent's results, gathered every STREAM_FLUSH seconds.
+                await self.send(text_data=execution_message(
+                    data.get("status"), data.get("console") or (), data.get("exitCode")))
+                if data.get("status") == "finished":
+                    finished = True
+                    break
         finally:
             if not finished:
                 with contextlib.suppress(Exception):

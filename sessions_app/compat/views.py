@@ -6,10 +6,13 @@ the DRF API (create_session, destroy_session, the agent tools, the engine's even
 answers in the SDK's response shape. Errors are Backend.AI's `{"type", "title", "msg"}`.
 """
 
+import functools
 import shlex
 import uuid
 from datetime import UTC
+from pathlib import Path
 
+from aiohttp import ClientError
 from asgiref.sync import sync_to_async
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
@@ -17,13 +20,15 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from agents_app import stream_tokens
 from agents_app.models import Image
+from agents_app.runtime import python_query
 from common import clock
 from scheduling_app.idle import checks_of as idle_checks_of
 from scheduling_app.models import Domain, Project, default_project
-from sessions_app import activity, service_ports
+from sessions_app import activity, commits, service_ports
 from sessions_app.api.errors import RequestFailed
-from sessions_app.api.permissions import owner_keypair, request_is_admin
+from sessions_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
 from sessions_app.api.views import (
     create_for,
     destroy_for,
@@ -35,10 +40,14 @@ from sessions_app.api.views import (
 from sessions_app.enums import SessionType, Status, StatusGroup
 from sessions_app.events import ADMINS_GROUP, session_group, user_group
 from sessions_app.lifecycle import DestroyRefused
-from sessions_app.models import Session
+from sessions_app.lifecycle.stop import resume_session, stop_session
+from sessions_app.models import BackgroundTask, Session
 from sessions_app.querysets import as_uuid
+from sessions_app.realtime import access
+from sessions_app.realtime.agent_client import client
 from sessions_app.realtime.streams import (
     KEEPALIVE_SECONDS,
+    RECHECK_SECONDS,
     history_messages,
     message_key,
     next_message,
@@ -47,10 +56,16 @@ from sessions_app.realtime.streams import (
     wait_until_finished,
     wait_until_started,
 )
-from sessions_app.tools import execute_on_kernel, restart_session, running_main_kernel, session_logs
+from sessions_app.tools import restart_session, running_main_kernel, session_logs
 
 RUNTIME_PATH_LABEL = "ai.backend.runtime-path"
+RUNTIME_TYPE_LABEL = "ai.backend.runtime-type"
 EXECUTE_TIMEOUT = 300  # seconds a query or batch run may take
+# How long a run's output is gathered into one result, as Backend.AI's manager asks its
+# agent: 2 s for each `execute` request, 0.2 s between the messages of a streamed run. A
+# run that ends within it is answered with one "finished" result holding all its output.
+EXECUTE_FLUSH = 2.0
+STREAM_FLUSH = 0.2
 
 
 def first_of(data, *keys, default=None):
@@ -305,19 +320,46 @@ def dependents_of(session):
     return found[::-1]
 
 
+@functools.cache
+def python_query_source():
+    return Path(python_query.__file__).read_text()
+
+
+def is_python(labels):
+    runtime = labels.get(RUNTIME_PATH_LABEL) or ""
+    return labels.get(RUNTIME_TYPE_LABEL) == "python" or \
+        runtime.rpartition("/")[2].startswith("python")
+
+
+def query_command(labels, code):
+    """The shell command of query-mode `code` on an image with these labels, and whether
+    it marks its code's start: on a Python image, a run in the kernel's one interpreter
+    (agents_app/runtime/python_query.py, marked); on another image naming its interpreter
+    (`ai.backend.runtime-path`), `PATH -c CODE`; else the code itself, for the shell."""
+    runtime = labels.get(RUNTIME_PATH_LABEL)
+    if is_python(labels):
+        return (f"exec {shlex.quote(runtime or 'python3')} "
+                f"-c {shlex.quote(python_query_source())} run {shlex.quote(code)}"), True
+    if runtime:
+        return f"exec {shlex.quote(runtime)} -c {shlex.quote(code)}", False
+    return code, False
+
+
 def run_command(session, data):
-    """The shell command an execute request runs, and its run id."""
+    """What an execute request runs: (the shell command, or None for the next part of a
+    run going on; its run id; whether the command marks its code's start)."""
     mode = data.get("mode")
     run_id = text(data.get("runId"), "runId") or uuid.uuid4().hex
+    if not stream_tokens.TERMINAL_ID.match(run_id):
+        raise RequestFailed("runId is 1 to 64 letters, digits, '_' or '-'.",
+                            data={"runId": ["1 to 64 letters, digits, '_' or '-'"]})
     if mode == "query":
         code = text(data.get("code"), "code")
         if code is None:
             raise RequestFailed("query mode needs code.", data={"code": ["required"]})
         image = Image.objects.filter(name=session.image).first()
-        runtime = (image.labels or {}).get(RUNTIME_PATH_LABEL) if image else None
-        if runtime:
-            return f"exec {shlex.quote(runtime)} -c {shlex.quote(code)}", run_id
-        return code, run_id
+        command, marked = query_command((image.labels or {}) if image else {}, code)
+        return command, run_id, marked
     if mode == "batch":
         options = data.get("options") or {}
         if not isinstance(options, dict):
@@ -327,21 +369,42 @@ def run_command(session, data):
         if not text(options.get("exec"), "options.exec"):
             raise RequestFailed("batch mode needs options.exec.",
                                 data={"options.exec": ["required"]})
-        return " && ".join(steps), run_id
+        return " && ".join(steps), run_id, False
     if mode == "continue":
-        return None, run_id  # every run finishes within its first request here
+        if data.get("runId") is None:
+            raise RequestFailed("continue needs the runId of the run.",
+                                data={"runId": ["required"]})
+        return None, run_id, False
     raise RequestFailed(f"Unsupported execution mode {mode!r}; this server runs query, "
-                        "batch and continue.", data={"mode": ["query, batch or continue"]})
+                        "batch and continue (a run has no stdin, so never waits for input).",
+                        data={"mode": ["query, batch or continue"]})
 
 
-def execution_result(run_id, outcome):
-    if outcome.get("error"):
-        raise RequestFailed(outcome["error"], 503)
-    console = [[stream, outcome[stream]] for stream in ("stdout", "stderr")
-               if outcome.get(stream)]
-    return {"result": {"runId": run_id, "status": "finished",
-                       "exitCode": outcome.get("exit_code"), "console": console,
-                       "options": {}, "files": []}}
+def execution_result(run_id, result):
+    """The manager's answer to `execute`: the agent's result of the run's next part."""
+    return {"result": {"runId": run_id, "status": result.get("status"),
+                       "exitCode": result.get("exitCode"), "console": result.get("console", []),
+                       "options": None, "files": []}}
+
+
+async def execute_step(grant, body):
+    """The next result of a run, from the kernel's agent (agents_app/runtime/
+    session_streams.py, POST /v1/exec/step)."""
+    try:
+        async with client().post(grant.url("/v1/exec/step"), json=body,
+                                 headers={stream_tokens.TOKEN_HEADER: grant.token}) as upstream:
+            answer = await upstream.json(content_type=None)
+            status_code = upstream.status
+    except (TimeoutError, ClientError, ValueError) as exc:
+        raise RequestFailed(f"The session's agent does not answer ({type(exc).__name__}).",
+                            502) from None
+    if status_code != 200:
+        message = answer.get("error") if isinstance(answer, dict) else None
+        if status_code in (400, 404, 409) and message:
+            raise RequestFailed(message, status_code)
+        raise RequestFailed(f"The session's agent failed ({status_code}): "
+                            f"{message or 'no reason given'}", 502)
+    return answer
 
 
 class SessionResource(CompatView):
@@ -368,21 +431,107 @@ class SessionResource(CompatView):
     def post(self, request, ref):
         data = body_of(request)
         session = self.session(request, ref, touch=True)  # a command is activity
-        command, run_id = run_command(session, data)
-        if command is None:
-            return Response(execution_result(run_id, {}))
-        kernel = running_main_kernel(session)
+        command, run_id, marked = run_command(session, data)
+        running_main_kernel(session)  # else 409, saying so
+        try:
+            grant = access.grant(request.user, session.pk, f"exec:{run_id}")
+        except access.Refusal as refusal:
+            raise RequestFailed(refusal.message, refusal.status) from None
+        body = {"flush": EXECUTE_FLUSH}
+        if command is not None:
+            body.update(command=command, timeout=EXECUTE_TIMEOUT, marked=marked)
         response = Response()
 
         async def follow_up():
-            # Waits for the agent in a thread of its own, not Django's shared one.
-
-            outcome = await sync_to_async(execute_on_kernel, thread_sensitive=False)(
-                kernel, command=command, timeout=EXECUTE_TIMEOUT)
-            response.data = execution_result(run_id, outcome)
+            # The wait (up to EXECUTE_FLUSH) is the event loop's, not a thread's.
+            response.data = execution_result(run_id, await execute_step(grant, body))
             return response
         response.follow_up = follow_up
         return response
+
+
+class CommitSession(CompatView):
+    """POST /session/NAME/commit (ComputeSession.commit, `backend.ai session commit`): the
+    main kernel saved as an image (sessions_app/commits.py), answered at once (201) with
+    the background task that follows it: `{"bgtask_id", "kernel", "path": null, "image"}`
+    (Backend.AI's agent writes a tar file at `path`; here the image is registered)."""
+
+    def post(self, request, ref):
+        session = self.session(request, ref, touch=True)
+        task = commits.start_commit(session, user=request.user)
+        return Response({"bgtask_id": str(task.pk), "kernel": task.result["kernel"],
+                         "path": None, "image": task.result["image"]},
+                        status=status.HTTP_201_CREATED)
+
+
+class ConvertToImage(CompatView):
+    """POST /session/NAME/imagify?image_name=NAME (ComputeSession.export_to_image, `backend.ai
+    session convert-to-image`): the same, as the image <owner's prefix>/NAME; `{"task_id"}`.
+    Nothing is pushed to a registry: the image stays on the kernel's agent host."""
+
+    def post(self, request, ref):
+        data = request.data if isinstance(request.data, dict) else {}
+        name = first_of(request.query_params, "image_name") or data.get("image_name")
+        if not name:
+            raise RequestFailed("image_name is required: the name of the new image.",
+                                data={"image_name": ["required"]})
+        session = self.session(request, ref, touch=True)
+        return Response({"task_id": str(commits.start_commit(
+            session, user=request.user, name=name).pk)})
+
+
+class BackgroundTaskEvents(CompatView):
+    """GET /events/background-task?task_id=ID: Server-Sent Events of a background task of
+    the caller's (admins: anyone's), as the SDK's BackgroundTask.listen_events reads them:
+    `bgtask_updated` {"task_id", "message", "current_progress", "total_progress"} as it
+    goes (its last state first), then one of `bgtask_done` / `bgtask_failed` /
+    `bgtask_cancelled` {"task_id", "message"}, then `server_close`."""
+
+    def get(self, request):
+        task_id = as_uuid(first_of(request.query_params, "task_id", "taskId"))
+        if task_id is None:
+            raise RequestFailed("task_id must be the id of a background task.",
+                                data={"task_id": ["not a UUID"]})
+        tasks = BackgroundTask.objects.filter(pk=task_id)
+        if not request_is_admin(request):
+            tasks = tasks.filter(user=request.user)
+        if not tasks.exists():
+            raise RequestFailed(f"There is no background task {task_id}.", 404)
+
+        async def follow_up():
+            response = StreamingHttpResponse(bgtask_stream(task_id),
+                                             content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"
+            return response
+        response = Response()
+        response.follow_up = follow_up
+        return response
+
+
+def bgtask_state(task_id):
+    task = BackgroundTask.objects.get(pk=task_id)
+    commits.expire_if_stale(task)  # its agent is gone: say so rather than wait for ever
+    return commits.event_of(task)
+
+
+async def bgtask_stream(task_id):
+    async with subscription([commits.bgtask_group(task_id)]) as queue:
+        yield ": connected\n\n"
+        last, waited = None, 0.0
+        while True:
+            name, data = await sync_to_async(bgtask_state)(task_id)
+            if (name, data) != last:
+                yield sse(name, data)
+                last, waited = (name, data), 0.0
+            if name != "bgtask_updated":
+                yield sse("server_close", {})
+                return
+            if await next_message(queue, RECHECK_SECONDS) is None:
+                waited += RECHECK_SECONDS
+                if waited >= KEEPALIVE_SECONDS:
+                    yield ": keep-alive\n\n"
+                    waited = 0.0
 
 
 def graph_time(moment):
@@ -422,6 +571,23 @@ class RenameSession(CompatView):
             raise RequestFailed("The new name is required (name).", data={"name": ["required"]})
         rename_for(request, self.session(request, ref), new_name)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class StopSession(CompatView):
+    """POST /session/NAME/stop: this project's stop (Backend.AI has none): the compute
+    freed, the files kept; resumed with POST /session/NAME/resume."""
+
+    def post(self, request, ref):
+        session = stop_session(self.session(request, ref), actor=request.user,
+                               keypair=acting_keypair(request))
+        return Response({"status": session.status}, status=status.HTTP_202_ACCEPTED)
+
+
+class ResumeSession(CompatView):
+    def post(self, request, ref):
+        session = resume_session(self.session(request, ref), actor=request.user,
+                                 keypair=acting_keypair(request))
+        return Response({"status": session.status}, status=status.HTTP_202_ACCEPTED)
 
 
 class SessionLogs(CompatView):

@@ -11,10 +11,12 @@ import uuid
 from django.db import transaction
 
 from agents_app import rpc
+from agents_app.runtime import errors
 from common import clock
-from sessions_app import engine
+from sessions_app import commits, engine
 from sessions_app import events as events_module
 from sessions_app.enums import SessionResult, SessionType, Status, StatusGroup
+from sessions_app.lifecycle import stop
 from sessions_app.lifecycle.create import kick_scheduler
 from sessions_app.lifecycle.progress import (
     end_with_kernel,
@@ -70,8 +72,11 @@ def _pull_failed(kernel, data, actor):
                        kind=data.get("kind"))
 
 
+@transaction.atomic
 def _started(kernel, data, actor):
     moved = engine.mark_kernel_running(kernel, data, actor=actor)
+    if moved is not None and moved.kept_on:
+        stop.restored(moved)  # resumed: what was kept is the kernel's again
     if moved is None:
         kernel.refresh_from_db()
         if kernel.status in StatusGroup.FINISHED | {S.TERMINATING}:
@@ -83,6 +88,8 @@ def _started(kernel, data, actor):
 
 
 def _creation_failed(kernel, data, actor):
+    if data.get("kind") == errors.RESTORE:  # its kept files could not be brought back
+        return stop.restore_failed(kernel, data.get("error", "?"), actor)
     return retry_stage(kernel, "creating", f"failed-to-start: {data.get('error', '?')}",
                        kind=data.get("kind"))
 
@@ -177,10 +184,18 @@ def _record_batch_result(kernel, exit_code, actor, *, timed_out=False):
                         reason=reason, data={"exit_code": exit_code})
 
 
+def _stopped(kernel, data, actor):
+    return stop.kernel_stopped(kernel, data, actor)
+
+
 def _pull_progress(kernel, data, actor):
-    """Progress of a running pull: pushed to the browser, not stored."""
+    return _progress(kernel, data, "kernel_pull_progress")
+
+
+def _progress(kernel, data, name):
+    """Progress of a running pull or move: pushed to the browser, not stored."""
     events_module.publish_on_commit(
-        kernel.session, "kernel_pull_progress", kernel_id=kernel.pk, status=kernel.status,
+        kernel.session, name, kernel_id=kernel.pk, status=kernel.status,
         previous_status=kernel.status, reason="", at=clock.now(), data=data,
         cluster_role=kernel.cluster_role, cluster_idx=kernel.cluster_idx)
 
@@ -207,9 +222,24 @@ def _destroy_on_agent(kernel, reason, *, forced=False):
         rpc.send_destroy_kernel(kernel, reason, forced=forced)
 
 
+def _commit_progress(kernel, data, actor):
+    commits.record_progress(kernel, data)
+
+
+def _commit_done(kernel, data, actor):
+    commits.record_committed(kernel, data, actor)
+
+
+def _commit_failed(kernel, data, actor):
+    commits.record_commit_failed(kernel, data, actor)
+
+
 HANDLERS = {
     "image_pulling": _pulling,
     "pull_progress": _pull_progress,
+    "restore_progress": lambda kernel, data, actor: _progress(
+        kernel, data, "kernel_restore_progress"),
+    "kernel_stopped": _stopped,
     "image_pulled": _pulled,
     "pull_failed": _pull_failed,
     "kernel_started": _started,
@@ -220,4 +250,7 @@ HANDLERS = {
     "kernel_health": _health,
     "kernel_restarted": _restarted,
     "kernel_restart_failed": _restart_failed,
+    "commit_progress": _commit_progress,
+    "commit_done": _commit_done,
+    "commit_failed": _commit_failed,
 }

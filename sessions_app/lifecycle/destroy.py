@@ -180,8 +180,18 @@ def _destroy_kernel(kernel, *, forced, reason, actor, requeue=False):
     status = kernel.status
     if status in (S.TERMINATED, S.CANCELLED):
         return None
+    if status == S.STOPPED:  # nothing runs: it ends, and its agent drops what it keeps
+        source = kernel.kept_on
+        engine.mark_kernel_terminated(kernel, reason=reason, actor=actor,
+                                      from_statuses={S.STOPPED})
+        if source:
+            transaction.on_commit(lambda: rpc.send_drop_kept(source, kernel.pk))
+        return None
     if status == S.PENDING:
         engine.mark_kernel_cancelled(kernel, reason=reason, actor=actor)
+        if kernel.kept_on:  # a resume cancelled: what its agent keeps goes too
+            source = kernel.kept_on
+            transaction.on_commit(lambda: rpc.send_drop_kept(source, kernel.pk))
         return None
     if kernel.agent_id is None:
         engine.mark_kernel_terminated(kernel, reason="missing-agent-allocation", actor=actor)

@@ -9,13 +9,14 @@ from django.conf import settings
 from django.db import transaction
 
 from agents_app import network_pool, rpc
-from agents_app.models import Agent, AgentStatus, Image
+from agents_app.models import Agent, AgentStatus, Image, resource_limits
 from common import clock
 from common.bulk import update_rows
 from scheduling_app.idle import add_sample, summarize
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine
 from sessions_app.enums import Status, StatusGroup
+from sessions_app.lifecycle import stop
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.create import kick_scheduler
 from sessions_app.lifecycle.progress import end_with_kernel, requeue_stopped_kernel
@@ -57,6 +58,9 @@ def handle_heartbeat(info):
         fields["images"] = sorted({image["name"] for image in info.get("images", [])})
     if info.get("slots"):  # without Docker the agent reports none: keep the last known
         fields["available_slots"] = info["slots"]
+    if "kept" in info:
+        fields["kept"] = [{k: entry.get(k) for k in ("kernel_id", "container_id", "volume",
+                                                      "bytes")} for entry in info["kept"]]
     if "kernels" in info:
         fields["containers"] = [{k: c.get(k) for k in ("kernel_id", "container_id", "state")}
                                 for c in info["kernels"]]
@@ -75,13 +79,17 @@ def handle_heartbeat(info):
             agent.status, agent.lost_at = AgentStatus.ALIVE, None
         agent.save()
     for image in info.get("images", []):
+        labels = image.get("labels") or {}
         Image.objects.update_or_create(
             name=image["name"], architecture=agent.architecture,
-            defaults={"labels": image.get("labels", {})},
+            defaults={"labels": labels, "min_slots": resource_limits(labels)[0].to_json()},
         )
     if "kernels" in info:  # only a heartbeat that could list its containers
+        kept = info.get("kept") or []
         reconcile_containers(agent, info["kernels"], info.get("taken_at"),
-                             stopping=info.get("stopping", ()), recovering=was_lost)
+                             stopping=info.get("stopping", ()), recovering=was_lost,
+                             kept=kept)
+        reconcile_kept(agent, kept, info.get("taken_at"))
     if "swarm" in info and left_swarm(previous_swarm, info["swarm"]):
         end_kernels_off_swarm(agent, previous_swarm, info["swarm"])
     if "networks" in info:
@@ -162,7 +170,8 @@ def reconcile_networks(agent, networks, taken_at=None):
             n["session_id"], agent_id=agent.pk, name=n.get("name")))
 
 
-def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recovering=False):
+def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recovering=False,
+                         kept=()):
     """Make the agent's containers and the manager's kernels agree:
     - a container whose kernel is finished is destroyed;
     - a container of no kernel at all is dangling: removed;
@@ -212,6 +221,7 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
                 stats.append(_sample(kernel, container["stat"], snapshot_at))
     if stats:
         update_rows(Kernel, ["last_stat", "stat_history"], stats)
+    kept_by_kernel = {entry["kernel_id"]: entry for entry in kept if entry.get("kernel_id")}
     gone = Kernel.objects.filter(
         agent=agent, status__in=[S.RUNNING, S.TERMINATING],
         status_changed__lt=snapshot_at - SNAPSHOT_MARGIN,
@@ -220,8 +230,47 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
         if kernel.status == S.TERMINATING and kernel.status_data.get(Key.REQUEUE):
             requeue_stopped_kernel(kernel, actor=actor)  # its report was lost on the way
             continue
+        entry = kept_by_kernel.get(str(kernel.pk))
+        if kernel.status == S.TERMINATING and kernel.status_data.get(Key.STOP) and entry:
+            # Stopped and kept: its report was lost on the way.
+            stop.kernel_stopped(kernel, {"container_id": entry.get("container_id"),
+                                         "volume": entry.get("volume"),
+                                         "kept_bytes": entry.get("bytes")}, actor)
+            continue
         reason = kernel.status_info if kernel.status == S.TERMINATING else "container-gone"
         engine.mark_kernel_terminated(kernel, reason=reason, actor=actor)
+
+
+def reconcile_kept(agent, kept, taken_at=None):
+    """What an agent keeps of stopped kernels and the manager's STOPPED kernels agree: kept
+    files that no kernel of this agent needs any more (its session deleted, resumed on
+    another agent, or unknown here) are dropped; a stopped kernel's measured size is
+    updated."""
+    snapshot_at = _snapshot_time(taken_at)
+    by_kernel = {e["kernel_id"]: e for e in kept if is_uuid(e.get("kernel_id"))}
+    if not by_kernel:
+        return
+    kernels = {str(k.pk): k for k in Kernel.objects.filter(pk__in=list(by_kernel))}
+    sizes = []
+    for kernel_id, entry in by_kernel.items():
+        kernel = kernels.get(kernel_id)
+        wanted = kernel is not None and kernel.status not in StatusGroup.FINISHED and (
+            kernel.kept_on == agent.pk
+            or (kernel.status == S.TERMINATING and kernel.status_data.get(Key.STOP)
+                and kernel.agent_id == agent.pk))
+        if wanted:
+            if kernel.status == S.STOPPED and entry.get("bytes") is not None and \
+                    (kernel.kept or {}).get("bytes") != entry["bytes"]:
+                sizes.append((kernel.pk, {**(kernel.kept or {}), "bytes": entry["bytes"]}))
+            continue
+        if kernel is not None and kernel.status_changed and \
+                kernel.status_changed >= snapshot_at - SNAPSHOT_MARGIN:
+            continue  # changed since the agent listed it: the next heartbeat tells
+        log.info("agent %s keeps kernel %s, which no stopped session needs: dropped",
+                 agent.pk, kernel_id)
+        transaction.on_commit(lambda k=kernel_id: rpc.send_drop_kept(agent.pk, k))
+    if sizes:
+        update_rows(Kernel, ["kept"], sizes)
 
 
 def _sample(kernel, stat, snapshot_at):

@@ -74,7 +74,43 @@ def check_invariants(now=None):
     concurrency = Check("keypair concurrency drift", [
         f"keypair {keypair.pk}: concurrency_used {keypair.concurrency_used}, live sessions "
         f"{expected}" for keypair, expected in keypair_drift])
-    return [stray, missing, slots, concurrency, _stuck(now), _networks(agents)]
+    leaked_kept, lost_kept = _kept(agents)
+    return [stray, missing, slots, concurrency, _stuck(now), _networks(agents), leaked_kept,
+            lost_kept]
+
+
+def _kept(agents):
+    """Invariant 12: what agents keep of stopped kernels, against the STOPPED kernels.
+    Kept files whose kernel is not STOPPED (nor being stopped, or resumed, there) leak;
+    a STOPPED kernel whose agent, ALIVE, no longer lists its files has lost them."""
+    leak = Check("kept files without a stopped session")
+    loss = Check("stopped sessions without their kept files")
+    listed = {(agent.pk, e["kernel_id"]): (agent, e) for agent in agents
+              for e in agent.kept or [] if is_uuid(e.get("kernel_id"))}
+    kernels = {str(k.pk): k for k in Kernel.objects.filter(
+        pk__in=[kernel_id for _, kernel_id in listed])}
+    for (agent_id, kernel_id), (agent, entry) in listed.items():
+        kernel = kernels.get(kernel_id)
+        if kernel is not None and kernel.status_changed and \
+                kernel.status_changed >= agent.containers_at - SNAPSHOT_MARGIN:
+            continue  # changed after the list was taken
+        wanted = kernel is not None and kernel.status not in StatusGroup.FINISHED and (
+            kernel.kept_on == agent_id or (kernel.status == S.TERMINATING
+                                           and kernel.agent_id == agent_id))
+        if not wanted:
+            leak.violations.append(
+                f"agent {agent_id}: kept files of "
+                f"{'unknown' if kernel is None else kernel.status} kernel {kernel_id} "
+                f"({entry.get('bytes')} bytes)")
+    alive = {agent.pk: agent for agent in agents}
+    for kernel in Kernel.objects.filter(status=S.STOPPED, kept_on__in=list(alive)):
+        agent = alive[kernel.kept_on]
+        if kernel.status_changed >= agent.containers_at - SNAPSHOT_MARGIN:
+            continue
+        if (agent.pk, str(kernel.pk)) not in listed:
+            loss.violations.append(f"agent {agent.pk}: STOPPED kernel {kernel.pk} of session "
+                                   f"{kernel.session_id} is not kept there")
+    return leak, loss
 
 
 def _networks(agents):
@@ -118,7 +154,8 @@ def _stuck(now):
                     own = timeout_of(group, status, kernel.session.grace_seconds)
                     if kernel.status_changed >= now - timedelta(seconds=own) - STUCK_AFTER:
                         continue
-                last_retry = StatusData(kernel.status_data).last_retry
+                data = StatusData(kernel.status_data)
+                last_retry = data.next_retry or data.last_retry
                 if last_retry and last_retry > cutoff:
                     continue  # a retry gets the whole timeout again
                 stuck.violations.append(f"kernel {kernel.pk} of session {kernel.session_id}: "
@@ -128,7 +165,7 @@ def _stuck(now):
         for kernel in Kernel.objects.filter(
                 agent__scaling_group=group, agent__status=AgentStatus.LOST,
                 agent__lost_at__lt=lost_cutoff).exclude(
-                status__in=StatusGroup.FINISHED | {S.PENDING}):
+                status__in=StatusGroup.FINISHED | {S.PENDING, S.STOPPED}):
             stuck.violations.append(f"kernel {kernel.pk} of session {kernel.session_id}: "
                                     f"{kernel.status} on agent {kernel.agent_id}, LOST past "
                                     f"lost_timeout {group.lost_timeout}s")

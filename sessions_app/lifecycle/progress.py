@@ -20,6 +20,7 @@ from common import clock
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine
 from sessions_app.enums import SessionResult, Status, StatusGroup
+from sessions_app.lifecycle import stop
 from sessions_app.models import Kernel, Session
 from sessions_app.status_data import Key, StatusData
 
@@ -179,6 +180,8 @@ def cancel_session(kernel, reason, actor):
     """A failure no retry can fix, before the session ran (Sokovan: not retryable →
     cancel): its kernels that never ran are CANCELLED (a container made for one is
     removed at once), those that run are stopped gracefully."""
+    if kernel.kept_on:  # a resume: the session is STOPPED again, its files kept
+        return stop.restore_failed(kernel, reason, actor)
     moved = None
     for sibling in kernel.session.kernels.select_for_update().order_by("cluster_role",
                                                                       "cluster_idx"):
@@ -525,7 +528,9 @@ def sweep_pending():
             requeued = kernel.session.status_data.get("scheduler", {}).get("requeued_at")
             if requeued and clock.parse(requeued) >= cutoff:
                 continue  # a re-queued session waits from its re-queue
-            if engine.mark_kernel_cancelled(kernel, reason="pending-timeout"):
+            if kernel.kept_on:  # a resume that waited too long: STOPPED again, kept
+                cancelled += bool(stop.restore_failed(kernel, "pending-timeout", "system"))
+            elif engine.mark_kernel_cancelled(kernel, reason="pending-timeout"):
                 cancelled += 1
     return cancelled
 

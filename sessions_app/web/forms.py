@@ -2,13 +2,14 @@
 validates them; the form only shows its limits and what remains of the user's quota."""
 
 import contextlib
+import json
 from decimal import Decimal
 
 from django import forms
 from django.conf import settings
 from django.core.validators import MaxValueValidator
 
-from agents_app.models import Image
+from agents_app.models import Image, resource_limits
 from common.slots import ResourceSlots, SlotError, format_bytes
 from sessions_app.enums import SessionType
 from sessions_app.lifecycle.create import create_from_spec
@@ -21,10 +22,26 @@ from storage_app.folders import visible_folders
 MIB = 2**20
 
 
-def image_choices():
-    names = sorted(set(Image.objects.values_list("name", flat=True)))
+def image_choices(user_id=None):
+    names = sorted(set(Image.objects.usable_by(user_id).values_list("name", flat=True)))
     names = names or [settings.DEFAULT_KERNEL_IMAGE]
     return [(name, name) for name in names]
+
+
+def image_minimums(user_id=None):
+    """{image: {"cpu": cores, "mem": MiB}}: the least a kernel of each registered image
+    may have (its ai.backend.resource.min.* labels), as the form's fields count them."""
+    minimums = {}
+    for name, labels in Image.objects.usable_by(user_id).values_list("name", "labels"):
+        least = resource_limits(labels)[0]
+        fields = {}
+        if least.get("cpu"):
+            fields["cpu"] = float(least["cpu"])
+        if least.get("mem"):
+            fields["mem"] = -(-int(least["mem"]) // MIB)  # whole MiB, rounded up
+        if fields:
+            minimums[name] = fields
+    return minimums
 
 
 class SessionForm(forms.Form):
@@ -79,6 +96,12 @@ class SessionForm(forms.Form):
         self.fields["priority"].widget.attrs["max"] = str(self.fields["priority"].max_value)
         self.fields["priority"].initial = policy.default_priority
         self.fields["image"].initial = settings.DEFAULT_KERNEL_IMAGE
+        # The image's minimum: where the cpu and memory fields start, and their lower bound
+        # (static/js/session_form.js follows the chosen image).
+        # Committed images are their owners' (sessions_app/commits.py).
+        self.fields["image"].choices = image_choices(keypair.user_id)
+        self.minimums = image_minimums(keypair.user_id)
+        self.fields["image"].widget.attrs["data-minimums"] = json.dumps(self.minimums)
         limits = Limits.current()  # SessionSpec's, checked early for the browser too
         self._bound("cluster_size", limits.max_cluster_size, "the most kernels allowed")
         self._bound("grace_period", limits.max_grace_period, "the longest grace period allowed")
@@ -93,6 +116,20 @@ class SessionForm(forms.Form):
             self._bound("cpu", remaining.get("cpu"))
             if remaining.get("mem") is not None:
                 self._bound("mem", int(remaining["mem"] // MIB))
+
+    def start_at_image_minimum(self):
+        """The cpu and memory fields of an unbound form start at least at the chosen
+        image's minimum, which is also their lower bound in the browser."""
+        image = self.initial.get("image") or self.fields["image"].initial
+        least = self.minimums.get(image, {})
+        for name in ("cpu", "mem"):
+            if name in least:
+                field = self.fields[name]
+                start = self.initial.get(name, field.initial)
+                self.initial[name] = max(Decimal(str(start)), Decimal(str(least[name])))
+                if name == "mem":
+                    self.initial[name] = int(self.initial[name])
+                field.widget.attrs["min"] = str(least[name])
 
     def _bound(self, name, limit, why=None):
         """A maximum that the browser enforces too, and that the error message explains."""
@@ -171,6 +208,7 @@ class SessionForm(forms.Form):
         """Show the template's values as the fields' initial ones (an unbound form)."""
         template = self.templates.get(template_id or "")
         if template is None:
+            self.start_at_image_minimum()
             return
         try:
             self.initial.update(form_initial(template.template), template=template_id)
@@ -182,6 +220,7 @@ class SessionForm(forms.Form):
         if mem:
             with contextlib.suppress(SlotError):  # the submitted form says what is wrong
                 self.initial["mem"] = int(ResourceSlots.parse({"mem": mem})["mem"] // MIB)
+        self.start_at_image_minimum()
 
     def save(self, user):
         """Create the session, or add the refusal to the form and return None."""

@@ -20,6 +20,7 @@ PHASE_OF_STATUS = {
     S.RUNNING: "running",
     S.TERMINATING: "terminating",
     S.ERROR: "error",
+    S.STOPPED: "stopped",
 }
 
 # The way to RUNNING, with what the progress bar says at each step (PULLING only when the

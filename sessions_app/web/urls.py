@@ -10,4 +10,6 @@ urlpatterns = [
     path("overview/", dashboard.overview, name="overview"),
     path("<uuid:pk>/", dashboard.session_detail, name="session-detail"),
     path("<uuid:pk>/terminate/", dashboard.session_terminate, name="session-terminate"),
+    path("<uuid:pk>/stop/", dashboard.session_stop, name="session-stop"),
+    path("<uuid:pk>/resume/", dashboard.session_resume, name="session-resume"),
 ]

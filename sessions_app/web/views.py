@@ -22,6 +22,13 @@ from sessions_app import service_ports
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.lifecycle.stop import (
+    ResumeRefused,
+    StopRefused,
+    kept_bytes_of,
+    resume_session,
+    stop_session,
+)
 from sessions_app.models import Session
 from sessions_app.querysets import is_admin, may_force_terminate
 from sessions_app.web import timeline
@@ -51,16 +58,21 @@ def visible_session(request, pk):
 def session_list(request):
     keypair, admin = viewer(request)
     scope = "all" if admin and request.GET.get("scope") == "all" else "mine"
-    tab = "finished" if request.GET.get("tab") == "finished" else "live"
+    tab = request.GET.get("tab") if request.GET.get("tab") in ("finished", "stopped") \
+        else "live"
     sessions = Session.objects.select_related("user").prefetch_related("kernels__agent")
     sessions = sessions.filter(user=request.user) if scope == "mine" else sessions.visible_to(
         request.user, keypair)
-    finished, live = sessions.finished(), sessions.live()
-    shown = finished.order_by("-terminated_at", "-created_at") if tab == "finished" else live
+    finished, stopped = sessions.finished(), sessions.filter(status=Status.STOPPED)
+    live = sessions.live().exclude(status=Status.STOPPED)
+    shown = {"finished": finished.order_by("-terminated_at", "-created_at"),
+             "stopped": stopped.order_by("-status_changed"), "live": live}[tab]
     return render(request, "dashboard/session_list.html", {
         "sessions": shown[:LIST_LIMIT], "tab": tab, "scope": scope, "admin": admin,
         "may_force": may_force_terminate(request.user),
-        "counts": {"live": live.count(), "finished": finished.count()},
+        "counts": {"live": live.count(), "stopped": stopped.count(),
+                   "finished": finished.count()},
+        "kept": kept_bytes_of(request.user.pk), "quota": keypair.resource_policy.storage_quota,
         "limit": LIST_LIMIT, "rendered_at": clock.now(),
     })
 
@@ -99,6 +111,8 @@ def session_detail(request, pk):
                             key=lambda c: c.remaining, default=None),
         "idle_check_interval": settings.IDLE_CHECK_INTERVAL,
         "services": service_ports.of_image(session.image),
+        "kept_bytes": sum(int((k.kept or {}).get("bytes") or 0)
+                          for k in session.kernels.all()),
     })
 
 
@@ -120,6 +134,43 @@ def session_terminate(request, pk):
                                            request.is_secure()):
         next_url = reverse("dashboard:session-detail", args=[session.pk])
     return redirect(next_url)
+
+
+def _back_to(request, session):
+    next_url = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(next_url, {request.get_host()},
+                                           request.is_secure()):
+        next_url = reverse("dashboard:session-detail", args=[session.pk])
+    return redirect(next_url)
+
+
+@login_required
+@require_POST
+def session_stop(request, pk):
+    session = visible_session(request, pk)
+    keypair, _ = viewer(request)
+    try:
+        stop_session(session, actor=request.user, keypair=keypair)
+    except StopRefused as exc:
+        messages.error(request, f"Session {session.name} was not stopped: {exc.message}")
+    else:
+        messages.success(request, f"Stopping session {session.name}: its files are kept, "
+                                  "resume it when you need it again.")
+    return _back_to(request, session)
+
+
+@login_required
+@require_POST
+def session_resume(request, pk):
+    session = visible_session(request, pk)
+    keypair, _ = viewer(request)
+    try:
+        resume_session(session, actor=request.user, keypair=keypair)
+    except ResumeRefused as exc:
+        messages.error(request, f"Session {session.name} was not resumed: {exc.message}")
+    else:
+        messages.success(request, f"Session {session.name} is queued to resume.")
+    return _back_to(request, session)
 
 
 @login_required

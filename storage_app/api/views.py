@@ -19,17 +19,18 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 
 from backendai_web.flow import DIRECT_BODY, direct_chunks
 from scheduling_app.models import Project
+from sessions_app.api.errors import RequestFailed
 from sessions_app.api.schema import ErrorSerializer
 from sessions_app.keypairs import main_keypair
 from sessions_app.models import KeyPair
 from sessions_app.querysets import is_admin
 from storage_app import folders as domain
-from storage_app.files import DiskWriter, FileError, FolderFiles, read_range
+from storage_app import uploads
+from storage_app.files import FileError, FolderFiles, read_range
 from storage_app.models import Folder, Upload
 
 TUS_VERSION = "1.0.0"
@@ -38,10 +39,8 @@ DIRECT_BODY_PATHS = [re.compile(r"^/api/v1/folders/[^/]+/(uploads/[0-9a-f-]{32,3
 RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
-class FolderRequestFailed(APIException):
-    def __init__(self, message, status_code=400):
-        self.status_code = status_code
-        super().__init__(message)
+class FolderRequestFailed(RequestFailed):
+    """A refusal of the folders' routes, in Backend.AI's error form."""
 
 
 def acting_keypair(request):
@@ -184,8 +183,8 @@ class FolderViewSet(viewsets.GenericViewSet):
     def destroy(self, request, pk=None):
         """Delete the folder and its files; 409 while a live session mounts it."""
         folder = self.get_object()
-        if folder.project_id and not request_is_admin(request):
-            raise FolderRequestFailed("Only administrators delete project folders.", 403)
+        if not domain.may_delete(folder, request.user, admin=request_is_admin(request)):
+            raise FolderRequestFailed(domain.delete_refusal(folder), 403)
         domain.delete_folder(folder)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -280,31 +279,15 @@ class FolderViewSet(viewsets.GenericViewSet):
     def start_upload(self, request, pk=None):
         """Start a resumable upload: 201 with its Location; then PATCH its parts."""
         folder = self.writable_object()
-        domain.forget_stale_uploads(folder)
         try:
             length = int(request.headers.get("Upload-Length", ""))
-            if length < 0:
-                raise ValueError
         except ValueError:
             raise FolderRequestFailed("Upload-Length must be a whole number of bytes.") from None
         path = tus_metadata(request.headers.get("Upload-Metadata", "")).get("path", "")
-        with FolderFiles(domain.folder_dir(folder)) as files:
-            files.check_parent(path)
-            room = domain.room_left(folder, files)
-        if room is not None and length > room:
-            raise FolderRequestFailed(f"The file is {length} bytes; the folder's quota leaves "
-                                      f"room for {room}.", 413)
-        upload = Upload.objects.create(folder=folder, user=request.user, path=path,
-                                       length=length)
-        staging = domain.uploads_dir(folder)
-        staging.mkdir(exist_ok=True)
-        os.close(os.open(staging / upload.pk.hex, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        response = Response(status=status.HTTP_201_CREATED, headers={
+        upload = uploads.start(folder, request.user, path, length)
+        return Response(status=status.HTTP_201_CREATED, headers={
             "Location": request.build_absolute_uri(f"{upload.pk}/"),
             "Tus-Resumable": TUS_VERSION, "Upload-Offset": "0"})
-        if length == 0:
-            finish_upload(upload)
-        return response
 
     @extend_schema(
         # tus says application/offset+octet-stream; any type is read as the bytes.
@@ -327,56 +310,28 @@ class FolderViewSet(viewsets.GenericViewSet):
         if upload is None:
             raise FolderRequestFailed("There is no such upload (finished, abandoned or "
                                       "never started).", 404)
-        partial = domain.uploads_dir(folder) / upload.pk.hex
         headers = {"Tus-Resumable": TUS_VERSION, "Cache-Control": "no-store"}
         if request.method == "DELETE":
-            upload.delete()
-            partial.unlink(missing_ok=True)
+            uploads.abandon(upload)
             return Response(status=status.HTTP_204_NO_CONTENT, headers=headers)
-        offset = partial.stat().st_size
-        headers.update({"Upload-Offset": str(offset), "Upload-Length": str(upload.length)})
+        headers["Upload-Length"] = str(upload.length)
         if request.method == "HEAD":
+            headers["Upload-Offset"] = str(uploads.offset_of(upload))
             return Response(status=status.HTTP_200_OK, headers=headers)
-        if request.headers.get("Upload-Offset") != str(offset):
-            raise FolderRequestFailed(f"Upload-Offset must be {offset}, the bytes received "
-                                      "so far.", 409)
-        fd = os.open(partial, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-        writer = DiskWriter(fd, offset)
-        try:
-            for chunk in body_chunks(request._request):
-                offset += len(chunk)
-                if offset > upload.length:
-                    os.ftruncate(fd, int(headers["Upload-Offset"]))
-                    raise FolderRequestFailed("The part goes past Upload-Length.", 413)
-                writer.write(chunk)
-            if offset == upload.length:
-                # The file is on disk before its last part is answered: a finished upload
-                # survives a crash of the host, as the client was told it would.
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        headers["Upload-Offset"] = str(offset)
-        if offset == upload.length:
-            finish_upload(upload)
+        offset = tus_offset(request.headers.get("Upload-Offset"))
+        headers["Upload-Offset"] = str(
+            uploads.append(upload, offset, body_chunks(request._request)))
         return Response(status=status.HTTP_204_NO_CONTENT, headers=headers)
 
 
-def finish_upload(upload):
-    """Move the whole file into place (a rename: one filesystem), quota checked again."""
-    folder = upload.folder
-    staging = domain.uploads_dir(folder)
-    with FolderFiles(domain.folder_dir(folder)) as files:
-        room = domain.room_left(folder, files)
-        try:
-            if room is not None and upload.length > room:
-                raise FolderRequestFailed(f"The file is {upload.length} bytes; the folder's "
-                                          f"quota leaves room for {room}.", 413)
-            files.move_in(staging, upload.pk.hex, upload.path)
-        except BaseException:
-            (staging / upload.pk.hex).unlink(missing_ok=True)
-            upload.delete()
-            raise
-    upload.delete()
+def tus_offset(header):
+    try:
+        offset = int(header or "")
+    except ValueError:
+        offset = -1
+    if offset < 0:
+        raise FileError("Upload-Offset must be a whole number of bytes.")
+    return offset
 
 
 def body_chunks(request):

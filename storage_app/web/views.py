@@ -61,8 +61,8 @@ def folder_create(request):
 def folder_delete(request, ref):
     folder = found(request, ref)
     _, admin = viewer(request)
-    if folder.project_id and not admin:
-        messages.error(request, "Only administrators delete project folders.")
+    if not domain.may_delete(folder, request.user, admin=admin):
+        messages.error(request, domain.delete_refusal(folder))
         return redirect("folders:list")
     try:
         domain.delete_folder(folder)

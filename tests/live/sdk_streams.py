@@ -3,6 +3,9 @@ BACKEND_* in the environment: the SDK's streaming calls, which the CLI has no
 non-interactive command for. Prints one JSON object per line.
 
     python sdk_streams.py execute SESSION CODE   each message, with "t": seconds since start
+    python sdk_streams.py rest SESSION CODE...   each code in turn by the REST `execute`,
+                                                 continued until finished: each result, with
+                                                 "t" and "call" (which code)
     python sdk_streams.py leave SESSION CODE     closes the websocket after the first output
     python sdk_streams.py pty SESSION            the terminal's output for a typed command
     python sdk_streams.py upload-as SESSION NAME a one-part upload whose file name is NAME
@@ -31,11 +34,26 @@ async def execute(api, ref, code):
             say(t=round(time.monotonic() - start, 3), **json.loads(message.data))
 
 
+async def rest(api, ref, codes):
+    """The SDK's `execute` as its CLI's synchronous loop calls it: a first call with the
+    code, then `continue` with the run id until the run has finished."""
+    session = api.ComputeSession(ref)
+    for call, code in enumerate(codes):
+        start = time.monotonic()
+        result = await session.execute(None, code, mode="query")
+        say(t=round(time.monotonic() - start, 3), call=call, **result)
+        while result["status"] != "finished":
+            result = await session.execute(result["runId"], "", mode="continue")
+            say(t=round(time.monotonic() - start, 3), call=call, **result)
+
+
 async def leave(api, ref, code):
     async with api.ComputeSession(ref).stream_execute(code, mode="query") as stream:
         async for message in stream:
-            say(**json.loads(message.data))
-            break
+            data = json.loads(message.data)
+            if data["console"]:  # the first output: then away
+                say(**data)
+                break
 
 
 async def pty(api, ref):
@@ -74,17 +92,19 @@ async def upload_as(ref, name):
         say(status=response.status)
 
 
-async def main(action, ref, *rest):
+async def main(action, ref, *args):
     async with AsyncSession() as api:
         try:
             if action == "execute":
-                await execute(api, ref, rest[0])
+                await execute(api, ref, args[0])
+            elif action == "rest":
+                await rest(api, ref, args)
             elif action == "leave":
-                await leave(api, ref, rest[0])
+                await leave(api, ref, args[0])
             elif action == "pty":
                 await pty(api, ref)
             elif action == "upload-as":
-                await upload_as(ref, rest[0])
+                await upload_as(ref, args[0])
         except BackendError as exc:
             say(refused=str(exc), status=getattr(exc, "status", None),
                 data=getattr(exc, "data", None))

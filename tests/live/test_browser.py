@@ -16,6 +16,7 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import transaction
 from playwright.sync_api import expect, sync_playwright
 
+from agents_app.models import Image
 from backendai_web import serve
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, default_of
@@ -211,6 +212,27 @@ def test_log_in_create_watch_it_run_and_terminate_in_a_real_browser(live, alice,
     listing.click("#tab-finished")
     expect(listing.locator(f"#session-{session.pk}")).to_contain_text("TERMINATED")
     screenshot(listing, "07-sessions-finished")
+
+
+def test_the_create_form_follows_the_chosen_images_minimum(live, alice, browser_context):
+    Image.objects.update_or_create(name="bai-local/needs-more:latest", defaults={"labels": {
+        "ai.backend.resource.min.cpu": "2", "ai.backend.resource.min.mem": "1g"}})
+    page = browser_context.new_page()
+    log_in(page, "alice")
+    page.goto("/sessions/new/")
+    expect(page.locator("#id_cpu")).to_have_value("1")
+    page.select_option("#id_image", "bai-local/needs-more:latest")
+    expect(page.locator("#id_cpu")).to_have_value("2")  # raised to the image's minimum
+    expect(page.locator("#id_mem")).to_have_value("1024")
+    assert page.locator("#id_mem").get_attribute("min") == "1024"
+    screenshot(page, "03b-create-form-image-minimum")
+    page.fill("#id_name", "too-small")
+    page.fill("#id_mem", "512")
+    page.click("#session-form button[type=submit]")
+    expect(page.locator("#session-form .message.error")).to_contain_text(
+        "smaller than the minimum required by the image bai-local/needs-more:latest "
+        "(cpu 2, mem 1 GiB)")
+    assert not Session.objects.filter(name="too-small").exists()
 
 
 def test_command_box_and_container_log_in_a_real_browser(live, alice, browser_context):

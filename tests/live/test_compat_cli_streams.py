@@ -86,8 +86,10 @@ def test_the_sdks_stream_execute_sends_output_as_it_is_written(backendai, backen
     first = next(m for m in messages if ["stdout", "first\n"] in m["console"])
     # Streamed: "first" came while the program still slept, not with its end.
     assert messages[-1]["t"] - first["t"] >= 1.5, messages
-    console = [record for m in messages for record in m["console"]]
-    assert ["stderr", "to-stderr\n"] in console and ["stdout", "second\n"] in console
+    stderr = "".join(text for m in messages for stream, text in m["console"]
+                     if stream == "stderr")
+    assert stderr.startswith("to-stderr\n") and stderr.endswith("SystemExit: 3\n"), stderr
+    assert ["stdout", "second\n"] in [record for m in messages for record in m["console"]]
 
     # A client that goes away ends its command.
     late = "import time\nprint('started', flush=True)\ntime.sleep(4)\nopen('late.txt', 'w')\n"
@@ -96,6 +98,69 @@ def test_the_sdks_stream_execute_sends_output_as_it_is_written(backendai, backen
     assert code == 0 and messages[0]["console"] == [["stdout", "started\n"]], out
     time.sleep(6)
     assert in_container(docker_client, python_session, "ls /home/work/late.txt")[0] != 0
+
+
+def console_text(messages, stream):
+    return "".join(text for m in messages for name, text in m["console"] if name == stream)
+
+
+def test_a_short_program_is_answered_with_one_finished_message(backendai, backendai_cli,
+                                                               alice, python_session):
+    kp = main_keypair(alice)
+    for action in ("execute", "rest"):  # stream_execute, then execute
+        code, messages, out = sdk(backendai, backendai_cli, kp, action, python_session.name,
+                                  "print('hello')\nprint('oops', file=__import__('sys').stderr)")
+        assert code == 0, out
+        assert [(m["status"], m["exitCode"]) for m in messages] == [("finished", 0)], out
+        # stdout and stderr are two pipes: which of the two came first is not kept.
+        assert sorted(map(tuple, messages[0]["console"])) == [("stderr", "oops\n"),
+                                                              ("stdout", "hello\n")], out
+
+
+def test_a_long_program_is_continued_at_the_flush_interval(backendai, backendai_cli, alice,
+                                                           python_session):
+    kp = main_keypair(alice)
+    long = "import time\nprint('before', flush=True)\ntime.sleep(3)\nprint('after')"
+    code, messages, out = sdk(backendai, backendai_cli, kp, "execute", python_session.name,
+                              long)
+    assert code == 0, out
+    # Every 0.2 s a message with what came meanwhile (mostly nothing), then the end.
+    assert [m["status"] for m in messages[:-1]] == ["continued"] * (len(messages) - 1)
+    assert messages[-1]["status"] == "finished" and messages[-1]["exitCode"] == 0
+    assert len(messages) >= 10, out
+    assert messages[0]["console"] == [["stdout", "before\n"]], out
+    assert console_text(messages, "stdout") == "before\nafter\n"
+
+    code, results, out = sdk(backendai, backendai_cli, kp, "rest", python_session.name, long)
+    assert code == 0, out
+    # execute answers after 2 s with what came, and each `continue` the next 2 s.
+    assert results[0]["status"] == "continued" and 1.5 <= results[0]["t"] < 3.0, out
+    assert results[0]["console"] == [["stdout", "before\n"]]
+    assert results[-1]["status"] == "finished" and results[-1]["exitCode"] == 0
+    assert len({r["runId"] for r in results}) == 1 and len(results) >= 2
+    assert console_text(results, "stdout") == "before\nafter\n"
+
+
+def test_query_mode_runs_in_one_python_interpreter_per_kernel(backendai, backendai_cli, alice,
+                                                              python_session):
+    kp = main_keypair(alice)
+    code, results, out = sdk(backendai, backendai_cli, kp, "rest", python_session.name,
+                             "x = 1", "print(x)", "x + 1", "import sys; sys.exit(2)")
+    assert code == 0, out
+    assert [(r["call"], r["console"], r["exitCode"]) for r in results[:3]] == [
+        (0, [], 0), (1, [["stdout", "1\n"]], 0), (2, [["stdout", "2\n"]], 0)], out
+    assert results[3]["exitCode"] == 2
+    traceback = console_text(results[3:], "stderr")
+    assert traceback.startswith("Traceback (most recent call last):") and \
+        traceback.endswith("SystemExit: 2\n"), traceback
+    # The streamed runs reach the same interpreter; an exception is exit code 1.
+    code, messages, out = sdk(backendai, backendai_cli, kp, "execute", python_session.name,
+                              "x * 21")
+    assert code == 0 and console_text(messages, "stdout") == "21\n", out
+    code, messages, out = sdk(backendai, backendai_cli, kp, "execute", python_session.name,
+                              "1 / 0")
+    assert messages[-1]["exitCode"] == 1
+    assert console_text(messages, "stderr").endswith("ZeroDivisionError: division by zero\n")
 
 
 def test_the_terminal_runs_what_is_typed_at_the_size_asked(backendai, backendai_cli, alice,

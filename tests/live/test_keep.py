@@ -133,7 +133,8 @@ def test_a_stopped_kernel_is_kept_and_resumes_in_the_same_container_with_its_fil
     before = run(docker_client, container_id, CHECK)
 
     stopped = stop_keeping(agent, spec, container_id)
-    assert stopped["container_id"] == container_id
+    assert (stopped["container_id"], stopped["volume"]) == (
+        container_id, f"bai-scratch-{spec['kernel_id']}")
     assert stopped["exit_code"] == 0  # its keep-alive shell ended on SIGTERM
     assert isinstance(stopped["log_tail"], str)
     # The blob (its hard link counted once), the note, the program: not the image's layers.

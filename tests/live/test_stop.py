@@ -37,8 +37,9 @@ def as_carol(carol):
 
 
 def kernel_containers(docker_client, kernel):
+    # A container removed between the listing and its inspection is gone, not an error.
     return docker_client.containers.list(
-        all=True, filters={"label": f"ai.backend.kernel-id={kernel.pk}"})
+        all=True, filters={"label": f"ai.backend.kernel-id={kernel.pk}"}, ignore_removed=True)
 
 
 @pytest.fixture

@@ -9,15 +9,24 @@ from docker.errors import BuildError, DockerException
 
 from agents_app.runtime import docker_backend
 
+# Backend.AI's standard image labels: a kernel image (kernelspec), its base (a static
+# busybox, no C library to match), how query-mode code runs (the shell: an "app" image with
+# no language runtime of its own), and the least a kernel of it needs (a shell and its
+# tools: a tenth of a core, 16 MiB). No maximum: nothing in it limits how much a kernel uses.
+LABELS = b"""LABEL ai.backend.kernelspec="1" \\
+      ai.backend.base-distro="static-gnu" \\
+      ai.backend.runtime-type="app" \\
+      ai.backend.runtime-path="/bin/sh" \\
+      ai.backend.resource.min.cpu="0.1" \\
+      ai.backend.resource.min.mem="16m"
+"""
 DOCKERFILE_STATIC = b"""FROM scratch
 COPY busybox /bin/busybox
 RUN ["/bin/busybox", "--install", "-s", "/bin"]
-LABEL ai.backend.kernelspec="1"
-CMD ["/bin/sh"]
+""" + LABELS + b"""CMD ["/bin/sh"]
 """
 DOCKERFILE_HUB = b"""FROM busybox:latest
-LABEL ai.backend.kernelspec="1"
-"""
+""" + LABELS
 
 
 def build_context(busybox_path):
