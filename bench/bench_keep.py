@@ -8,6 +8,7 @@ agent's stream endpoint in a process of its own (as on another host), the target
 one. Needs root and Docker; no database, Redis or manager. Opt-in: it starts a dockerd and
 writes a few GiB. `python -m bench keep`."""
 
+import contextlib
 import os
 import shutil
 import statistics
@@ -93,11 +94,12 @@ def timed(function, *args):
     return done - started, time.perf_counter() - started, result
 
 
-def one_run(source, target, main_engine, image, scratch, rows):
+def one_run(source, target, main_engine, image, scratch, rows, made):
     from agents_app import stream_tokens
 
     spec = spec_for(image)
     kid = spec["kernel_id"]
+    made.append(spec)
     rows["fresh start"].append(timed(source.create_kernel, spec)[0])
     container = source.wait(kid, "kernel_started")["container_id"]
     written = main_engine.containers.get(container).exec_run(
@@ -169,16 +171,12 @@ def main():
     rows = {name: [] for name in (
         "fresh start", "keeping stop", "resume here", "move", "cp", "move / cp",
         "move + sync", "cp + sync", "(move + sync) / (cp + sync)")}
-    moved_bytes = []
+    moved_bytes, made = [], []
     try:
         for run in range(REPEAT):
             print(f"run {run + 1}: ", end="", flush=True)
-            spec, moved = one_run(source, target, main_engine, image, scratch, rows)
-            moved_bytes.append(moved)
-            for engine in (main_engine, second):
-                for network in engine.networks.list(
-                        names=[backend.session_network_name(spec["session_id"])]):
-                    network.remove()
+            moved_bytes.append(one_run(source, target, main_engine, image, scratch, rows,
+                                       made)[1])
     finally:
         server.stdin.close()
         server.wait(30)
@@ -186,7 +184,16 @@ def main():
         for engine, agent in ((main_engine, source), (second, target)):
             for container in engine.containers.list(
                     all=True, filters={"label": f"{backend.AGENT_ID}={agent.id}"}):
-                container.remove(force=True, v=True)
+                container.remove(force=True)
+            for spec in made:  # what a run cut short left
+                for volume in engine.volumes.list(
+                        filters={"name": f"bai-scratch-{spec['kernel_id']}"}):
+                    volume.remove(force=True)
+                for network in engine.networks.list(
+                        names=[backend.session_network_name(spec["session_id"])]):
+                    network.remove()
+                with contextlib.suppress(docker.errors.ImageNotFound):
+                    engine.images.remove(backend.kept_image(spec["kernel_id"]), force=True)
         host.down()
     print(f"\n{SIZE_MIB} MiB written in the scratch volume; moved "
           f"{statistics.median(moved_bytes) / 2**20:.1f} MiB (p50); {REPEAT} runs")
