@@ -4,7 +4,15 @@ from django.utils.html import format_html
 from sessions_app import admin_actions
 from sessions_app.admin_actions import DestroyActionsMixin
 from sessions_app.enums import Status
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent, SessionTemplate
+from sessions_app.manager_state import set_status
+from sessions_app.models import (
+    Kernel,
+    KeyPair,
+    ManagerState,
+    Session,
+    SessionEvent,
+    SessionTemplate,
+)
 
 STATUS_COLORS = {
     Status.PENDING: "#8a6d3b", Status.RUNNING: "#2e7d32", Status.TERMINATED: "#616161",
@@ -106,3 +114,23 @@ class SessionTemplateAdmin(admin.ModelAdmin):
     list_select_related = ["user", "project"]
     search_fields = ["name", "user__username"]
     readonly_fields = ["created_at", "modified_at"]
+
+
+@admin.register(ManagerState)
+class ManagerStateAdmin(admin.ModelAdmin):
+    """The manager's status (frozen: no new sessions) and announcement, one row."""
+
+    list_display = ["status", "changed_at", "changed_by", "announcement_enabled"]
+    readonly_fields = ["changed_at", "changed_by"]
+
+    def has_add_permission(self, request):
+        return not ManagerState.objects.exists()
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        if "status" in form.changed_data:  # through the one place that records who froze it
+            set_status(obj.status, actor=request.user)
+            obj.refresh_from_db(fields=["status", "changed_at", "changed_by"])
+        super().save_model(request, obj, form, change)

@@ -109,8 +109,11 @@ def _stuck(now):
                 continue
             cutoff = now - timedelta(seconds=timeout) - STUCK_AFTER
             since = "session__created_at" if status == S.PENDING else "status_changed"
-            for kernel in Kernel.objects.filter(status=status, session__scaling_group=group,
-                                                **{f"{since}__lt": cutoff}):
+            kernels = Kernel.objects.filter(status=status, session__scaling_group=group,
+                                            **{f"{since}__lt": cutoff})
+            if status == S.PENDING:  # a session asked to start later waits from then
+                kernels = kernels.exclude(session__not_before__gte=cutoff)
+            for kernel in kernels:
                 last_retry = StatusData(kernel.status_data).last_retry
                 if last_retry and last_retry > cutoff:
                     continue  # a retry gets the whole timeout again
