@@ -130,6 +130,7 @@ class ManagerStateAdmin(admin.ModelAdmin):
         return False
 
     def save_model(self, request, obj, form, change):
+        obj.pk = 1  # the one row manager_state reads
         if "status" in form.changed_data:  # through the one place that records who froze it
             set_status(obj.status, actor=request.user)
             obj.refresh_from_db(fields=["status", "changed_at", "changed_by"])

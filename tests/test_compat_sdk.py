@@ -382,3 +382,16 @@ def test_a_global_id_is_read_as_the_sdk_writes_it():
         "compute_session_node", "3c6e0b8a-0000-4000-8000-000000000000")
     assert from_global_id("3c6e0b8a-0000-4000-8000-000000000000") == (
         "", "3c6e0b8a-0000-4000-8000-000000000000")
+
+
+def test_the_admin_freezes_the_manager_in_its_one_row_and_lists_presets(client, carol, kp):
+    client.force_login(carol)
+    response = client.post("/admin/sessions_app/managerstate/add/", {
+        "status": "frozen", "announcement": "", "announcement_enabled": ""})
+    assert response.status_code == 302, response.content
+    state = ManagerState.objects.get()
+    assert (state.pk, state.status, state.changed_by) == (1, "frozen", "carol")
+    assert create(client, kp, name="s1").status_code == 503
+    assert client.get("/admin/sessions_app/managerstate/add/").status_code == 403  # one row
+    ResourcePreset.objects.create(name="small", resource_slots={"cpu": "1", "mem": "1g"})
+    assert b"small" in client.get("/admin/scheduling_app/resourcepreset/").content
