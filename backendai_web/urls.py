@@ -14,6 +14,8 @@ from sessions_app.api.errors import error_body
 from sessions_app.api.metrics import metrics_view
 from sessions_app.api.views import SessionViewSet
 from sessions_app.compat import files as session_files
+from sessions_app.compat import manager as compat_manager
+from sessions_app.compat import resources as compat_resources
 from sessions_app.compat import templates as compat_templates
 from sessions_app.compat import views as compat
 from sessions_app.compat.graphql import GraphQLEndpoint
@@ -23,7 +25,9 @@ from storage_app.compat import proxy as folders_proxy
 from storage_app.compat import sharing as folders_sharing
 from storage_app.compat import views as folders_compat
 
-API_VERSION = "v7.20230615"
+# The newest API version whose behaviour this server implements; older clients negotiate
+# down to theirs (the 23.9.10 client: v7.20230615).
+API_VERSION = "v8.20240915"
 
 router = DefaultRouter()
 router.register("sessions", SessionViewSet, basename="session")
@@ -54,11 +58,27 @@ def not_found(request, rest=""):
     return JsonResponse(error_body(404, message), status=404)
 
 
+
+
+def not_supported(reason):
+    return compat.NotSupported.as_view(reason=reason)
+
+
+RUNS_ARE_REQUESTS = ("a run here lasts one request (or one stream_execute websocket, which "
+                     "ends it when closed); there is no kernel runner to interrupt or to "
+                     "complete code")
+NO_USAGE_STATS = ("per-container usage statistics are not collected here; the Prometheus "
+                  "metrics at /metrics count sessions and slots")
+
 # The routes of the Backend.AI manager, where its client SDK and CLI expect them.
 compat_urls = [
     path("session", with_follow_up(compat.CreateSession.as_view())),
+    path("session/_/create", with_follow_up(compat.CreateSession.as_view())),
     path("session/_/create-from-template",
          with_follow_up(compat_templates.CreateFromTemplate.as_view())),
+    path("session/_/create-cluster", with_follow_up(compat_templates.CreateCluster.as_view())),
+    path("session/_/match", compat.MatchSessions.as_view()),
+    path("session/_/logs", compat.TaskLogs.as_view()),
     path("session/<str:ref>", with_follow_up(compat.SessionResource.as_view())),
     path("session/<str:ref>/rename", compat.RenameSession.as_view()),
     path("session/<str:ref>/stop", compat.StopSession.as_view()),
@@ -68,6 +88,7 @@ compat_urls = [
     path("session/<str:ref>/upload", with_follow_up(session_files.SessionUpload.as_view())),
     path("session/<str:ref>/download",
          with_follow_up(session_files.SessionDownload.as_view())),
+    path("session/<str:ref>/files", with_follow_up(session_files.SessionFiles.as_view())),
     path("session/<str:ref>/dependency-graph", compat.DependencyGraph.as_view()),
     path("session/<str:ref>/commit", compat.CommitSession.as_view()),
     path("session/<str:ref>/imagify", compat.ConvertToImage.as_view()),
@@ -75,6 +96,29 @@ compat_urls = [
     path("template/session/<str:ref>", compat_templates.SessionTemplateResource.as_view()),
     path("events/session", with_follow_up(compat.SessionEvents.as_view())),
     path("events/background-task", with_follow_up(compat.BackgroundTaskEvents.as_view())),
+    path("session/<str:ref>/abusing-report", compat.AbusingReport.as_view()),
+    path("session/<str:ref>/interrupt", not_supported(RUNS_ARE_REQUESTS)),
+    path("session/<str:ref>/complete", not_supported(RUNS_ARE_REQUESTS)),
+    path("session/<str:ref>/start-service", not_supported(
+        "apps are not served through a wsproxy here: open /sessions/ID/apps/NAME/ in a "
+        "browser signed in to this server")),
+    path("stream/session/<str:ref>/apps", compat.SessionApps.as_view()),
+    path("resource/presets", compat_resources.ResourcePresets.as_view()),
+    path("resource/check-presets", compat_resources.CheckPresets.as_view()),
+    path("resource/container-registries", compat_resources.ContainerRegistries.as_view()),
+    path("resource/recalculate-usage", compat_resources.RecalculateUsage.as_view()),
+    path("resource/usage/month", not_supported(NO_USAGE_STATS)),
+    path("resource/usage/period", not_supported(NO_USAGE_STATS)),
+    path("resource/stats/user/month", not_supported(NO_USAGE_STATS)),
+    path("resource/stats/admin/month", not_supported(NO_USAGE_STATS)),
+    re_path(r"^resource/watcher(?:/.*)?\Z", not_supported(
+        "there is no agent watcher: an agent is a process its operator's service manager "
+        "runs (python manage.py run_agent)")),
+    path("config/resource-slots", compat_resources.ResourceSlotTypes.as_view()),
+    path("config/vfolder-types", compat_resources.FolderTypes.as_view()),
+    path("manager/status", compat_manager.ManagerStatus.as_view()),
+    path("manager/announcement", compat_manager.Announcement.as_view()),
+    path("manager/scheduler/operation", compat_manager.SchedulerOperation.as_view()),
     # Backend.AI's vfolder routes (storage_app.compat); /folders/ is the dashboard's.
     path("folders", folders_compat.Folders.as_view()),
     path("folders/_/id", folders_compat.FolderId.as_view()),
@@ -132,5 +176,9 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     *compat_urls,
     # [\s\S] and \Z: a path with an encoded newline is under /api/ too.
-    re_path(r"^(?:api|session|events|template)(?P<rest>/[\s\S]*)?\Z", not_found),
+    re_path(r"^v2(?:/[\s\S]*)?\Z", not_supported(
+        "the v2 REST API (backend.ai v2 …) is not served here; the v1 routes and GraphQL "
+        "that the SDK's functions and the other CLI commands use are")),
+    re_path(r"^(?:api|session|events|template|resource|config|manager)(?P<rest>/[\s\S]*)?\Z",
+            not_found),
 ]

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from scheduling_app.models import Domain, Project, ResourcePolicy, ScalingGroup
+from scheduling_app.models import Domain, Project, ResourcePolicy, ResourcePreset, ScalingGroup
 
 
 @admin.register(Domain)
@@ -24,3 +24,9 @@ class ScalingGroupAdmin(admin.ModelAdmin):
 class ResourcePolicyAdmin(admin.ModelAdmin):
     list_display = ["name", "total_resource_slots", "max_concurrent_sessions",
                     "max_pending_session_count", "idle_timeout", "max_session_lifetime"]
+
+
+@admin.register(ResourcePreset)
+class ResourcePresetAdmin(admin.ModelAdmin):
+    list_display = ["name", "resource_slots", "shared_memory", "scaling_group"]
+    list_select_related = ["scaling_group"]

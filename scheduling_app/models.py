@@ -1,4 +1,5 @@
 import contextlib
+import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -249,6 +250,26 @@ class ResourcePolicy(models.Model):
 
     class Meta:
         verbose_name_plural = "resource policies"
+
+    def __str__(self):
+        return self.name
+
+
+class ResourcePreset(models.Model):
+    """A named size of session (Backend.AI's resource preset) that clients offer: its
+    slots, and optionally its shared memory and the one scaling group it is for."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=256, unique=True)
+    resource_slots = SlotsField(help_text='Per kernel, such as {"cpu": "2", "mem": "4g"}.')
+    shared_memory = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Bytes of /dev/shm; empty: the default.")
+    scaling_group = models.ForeignKey(
+        ScalingGroup, null=True, blank=True, on_delete=models.CASCADE,
+        related_name="resource_presets", help_text="Empty: offered in every scaling group.")
+
+    class Meta:
+        ordering = ["name"]
 
     def __str__(self):
         return self.name

@@ -4,10 +4,12 @@ from django.utils.html import format_html
 from sessions_app import admin_actions
 from sessions_app.admin_actions import DestroyActionsMixin
 from sessions_app.enums import Status
+from sessions_app.manager_state import set_status
 from sessions_app.models import (
     BackgroundTask,
     Kernel,
     KeyPair,
+    ManagerState,
     Session,
     SessionEvent,
     SessionTemplate,
@@ -135,3 +137,24 @@ class BackgroundTaskAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+@admin.register(ManagerState)
+class ManagerStateAdmin(admin.ModelAdmin):
+    """The manager's status (frozen: no new sessions) and announcement, one row."""
+
+    list_display = ["status", "changed_at", "changed_by", "announcement_enabled"]
+    readonly_fields = ["changed_at", "changed_by"]
+
+    def has_add_permission(self, request):
+        return not ManagerState.objects.exists()
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        obj.pk = 1  # the one row manager_state reads
+        if "status" in form.changed_data:  # through the one place that records who froze it
+            set_status(obj.status, actor=request.user)
+            obj.refresh_from_db(fields=["status", "changed_at", "changed_by"])
+        super().save_model(request, obj, form, change)

@@ -127,6 +127,14 @@ class Session(StatusFields):
         default=False, help_text="May be ended for a waiting session of higher priority, in "
                                  "a scaling group that allows preemption.")
     starts_at = models.DateTimeField(null=True, blank=True)
+    # Backend.AI's starts_at (a batch session's requested start), a name of its own here:
+    # starts_at above is when the session started running.
+    not_before = models.DateTimeField(
+        null=True, blank=True,
+        help_text="Its owner asked it to start no earlier than this: PENDING until then.")
+    designated_agents = models.JSONField(
+        default=list, blank=True,
+        help_text="Agents an admin asked it to run on (Backend.AI's agentList); empty: any.")
     terminated_at = models.DateTimeField(null=True, blank=True)
     result = models.CharField(
         max_length=16, choices=SessionResult, default=SessionResult.UNDEFINED
@@ -364,3 +372,25 @@ class BackgroundTask(models.Model):
 
     def __str__(self):
         return f"{self.kind} {self.pk} ({self.state})"
+
+
+class ManagerState(models.Model):
+    """The manager's status, one row (pk 1): running, or frozen for maintenance (no new
+    sessions; running ones go on). In the database, so that every web process and worker
+    answers alike."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        FROZEN = "frozen"
+
+    status = models.CharField(max_length=16, choices=Status, default=Status.RUNNING)
+    changed_at = models.DateTimeField(null=True, blank=True)
+    changed_by = models.CharField(max_length=150, blank=True)
+    announcement_enabled = models.BooleanField(default=False)
+    announcement = models.TextField(blank=True, help_text="Shown to the clients that ask.")
+
+    class Meta:
+        verbose_name = "manager state"
+
+    def __str__(self):
+        return self.status

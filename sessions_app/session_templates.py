@@ -14,6 +14,8 @@ A template is a YAML or JSON document (the manager's `taskTemplate`):
       resources: {cpu: "1", mem: 256m}
       scaling_group: default
       mounts: {FOLDER: PATH}
+      cluster_size: 2                      # optional: kernels of one session
+      cluster_mode: single-node            # or multi-node
 
 It is checked when stored (the same rules as a create request, for what can be checked
 without creating), kept as sent, and turned into a create request's fields when a session
@@ -59,17 +61,38 @@ def parse_payload(payload):
                                     "payload")
             items.append((entry.get("name"), entry["template"]))
     elif isinstance(body, list):
-        items = [(None, document) for document in body]
+        # The SDK's documented form: [{"is_active", "type", "name", "template": {...}}],
+        # or templates themselves.
+        items = [entry_of(item) if isinstance(item, dict) and "template" in item
+                 else (None, item) for item in body]
     else:
         items = [(None, body)]
     if not items:
         raise TemplateError("The payload holds no template.", "payload")
     checked = []
     for name, document in items:
+        if isinstance(name, str) and name.strip() and isinstance(document, dict):
+            # The entry names it: its metadata may leave the name out.
+            metadata = document.get("metadata")
+            if metadata is None or (isinstance(metadata, dict) and not metadata.get("name")):
+                document = {**document, "metadata": {**(metadata or {}), "name": name}}
         template = check_template(document)
         name = name if isinstance(name, str) and name else template["metadata"]["name"]
         checked.append((name[:128], document))
     return checked
+
+
+def entry_of(item):
+    """(name, template) of one entry of the list form; only active task templates are
+    stored here (a cluster template is not, and an inactive one is a deleted one)."""
+    kind = item.get("type", "task")
+    if kind not in ("task", "TASK"):
+        raise TemplateError(f"Only task templates are stored here, not {kind!r}: a session's "
+                            "kernels all run one image.", "payload")
+    if item.get("is_active", True) is not True:
+        raise TemplateError("is_active must be true: an inactive template is a deleted one.",
+                            "payload")
+    return item.get("name"), item["template"]
 
 
 def _mapping(value, where):
@@ -129,7 +152,18 @@ def check_template(document):
                       _mapping(spec.get("resources"), "spec.resources").items()},
         "scaling_group": _text(spec.get("scaling_group"), "spec.scaling_group") or None,
         "mounts": mounts,
+        "cluster_size": _cluster_size(spec.get("cluster_size")),
+        "cluster_mode": _text(spec.get("cluster_mode"), "spec.cluster_mode") or None,
     }
+
+
+def _cluster_size(value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TemplateError("spec.cluster_size must be a whole number of at least 1.",
+                            "payload")
+    return value
 
 
 def as_sdk_request(document):
@@ -141,9 +175,15 @@ def as_sdk_request(document):
               "mount_map": {k: v for k, v in template["mounts"].items() if v}}
     if template["scaling_group"]:
         config["scalingGroup"] = template["scaling_group"]
-    return {"image": template["image"], "type": template["session_type"],
-            "tag": template["metadata"]["tag"], "startupCommand": template["startup_command"],
-            "bootstrap_script": template["bootstrap"], "config": config}
+    request = {"image": template["image"], "type": template["session_type"],
+               "tag": template["metadata"]["tag"],
+               "startupCommand": template["startup_command"],
+               "bootstrap_script": template["bootstrap"], "config": config}
+    if template["cluster_size"]:
+        request["clusterSize"] = template["cluster_size"]
+    if template["cluster_mode"]:
+        request["clusterMode"] = template["cluster_mode"]
+    return request
 
 
 def overlay(base, request):

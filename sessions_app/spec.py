@@ -8,10 +8,11 @@ more: every limit is here, from settings (Limits) and the keypair's resource pol
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.conf import settings
 
-from agents_app.models import Image, resource_limits
+from agents_app.models import Agent, AgentStatus, Image, resource_limits
 from common.slots import ResourceSlots, SlotError, format_bytes, humanize
 from scheduling_app.models import Project, ScalingGroup, default_project
 from sessions_app.enums import ClusterMode, SessionType
@@ -30,6 +31,7 @@ class DomainError(Exception):
     409 conflicts with the current state, 429 over a limit of the policy)."""
 
     status_code = 400
+    problem = title = None  # Backend.AI's error type and title, when not the status's
 
     def __init__(self, message, field=None, status_code=None, *, errors=None):
         super().__init__(message)
@@ -150,6 +152,21 @@ def check_priority(priority, policy, may_raise):
     return priority
 
 
+def check_designated_agents(agent_ids, group):
+    """Agents a session is placed on (any one of them, or for a multi-node session each
+    kernel on one of them): known agents of its scaling group."""
+    if not isinstance(agent_ids, list | tuple) or not agent_ids or \
+            not all(isinstance(a, str) and a for a in agent_ids):
+        raise SessionRequestError("agentList is a list of agent ids.", "agent_list")
+    known = set(Agent.objects.filter(pk__in=agent_ids, scaling_group=group)
+                .exclude(status=AgentStatus.TERMINATED).values_list("pk", flat=True))
+    unknown = sorted(set(agent_ids) - known)
+    if unknown:
+        raise SessionRequestError(f"No such agent in scaling group {group.name}: "
+                                  f"{', '.join(unknown)}.", "agent_list")
+    return agent_ids
+
+
 def parse_slots(resources):
     try:
         return ResourceSlots.parse(resources or DEFAULT_RESOURCES, allow_zero=False)
@@ -218,6 +235,8 @@ class SessionSpec:
     preemptible: bool = False
     dependencies: tuple = field(default_factory=tuple)
     mounts: tuple = field(default_factory=tuple)  # (folder, path in the kernels, mode)
+    not_before: datetime | None = None  # Backend.AI's starts_at
+    designated_agents: tuple = field(default_factory=tuple)  # Backend.AI's agentList
 
     @classmethod
     def build(cls, *, keypair, may_raise_priority=False, name=None, image=None,
@@ -225,10 +244,14 @@ class SessionSpec:
               cluster_mode=ClusterMode.SINGLE_NODE, startup_command="",
               scaling_group="default", grace_period=None, batch_timeout=None, tag="",
               project=None, pre_stop_command="", dependencies=(), priority=None,
-              preemptible=False, mounts=None, bootstrap_script="", environ=None):
+              preemptible=False, mounts=None, bootstrap_script="", environ=None,
+              not_before=None, designated_agents=()):
         """The spec of these fields for `keypair`, or one SessionRequestError naming every
         field that is wrong (`errors`; `field` is the first). `dependencies` are sessions,
-        already found among those the requester sees; `may_raise_priority` is for admins."""
+        already found among those the requester sees; `may_raise_priority` is for admins.
+        `not_before` (a batch session's earliest start) and `designated_agents` (ids of
+        agents of its scaling group it must run on; the interface lets only admins name
+        them) are Backend.AI's starts_at and agentList."""
         limits, policy, errors = Limits.current(), keypair.resource_policy, {}
 
         def check(validate, *args, **kwargs):
@@ -274,6 +297,10 @@ class SessionSpec:
         tag = check(text, tag, "tag", max_length=MAX_TAG_LENGTH)
         pre_stop_command = check(text, pre_stop_command, "pre_stop_command")
         priority = check(check_priority, priority, policy, may_raise_priority)
+        if not_before is not None and session_type != SessionType.BATCH:
+            errors["starts_at"] = "starts_at is only for batch sessions."
+        if designated_agents and group is not None:
+            check(check_designated_agents, designated_agents, group)
         if errors:
             first = next(iter(errors))
             raise SessionRequestError(" ".join(errors.values()), first, errors=errors)
@@ -289,4 +316,5 @@ class SessionSpec:
             bootstrap_script=bootstrap_script, environ=environ,
             batch_timeout=batch_timeout, tag=tag, pre_stop_command=pre_stop_command,
             preemptible=preemptible or policy.preemptible, dependencies=tuple(dependencies),
-            mounts=tuple(folders))
+            mounts=tuple(folders), not_before=not_before,
+            designated_agents=tuple(designated_agents or ()))

@@ -141,4 +141,4 @@ def test_an_inactive_keypair_is_refused(client, alice_keypair):
 
 
 def test_version_root_for_api_clients(client, db):
-    assert client.get("/").json()["version"] == "v7.20230615"
+    assert client.get("/").json()["version"] == "v8.20240915"

@@ -41,7 +41,7 @@ def create(client, keypair, **body):
 
 
 def test_version_root_answers_json_to_clients_and_redirects_browsers(client, db):
-    assert client.get("/").json() == {"version": "v7.20230615", "manager": "0.1.0"}
+    assert client.get("/").json() == {"version": "v8.20240915", "manager": "0.1.0"}
     response = client.get("/", headers={"Accept": "text/html,application/xhtml+xml"})
     assert response.status_code == 302 and response["Location"] == "/sessions/"
 

@@ -75,7 +75,7 @@ def test_a_template_document_is_checked_and_normalized():
         "metadata": {"name": "py-job", "tag": "nightly"}, "session_type": "batch",
         "image": IMAGE, "environ": {"GREETING": "hello"}, "bootstrap": "echo boot",
         "startup_command": "echo $GREETING", "resources": {"cpu": "1", "mem": "128m"},
-        "scaling_group": None, "mounts": {}}
+        "scaling_group": None, "mounts": {}, "cluster_size": None, "cluster_mode": None}
 
 
 @pytest.mark.parametrize("payload, message", [

@@ -63,7 +63,7 @@ def test_root_redirects_a_browser_and_answers_json_to_api_clients(client):
     assert browser.status_code == 302 and browser["Location"] == "/sessions/"
     for accept in (None, "*/*", "application/json"):
         response = client.get("/", headers={"Accept": accept} if accept else {})
-        assert response.json()["version"] == "v7.20230615"
+        assert response.json()["version"] == "v8.20240915"
 
 
 def test_static_files_are_served_by_the_application(client):

@@ -21,6 +21,8 @@ served by the stream endpoint (streams.py) with the same tokens as terminals and
   the path each part's filename gives.
 - `POST /v1/files/download`, token `files:scratch`, body `{"files": [path, ...]}`: a
   multipart/mixed answer with one tar archive per file, as the Backend.AI manager gives.
+- `POST /v1/files/list`, token `files:scratch`, body `{"path": dir}`: the directory's
+  entries, `{"files": [{"filename", "size", "mode", "mtime", "ctime", "atime"}]}`.
 
 The scratch directory is the kernel's scratch volume as this host sees it; every path in
 it goes through storage_app.files, so nothing outside it is read or written: no `..`, no
@@ -70,6 +72,7 @@ def add_routes(app, server):
     app.router.add_post("/v1/exec/step", functools.partial(execute_step, server))
     app.router.add_post("/v1/files/upload", functools.partial(upload, server))
     app.router.add_post("/v1/files/download", functools.partial(download, server))
+    app.router.add_post("/v1/files/list", functools.partial(list_files, server))
 
 
 # Pure pieces (tests/test_session_streams.py).
@@ -481,6 +484,34 @@ async def download(server, request):
             with contextlib.suppress(OSError):
                 os.close(fd)
     return response
+
+
+async def list_files(server, request):
+    root = await _files_of(server, request)
+    try:
+        path = (await request.json()).get("path", "")
+    except (ValueError, AttributeError):
+        path = None
+    try:
+        entries = await asyncio.to_thread(_list, root, scratch_path(path))
+    except FileError as exc:
+        raise _refused(exc) from None
+    return web.json_response({"files": entries})
+
+
+def _list(root, path):
+    """A directory's entries as the manager's list_files gives them (no link followed)."""
+    with FolderFiles(root) as files:
+        entries = []
+        for entry in files.listdir(path):
+            try:
+                info = files.stat(f"{path}/{entry['name']}" if path else entry["name"])
+            except FileError:  # removed meanwhile
+                continue
+            entries.append({"filename": entry["name"], "size": info.st_size,
+                            "mode": stat.filemode(info.st_mode), "mtime": info.st_mtime,
+                            "ctime": info.st_ctime, "atime": info.st_atime})
+        return entries
 
 
 def _open_all(root, paths):

@@ -188,7 +188,18 @@ class _NoRoomReason:
             return Failure("no-available-agent",
                            f"no ALIVE agent in scaling group {self.snap.group}")
         excluded = session.excluded_agents
-        if excluded and not any(a.id not in excluded for a in agents):
+        designated = session.designated_agents
+        if designated and not any(a.id in designated for a in agents):
+            return Failure("no-available-agent",
+                           f"none of its designated agents ({', '.join(sorted(designated))}) "
+                           f"is ALIVE and schedulable in scaling group {self.snap.group}")
+        if designated:
+            agents = [a for a in agents if a.id not in excluded]
+            if not agents:
+                return Failure("no-available-agent",
+                               f"each of its designated agents failed to start this session "
+                               f"({', '.join(sorted(designated))})")
+        elif excluded and not any(a.id not in excluded for a in agents):
             until = StatusData(session.status_data).exclusions
             soonest = min(until[a] for a in excluded if a in until)
             return Failure("no-available-agent",
@@ -198,18 +209,29 @@ class _NoRoomReason:
         refusal = self.snap.refusals.get(session.shape)
         if refusal:
             return Failure("multi-host-network", refusal)
-        if self.stale:
-            self.max_free = ResourceSlots()
-            for agent in agents:
-                for name, value in agent.free.items():
-                    self.max_free[name] = max(self.max_free.get(name, 0), value)
-            self.stale = False
         need = session.total if session.cluster_mode == ClusterMode.SINGLE_NODE else max(
             (k.slots for k in session.kernels), key=lambda s: sorted(s.items()))
+        if designated:
+            short = need.shortfall(_max_free(agents)) or sorted(k for k, v in need.items() if v)
+            return Failure("agent-resources",
+                           f"no designated agent ({', '.join(sorted(designated))}) with "
+                           f"enough free {'/'.join(short)}")
+        if self.stale:
+            self.max_free = _max_free(agents)
+            self.stale = False
         short = need.shortfall(self.max_free) or sorted(k for k, v in need.items() if v)
         return Failure("agent-resources",
                        f"no agent with enough free {'/'.join(short)} in scaling group "
                        f"{self.snap.group}")
+
+
+def _max_free(agents):
+    """The largest free amount of each slot over `agents`."""
+    most = ResourceSlots()
+    for agent in agents:
+        for name, value in agent.free.items():
+            most[name] = max(most.get(name, 0), value)
+    return most
 
 
 def _apply_type_hooks(pending, write=True):
@@ -227,6 +249,14 @@ def dry_run(group, session_id):
     """Where and when the PENDING session `session_id` would start: the pass's stages and
     the prediction, with no write. A dict for the API and the dry_run_session command."""
     now = clock.now()
+    answer = {"scaling_group": group.name, "now": now.isoformat(), "start": None,
+              "agents": [], "queue_position": None, "unknown_reason": "",
+              "failed_predicates": []}
+    later = Session.objects.filter(pk=session_id, not_before__gt=now).values_list(
+        "not_before", flat=True).first()
+    if later is not None:
+        return {**answer, "unknown_reason": f"it was asked to start no earlier than "
+                                            f"{later.isoformat()} (starts_at)"}
     pending = load_pending(group)
     _apply_type_hooks(pending, write=False)
     rank(pending, now, group.aging_interval)
@@ -236,9 +266,6 @@ def dry_run(group, session_id):
     timeline = _LazyTimeline(group, snap, now)
     placer = Placer(snap, index, validators, now, reservation_after=group.reservation_after,
                     timeline=timeline)
-    answer = {"scaling_group": group.name, "now": now.isoformat(), "start": None,
-              "agents": [], "queue_position": None, "unknown_reason": "",
-              "failed_predicates": []}
     queue, mine = [], None
     for session in SEQUENCERS[group.scheduler](pending, snap):
         placement, failures, _ = placer.try_place(session)

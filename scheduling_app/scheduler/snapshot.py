@@ -26,24 +26,29 @@ OCCUPYING = CONCURRENCY_HOLDING | {Status.TERMINATING, Status.ERROR}
 
 def load_pending(group, limit=None):
     parse = SlotsCache()
+    # A session asked to start later (not_before) is not the pass's until then: left out
+    # by the query, it costs the pass nothing meanwhile.
     rows = (Session.objects.filter(scaling_group=group, status=Status.PENDING)
+            .filter(Q(not_before__isnull=True) | Q(not_before__lte=clock.now()))
             .order_by("created_at")
             .values_list("id", "name", "keypair_id", "project_id", "domain_id", "created_at",
                          "image", "session_type", "cluster_mode", "status_data",
                          "batch_timeout", "priority",
                          "keypair__resource_policy__max_session_lifetime", "user_id",
-                         "keypair__resource_policy__max_concurrent_sessions_per_user"))
+                         "keypair__resource_policy__max_concurrent_sessions_per_user",
+                         "designated_agents"))
     if limit:
         rows = rows[:limit]
     sessions, now = {}, clock.now()
     for (pk, name, kp, project, domain, created, image, stype, mode, data, timeout, priority,
-         lifetime, user_id, user_concurrency) in rows:
+         lifetime, user_id, user_concurrency, designated) in rows:
         sessions[pk] = PendingSession(
             id=pk, name=name, keypair_id=kp, project_id=project, domain_id=domain,
             created_at=created, image=image, session_type=stype, cluster_mode=mode,
             kernels=[], status_data=data, batch_timeout=timeout, priority=priority,
             rank=priority, max_lifetime=lifetime or 0,
             excluded_agents=StatusData(data).excluded_agents(now),
+            designated_agents=frozenset(designated or ()),
             queued_at=_requeued_at(data), user_id=user_id,
             user_concurrency=user_concurrency,
         )
@@ -101,6 +106,10 @@ def load_snapshot(group, pending):
     projects = {s.project_id for s in pending}
     domains = {s.domain_id for s in pending}
     snap = Snapshot(group=group.name, agents=agents, roundrobin_cursor=group.roundrobin_cursor)
+    for session in pending:
+        if session.designated_agents:  # placed on those only: every other agent is out
+            session.excluded_agents = session.excluded_agents | (
+                frozenset(agents) - session.designated_agents)
 
     for pk, total, used, allowed in KeyPair.objects.filter(pk__in=keypairs).values_list(
             "access_key", "resource_policy__total_resource_slots", "concurrency_used",

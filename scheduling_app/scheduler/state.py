@@ -34,6 +34,7 @@ class PendingSession:
     batch_timeout: int | None = None
     dependencies: list = field(default_factory=list)
     excluded_agents: frozenset = frozenset()
+    designated_agents: frozenset = frozenset()  # an admin's agentList: only these, if any
     status_data: dict = field(default_factory=dict)
     priority: int = 10
     rank: int = 10  # the priority the sequencers order by: with aging added

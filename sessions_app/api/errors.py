@@ -40,9 +40,9 @@ def error_body(status_code, message, title=None, problem=None, data=None):
 class RequestFailed(APIException):
     """An error with its status, message and optionally a Backend.AI problem type and data."""
 
-    def __init__(self, message, status_code=400, problem=None, data=None):
+    def __init__(self, message, status_code=400, problem=None, data=None, title=None):
         self.status_code = status_code
-        self.problem, self.data = problem, data
+        self.problem, self.data, self.title = problem, data, title
         super().__init__(message)
 
     @classmethod
@@ -50,4 +50,5 @@ class RequestFailed(APIException):
         """The answer to a domain error (sessions_app.spec.DomainError): its status, its
         message, and the field it names as Backend.AI's invalid-parameter data."""
         data = {field: [message] for field, message in error.errors.items()}
-        return cls(error.message, error.status_code, data=data or None)
+        return cls(error.message, error.status_code, data=data or None,
+                   problem=error.problem, title=error.title)

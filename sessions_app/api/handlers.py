@@ -82,7 +82,7 @@ def exception_handler(exc, context):
     detail = response.data
     if isinstance(exc, RequestFailed):
         response.data = error_body(response.status_code, str(exc.detail), problem=exc.problem,
-                                   data=exc.data)
+                                   data=exc.data, title=exc.title)
     elif isinstance(detail, dict) and set(detail) == {"detail"}:
         response.data = error_body(response.status_code, str(detail["detail"]))
     else:  # field errors of a serializer

@@ -6,12 +6,14 @@ endpoint (agents_app/runtime/session_streams.py), which applies storage folders'
   path its filename gives (relative to /home/work; parents are made). 204.
 - `POST /session/<name or id>/download?files=a&files=b` (26.9.6), or `GET` with a JSON body
   `{"files": [...]}` (23.9.10): multipart/mixed, one tar archive per file.
+- `GET /session/<name or id>/files` with `{"path"}`: a directory's entries (`session ls`).
 
 Both stream: the upload body goes from the client to the agent as it comes (the web
 process never holds it: backendai_web.flow.DirectBody), the download from the agent to the
 client. Refusals are Backend.AI's JSON errors, whatever the agent or the path did.
 """
 
+import json
 import logging
 import re
 
@@ -143,6 +145,37 @@ class SessionDownload(CompatView):
                     upstream.release()
 
             return StreamingHttpResponse(relay(), content_type=upstream.headers["Content-Type"])
+
+        placeholder.follow_up = follow_up
+        return placeholder
+
+
+class SessionFiles(CompatView):
+    """GET /session/<name or id>/files, `{"path"}` in the JSON body (the SDK's list_files)
+    or the query: the entries of a directory of the main kernel's /home/work, as the
+    manager answers them: `{"files": JSON text of [{"filename", "size", "mode", "mtime",
+    "ctime", "atime"}], "errors": "", "abspath": path}`."""
+
+    def get(self, request, ref):
+        data = request.data if isinstance(request.data, dict) else {}
+        path = data.get("path", request.query_params.get("path", "."))
+        if not isinstance(path, str):
+            raise RequestFailed("path must be a path in the session.",
+                                data={"path": ["a path"]})
+        session = self.session(request, ref, touch=True)
+        grant = file_grant(request, session)
+        placeholder = HttpResponse()
+
+        async def follow_up():
+            try:
+                async with client().post(grant.url("/v1/files/list"), json={"path": path},
+                                         headers={TOKEN_HEADER: grant.token}) as upstream:
+                    if upstream.status != 200:
+                        return await agent_refusal(upstream)
+                    entries = (await upstream.json())["files"]
+            except (TimeoutError, ClientError) as exc:
+                return unreachable(exc)
+            return JsonResponse({"files": json.dumps(entries), "errors": "", "abspath": path})
 
         placeholder.follow_up = follow_up
         return placeholder

@@ -1,10 +1,14 @@
-"""The Backend.AI manager's GraphQL at /admin/gql, as far as the client's everyday commands
+"""The Backend.AI manager's GraphQL at /admin/gql, as far as the client's SDK and commands
 ask it (graphene-django): `session list` / `ps` and `admin session list`
-(compute_session_list), `session info` (compute_session), `admin agent list|info`
-(agent_list, agent), `image list` / `admin image list` (images), `admin keypair info|list`
-(keypair, keypairs, keypair_list; the session list asks `keypair { is_admin }` first).
+(compute_session_list), `session info` (compute_session), the SDK's
+`ComputeSession.detail` (the Relay node compute_session_node, with its kernel_nodes),
+`admin agent list|info` (agent_list, agent), `image list` / `admin image list` (images),
+`admin keypair info|list` (keypair, keypairs, keypair_list; the session list asks
+`keypair { is_admin }` first), `admin keypair-resource-policy info|list`
+(keypair_resource_policy, keypair_resource_policies) and resource presets (resource_preset,
+resource_presets). The mutations are in graphql_mutations.py.
 
-Read-only. The names, argument types and value shapes are the manager's (API v7): JSON
+The names, argument types and value shapes are the manager's (API v7): JSON
 values (slots, status data, stats) are JSON *strings*, as graphene's JSONString answers
 them and the client's formatters read them; statuses, session types and results are upper
 case. The same visibility as the REST API: a user sees their own sessions and keypairs and
@@ -13,9 +17,11 @@ answered only to its own holder (who signed the request with it), never to anyon
 """
 
 import graphene
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import Q
 from drf_spectacular.utils import extend_schema
+from graphene import relay
 from graphene_django import DjangoObjectType
 from graphene_django.views import GraphQLView
 from graphql import GraphQLError
@@ -25,9 +31,12 @@ from rest_framework.views import APIView
 from agents_app.models import Agent, AgentStatus, Image
 from common import clock
 from scheduling_app.idle import checks_of as idle_checks_of
+from scheduling_app.models import ResourcePolicy, ResourcePreset
 from sessions_app import service_ports
 from sessions_app.api.errors import error_body
 from sessions_app.api.permissions import acting_keypair, request_is_admin
+from sessions_app.compat.graphql_mutations import Mutation
+from sessions_app.compat.graphql_relay import CountedConnection, GlobalIDField, uuid_of
 from sessions_app.models import Kernel, KeyPair, Session
 from storage_app.compat.graphql import FolderQueries
 
@@ -573,6 +582,290 @@ class KeyPairType(DjangoObjectType):
 KeyPairList = page_of("KeyPairList", KeyPairType)
 
 
+# -- Relay nodes (API v8: the SDK's ComputeSession.detail) -------------------------------
+
+class KernelNode(graphene.ObjectType):
+    """A kernel, as the manager's KernelNode."""
+
+    class Meta:
+        interfaces = (relay.Node,)
+
+    row_id = graphene.UUID()
+    cluster_idx = graphene.Int()
+    local_rank = graphene.Int()
+    cluster_role = graphene.String()
+    cluster_hostname = graphene.String()
+    session_id = graphene.UUID()
+    image_reference = graphene.String()
+    architecture = graphene.String()
+    status = graphene.String()
+    status_changed = graphene.DateTime()
+    status_info = graphene.String()
+    status_data = graphene.JSONString()
+    created_at = graphene.DateTime()
+    terminated_at = graphene.DateTime()
+    starts_at = graphene.DateTime()
+    scheduled_at = graphene.DateTime()
+    agent_id = graphene.String()
+    agent_addr = graphene.String()
+    container_id = graphene.String()
+    resource_opts = graphene.JSONString()
+    occupied_slots = graphene.JSONString()
+    live_stat = graphene.JSONString()
+    abusing_report = graphene.JSONString()
+    preopen_ports = graphene.List(graphene.Int)
+
+    def resolve_row_id(kernel, info):
+        return kernel.pk
+
+    def resolve_local_rank(kernel, info):
+        return kernel.cluster_idx - 1
+
+    def resolve_image_reference(kernel, info):
+        return kernel.image
+
+    def resolve_architecture(kernel, info):
+        return kernel.agent.architecture if kernel.agent_id else "x86_64"
+
+    def resolve_status_changed(kernel, info):
+        return kernel.status_changed or kernel.created_at
+
+    def resolve_starts_at(kernel, info):
+        return kernel.session.not_before or kernel.session.starts_at
+
+    def resolve_scheduled_at(kernel, info):
+        return kernel.status_history.get("SCHEDULED")
+
+    def resolve_resource_opts(kernel, info):
+        return {}
+
+    def resolve_live_stat(kernel, info):
+        return kernel.last_stat or None
+
+    def resolve_abusing_report(kernel, info):
+        return None
+
+    def resolve_preopen_ports(kernel, info):
+        return []
+
+
+class KernelConnection(CountedConnection):
+    class Meta:
+        node = KernelNode
+
+
+SESSION_PERMISSIONS = ["read_attribute", "update_attribute", "delete_session", "start_app",
+                       "execute"]
+
+
+class ComputeSessionNode(graphene.ObjectType):
+    """A session, as the manager's ComputeSessionNode (its `id` is the Relay global id,
+    `row_id` the session's own)."""
+
+    class Meta:
+        interfaces = (relay.Node,)
+
+    row_id = graphene.UUID()
+    tag = graphene.String()
+    name = graphene.String()
+    type = graphene.String()
+    priority = graphene.Int()
+    cluster_template = graphene.String()
+    cluster_mode = graphene.String()
+    cluster_size = graphene.Int()
+    domain_name = graphene.String()
+    project_id = graphene.String()
+    user_id = graphene.String()
+    access_key = graphene.String()
+    permissions = graphene.List(graphene.String)
+    status = graphene.String()
+    status_info = graphene.String()
+    status_data = graphene.JSONString()
+    status_history = graphene.JSONString()
+    created_at = graphene.DateTime()
+    terminated_at = graphene.DateTime()
+    starts_at = graphene.DateTime()
+    scheduled_at = graphene.DateTime()
+    queue_position = graphene.Int()
+    startup_command = graphene.String()
+    result = graphene.String()
+    commit_status = graphene.String()
+    abusing_reports = graphene.List(graphene.JSONString)
+    idle_checks = graphene.JSONString()
+    agent_ids = graphene.List(graphene.String)
+    resource_opts = graphene.JSONString()
+    scaling_group = graphene.String()
+    service_ports = graphene.JSONString()
+    vfolder_mounts = graphene.List(graphene.String)
+    occupied_slots = graphene.JSONString()
+    requested_slots = graphene.JSONString()
+    image_references = graphene.List(graphene.String)
+    num_queries = graphene.Int()
+    inference_metrics = graphene.JSONString()
+    kernel_nodes = relay.ConnectionField(KernelConnection)
+    dependees = relay.ConnectionField(lambda: ComputeSessionConnection)
+    dependents = relay.ConnectionField(lambda: ComputeSessionConnection)
+    graph = relay.ConnectionField(lambda: ComputeSessionConnection)
+
+    def resolve_row_id(session, info):
+        return session.pk
+
+    def resolve_type(session, info):
+        return _upper(session.session_type)
+
+    def resolve_domain_name(session, info):
+        return session.domain.name
+
+    def resolve_project_id(session, info):
+        return session.project_id
+
+    def resolve_user_id(session, info):
+        return session.user_id
+
+    def resolve_access_key(session, info):
+        return session.keypair_id
+
+    def resolve_permissions(session, info):
+        return SESSION_PERMISSIONS
+
+    def resolve_status_history(session, info):
+        return dict(sorted(session.status_history.items(), key=lambda item: item[1]))
+
+    def resolve_starts_at(session, info):
+        # Backend.AI's starts_at is the start asked for; a session asked for none: when
+        # it started.
+        return session.not_before or session.starts_at
+
+    def resolve_scheduled_at(session, info):
+        return session.status_history.get("SCHEDULED")
+
+    def resolve_queue_position(session, info):
+        return (session.queue or {}).get("position")
+
+    def resolve_result(session, info):
+        return _upper(session.result)
+
+    def resolve_abusing_reports(session, info):
+        return []
+
+    def resolve_idle_checks(session, info):
+        return idle_checks_of(session, clock.now())
+
+    def resolve_agent_ids(session, info):
+        return sorted({k.agent_id for k in session.kernels.all() if k.agent_id})
+
+    def resolve_resource_opts(session, info):
+        return {}
+
+    def resolve_scaling_group(session, info):
+        return session.scaling_group.name
+
+    def resolve_service_ports(session, info):
+        return [port.as_backendai() for port in service_ports.of_image(session.image)]
+
+    def resolve_vfolder_mounts(session, info):
+        return [str(mount.folder_id) for mount in session.mounts.all()]
+
+    def resolve_occupied_slots(session, info):
+        return session.occupying_slots
+
+    def resolve_image_references(session, info):
+        return sorted({k.image for k in session.kernels.all()} or {session.image})
+
+    def resolve_num_queries(session, info):
+        return 0
+
+    def resolve_kernel_nodes(session, info, **_page):
+        return sorted(session.kernels.all(), key=lambda k: (k.cluster_role != "main",
+                                                            k.cluster_idx))
+
+    def resolve_dependees(session, info, **_page):
+        """The sessions it depends on (that the asker may see)."""
+        return list(visible_sessions(info).filter(dependents=session))
+
+    def resolve_dependents(session, info, **_page):
+        return list(visible_sessions(info).filter(dependencies=session))
+
+    def resolve_graph(session, info, **_page):
+        """It and every session it depends on, directly or not."""
+        found, frontier = {session.pk: session}, [session]
+        while frontier:
+            nxt = [s for s in visible_sessions(info).filter(dependents__in=frontier)
+                   .exclude(pk__in=list(found)).distinct()]
+            found.update((s.pk, s) for s in nxt)
+            frontier = nxt
+        return list(found.values())
+
+
+class ComputeSessionConnection(CountedConnection):
+    class Meta:
+        node = ComputeSessionNode
+
+
+# -- resource policies and presets (API v8) ----------------------------------------------
+
+class KeyPairResourcePolicyType(DjangoObjectType):
+    """A resource policy, as the manager's KeyPairResourcePolicy. Slot totals are JSON
+    strings; what this server has no such setting for answers its fixed value here."""
+
+    class Meta:
+        model = ResourcePolicy
+        name = "KeyPairResourcePolicy"
+        fields = ("name", "max_concurrent_sessions", "max_pending_session_count",
+                  "idle_timeout", "max_session_lifetime")
+
+    created_at = graphene.DateTime()
+    default_for_unspecified = graphene.String()
+    total_resource_slots = graphene.JSONString()
+    max_containers_per_session = graphene.Int()
+    max_concurrent_sftp_sessions = graphene.Int()
+    max_pending_session_resource_slots = graphene.JSONString()
+    allowed_vfolder_hosts = graphene.JSONString()
+
+    def resolve_created_at(policy, info):
+        return None  # not recorded here
+
+    def resolve_default_for_unspecified(policy, info):
+        return "UNLIMITED"  # a slot the total does not name is not limited
+
+    def resolve_total_resource_slots(policy, info):
+        return policy.total_resource_slots
+
+    def resolve_max_containers_per_session(policy, info):
+        return settings.MAX_CLUSTER_SIZE
+
+    def resolve_max_concurrent_sftp_sessions(policy, info):
+        return 0  # no SFTP sessions here
+
+    def resolve_max_pending_session_resource_slots(policy, info):
+        return None
+
+    def resolve_allowed_vfolder_hosts(policy, info):
+        return {}
+
+
+class ResourcePresetType(DjangoObjectType):
+    """A resource preset, as the manager's ResourcePreset."""
+
+    class Meta:
+        model = ResourcePreset
+        name = "ResourcePreset"
+        fields = ("id", "name")
+
+    resource_slots = graphene.JSONString()
+    shared_memory = graphene.String()
+    scaling_group_name = graphene.String()
+
+    def resolve_resource_slots(preset, info):
+        return preset.resource_slots
+
+    def resolve_shared_memory(preset, info):
+        return None if preset.shared_memory is None else str(preset.shared_memory)
+
+    def resolve_scaling_group_name(preset, info):
+        return preset.scaling_group.name if preset.scaling_group_id else None
+
+
 # -- queries -----------------------------------------------------------------------------
 
 SESSION_ORDER = {"created_at": "created_at", "name": "name", "status": "status",
@@ -612,6 +905,9 @@ def _by_email(keypairs, email):
 
 class Query(FolderQueries):  # and the folder lists of storage_app/compat/graphql.py
     compute_session = graphene.Field(ComputeSession, id=graphene.UUID(required=True))
+    compute_session_node = graphene.Field(
+        ComputeSessionNode, id=GlobalIDField(required=True), scope_id=graphene.String(),
+        project_id=graphene.UUID(), permission=graphene.String())
     compute_session_list = graphene.Field(
         ComputeSessionList, limit=graphene.Int(required=True),
         offset=graphene.Int(required=True), filter=graphene.String(),
@@ -636,9 +932,23 @@ class Query(FolderQueries):  # and the folder lists of storage_app/compat/graphq
         KeyPairList, limit=graphene.Int(required=True), offset=graphene.Int(required=True),
         filter=graphene.String(), order=graphene.String(), domain_name=graphene.String(),
         email=graphene.String(), is_active=graphene.Boolean())
+    keypair_resource_policy = graphene.Field(KeyPairResourcePolicyType, name=graphene.String())
+    keypair_resource_policies = graphene.List(KeyPairResourcePolicyType)
+    resource_preset = graphene.Field(ResourcePresetType, name=graphene.String(),
+                                     id=graphene.String())
+    resource_presets = graphene.List(ResourcePresetType, scaling_group=graphene.String())
+    customized_images = graphene.List(ImageType)
 
     def resolve_compute_session(root, info, id):
         return visible_sessions(info).filter(pk=id).first()
+
+    def resolve_compute_session_node(root, info, id, **_scope):
+        """The session a global id names (the SDK's detail); null for one the asker may
+        not see, as compute_session."""
+        session_id = uuid_of(id)
+        if session_id is None:
+            raise GraphQLError(f"Not a session's global id: {id[1]!r}.")
+        return visible_sessions(info).prefetch_related("mounts").filter(pk=session_id).first()
 
     def resolve_compute_session_list(root, info, limit, offset, filter=None, order=None,
                                      domain_name=None, group_id=None, access_key=None,
@@ -713,6 +1023,50 @@ class Query(FolderQueries):  # and the folder lists of storage_app/compat/graphq
         return _page(keypairs, limit, offset)
 
 
+    def resolve_keypair_resource_policy(root, info, name=None):
+        """The named policy (users: only one of their own keypairs'), or the asker's."""
+        if name is None:
+            return acting_keypair(_request(info)).resource_policy
+        return visible_policies(info).filter(name=name).first()
+
+    def resolve_keypair_resource_policies(root, info):
+        return visible_policies(info).order_by("name")
+
+    def resolve_resource_preset(root, info, name=None, id=None):
+        presets = ResourcePreset.objects.select_related("scaling_group")
+        if id is not None:
+            return presets.filter(pk=id).first() if uuid_of(("", id)) else None
+        if name is None:
+            raise GraphQLError("Give the preset's name or id.")
+        return presets.filter(name=name).first()
+
+    def resolve_resource_presets(root, info, scaling_group=None):
+        presets = ResourcePreset.objects.select_related("scaling_group")
+        if scaling_group:
+            presets = presets.filter(Q(scaling_group__isnull=True)
+                                     | Q(scaling_group__name=scaling_group))
+        return presets.order_by("name")
+
+    def resolve_customized_images(root, info):
+        # Images made from a user's session (the owner label Backend.AI's commit sets).
+        images = Image.objects.filter(labels__has_key=CUSTOMIZED_OWNER_LABEL)
+        if not _is_admin(info):
+            images = images.filter(**{f"labels__{CUSTOMIZED_OWNER_LABEL}":
+                                      f"user:{_request(info).user.pk}"})
+        return images.order_by("name")
+
+
+CUSTOMIZED_OWNER_LABEL = "ai.backend.customized-image.owner"
+
+
+def visible_policies(info):
+    """Every resource policy for admins; a user's: those of their keypairs."""
+    policies = ResourcePolicy.objects.all()
+    if not _is_admin(info):
+        policies = policies.filter(keypair__user=_request(info).user).distinct()
+    return policies
+
+
 def _agents(scaling_group, status):
     agents = Agent.objects.select_related("scaling_group")
     if scaling_group:
@@ -722,7 +1076,7 @@ def _agents(scaling_group, status):
     return agents
 
 
-schema = graphene.Schema(query=Query, auto_camelcase=False)
+schema = graphene.Schema(query=Query, mutation=Mutation, auto_camelcase=False)
 
 
 # -- the endpoint ------------------------------------------------------------------------

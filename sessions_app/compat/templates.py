@@ -13,8 +13,15 @@ from rest_framework.response import Response
 from sessions_app.api.errors import RequestFailed
 from sessions_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
 from sessions_app.api.views import is_true
-from sessions_app.compat.views import CompatView, CreateSession, body_of, project_for, text
-from sessions_app.models import SessionTemplate
+from sessions_app.compat.views import (
+    CompatView,
+    CreateSession,
+    body_of,
+    first_of,
+    project_for,
+    text,
+)
+from sessions_app.models import Session, SessionTemplate
 from sessions_app.querysets import as_uuid
 from sessions_app.session_templates import as_sdk_request, overlay, parse_payload
 
@@ -126,3 +133,33 @@ class CreateFromTemplate(CreateSession):
         base.update(group=template.project.name, domain=template.project.domain.name)
         request_body = {k: v for k, v in data.items() if k not in ("template_id", "templateId")}
         return self.answer(request, overlay(base, request_body))
+
+
+@extend_schema(exclude=True)
+class CreateCluster(CreateSession):
+    """POST /session/_/create-cluster: a session of the stored template `template_id`
+    (its kernels: the template's spec.cluster_size and cluster_mode), with the manager's
+    create-cluster fields laid over it; answered as POST /session, with `kernelId` (the
+    main kernel's id) as the manager gives it."""
+
+    def post(self, request):
+        data = body_of(request)
+        template_id = first_of(data, "template_id", "templateId")
+        if not template_id:
+            raise RequestFailed("template_id (a stored session template) is required.",
+                                data={"template_id": ["required"]})
+        template = template_of(request, template_id)
+        base = as_sdk_request(template.template)
+        base.update(group=template.project.name, domain=template.project.domain.name)
+        response = self.answer(request, overlay(base, {
+            "name": first_of(data, "clientSessionToken", "session_name", "name"),
+            "type": first_of(data, "type", "sessionType", "session_type"),
+            "group": first_of(data, "group", "groupName", "group_name"),
+            "domain": first_of(data, "domain", "domainName", "domain_name"),
+            "tag": data.get("tag"), "enqueueOnly": data.get("enqueueOnly"),
+            "maxWaitSeconds": data.get("maxWaitSeconds"),
+            "owner_access_key": data.get("owner_access_key"),
+            "config": {"scalingGroup": first_of(data, "scalingGroup", "scaling_group")}}))
+        session = Session.objects.get(pk=response.data["sessionId"])
+        response.data["kernelId"] = str(session.main_kernel.pk)
+        return response

@@ -1,4 +1,4 @@
-"""The REST routes of the Backend.AI manager (API v7.20230615) at the server root, as the
+"""The REST routes of the Backend.AI manager (API v8.20240915) at the server root, as the
 Backend.AI client SDK and its `backend.ai` CLI call them.
 
 Thin translations: each view reads the SDK's request shape, calls the same services as
@@ -9,12 +9,13 @@ answers in the SDK's response shape. Errors are Backend.AI's `{"type", "title", 
 import functools
 import shlex
 import uuid
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from aiohttp import ClientError
 from asgiref.sync import sync_to_async
-from django.http import StreamingHttpResponse
+from django.db.models import Q
+from django.http import HttpResponse, StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
@@ -66,6 +67,7 @@ EXECUTE_TIMEOUT = 300  # seconds a query or batch run may take
 # run that ends within it is answered with one "finished" result holding all its output.
 EXECUTE_FLUSH = 2.0
 STREAM_FLUSH = 0.2
+MAX_SECONDS = 2**31 - 1  # what the database's integer columns hold
 
 
 def first_of(data, *keys, default=None):
@@ -137,24 +139,41 @@ def project_for(domain_name, group_name):
     return project
 
 
-def creation_fields(data):
-    """create_session's arguments from the SDK's create body."""
+# What the SDK may send that this server does not do, and why (a 400 when set).
+UNSUPPORTED_CREATE_FIELDS = {
+    "config.preopen_ports": "kernels publish only their image's service ports, through the "
+                            "web process's app proxy",
+    "config.attach_network": "there are no user-made networks (backend.ai network): each "
+                             "session's kernels get a network of their own",
+    "callback_url": "this server calls no URL back; follow the session at /events/session",
+}
+
+
+def creation_fields(data, *, admin=False):
+    """create_session's arguments from the SDK's create body; `admin`: the caller may
+    name agents (config.agentList)."""
     config = first_of(data, "config", default={})
     if not isinstance(config, dict):
         raise RequestFailed("config must be an object.", data={"config": ["must be an object"]})
-    unsupported = [name for name, value in (
-        ("config.preopen_ports", config.get("preopen_ports")),
-        ("config.agentList", config.get("agentList")),
-        ("starts_at", data.get("starts_at"))) if value]
+    given = {"config.preopen_ports": config.get("preopen_ports"),
+             "config.attach_network": config.get("attach_network"),
+             "callback_url": first_of(data, "callback_url", "callbackURL", "callbackUrl")}
+    unsupported = [name for name, value in given.items() if value]
     if unsupported:
-        raise RequestFailed(f"Not supported by this server: {', '.join(unsupported)}.",
-                            data={name: ["not supported"] for name in unsupported})
+        raise RequestFailed(
+            "Not supported by this server: " + "; ".join(
+                f"{name} ({UNSUPPORTED_CREATE_FIELDS[name]})" for name in unsupported) + ".",
+            data={name: ["not supported"] for name in unsupported})
+    agent_list = first_of(config, "agentList", "agent_list")
+    if agent_list and not admin:
+        raise RequestFailed("Only administrators may place a session on named agents "
+                            "(config.agentList).", 403)
     dependencies = first_of(data, "dependencies", default=[])
     if not isinstance(dependencies, list) or not all(isinstance(d, str) for d in dependencies):
         raise RequestFailed("dependencies must be a list of session ids or names.",
                             data={"dependencies": ["must be a list of strings"]})
     resources = first_of(config, "resources", default={}) or None
-    return {
+    fields = {
         "mounts": sdk_mounts(config.get("mounts"), config.get("mount_map")),
         "name": text(first_of(data, "name", "session_name", "clientSessionToken"), "name"),
         "image": text(first_of(data, "image", "lang"), "image"),
@@ -178,9 +197,53 @@ def creation_fields(data):
         # The script's text, as the clients' --bootstrap-script FILE sends it.
         "bootstrap_script": text(data.get("bootstrap_script") or "", "bootstrap_script"),
         "environ": config.get("environ") or {},
-        "batch_timeout": None if data.get("batch_timeout") is None else whole_number(
-            data["batch_timeout"], "batch_timeout", 1),
+        "batch_timeout": seconds_of(first_of(data, "batch_timeout", "batchTimeout"),
+                                    "batch_timeout"),
+        "not_before": starts_at_of(first_of(data, "starts_at", "startsAt")),
+        "designated_agents": agent_list or (),
     }
+    if fields["batch_timeout"] is not None and fields["session_type"] != SessionType.BATCH:
+        raise RequestFailed("batch_timeout is only for batch sessions.",
+                            data={"batch_timeout": ["only for batch sessions"]})
+    return fields
+
+
+def seconds_of(value, field):
+    """A whole number of seconds, at least 1, from a number or a duration ("30m", "1h");
+    None for None (API v8: the CLI sends --batch-timeout as it was typed)."""
+    if value is None:
+        return None
+    try:
+        seconds = clock.duration_seconds(value)
+    except ValueError:
+        seconds = None
+    if seconds is None or seconds < 1 or seconds > MAX_SECONDS or seconds != int(seconds):
+        raise RequestFailed(f"{field} must be a whole number of at least 1 (seconds), or a "
+                            "duration such as 30m or 2h.",
+                            data={field: ["seconds, at least 1, or a duration"]})
+    return int(seconds)
+
+
+def starts_at_of(value):
+    """Backend.AI's starts_at: an ISO 8601 time (UTC when it names no zone), or a delay
+    from now such as "1m", "30s" or "300"; None for none."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            delay = clock.duration_seconds(value)
+        except ValueError:
+            delay = None
+        if delay is not None and delay <= MAX_SECONDS:
+            return clock.now() + timedelta(seconds=delay)
+        try:
+            moment = datetime.fromisoformat(value.strip())
+        except ValueError:
+            moment = None
+        if moment is not None:
+            return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    raise RequestFailed("starts_at must be a time (ISO 8601) or a delay such as 10m.",
+                        data={"starts_at": ["a time or a delay"]})
 
 
 def sdk_mounts(names, mount_map):
@@ -228,7 +291,7 @@ class CreateSession(CompatView):
 
     def answer(self, request, data):
         owner = owner_keypair(request, data.get("owner_access_key"), creating=True)
-        fields = creation_fields(data)
+        fields = creation_fields(data, admin=request_is_admin(request))
         enqueue_only = is_true(data.get("enqueueOnly", False))
         max_wait = whole_number(data.get("maxWaitSeconds", 0), "maxWaitSeconds", 0)
         existing = Session.objects.filter(keypair=owner, name=fields["name"]).live().first()
@@ -742,3 +805,75 @@ def sse_data(msg, fact):
         data["clusterRole"] = msg.get("cluster_role")
         data["clusterIdx"] = msg.get("cluster_idx")
     return data
+
+
+@extend_schema(exclude=True)
+class NotSupported(CompatView):
+    """A route of the Backend.AI manager this server does not serve: 501, saying why
+    (`reason`), after the same authentication as every route."""
+
+    reason = ""
+
+    def refuse(self, request, *args, **kwargs):
+        raise RequestFailed(f"Not supported by this server: {self.reason}.", 501,
+                            problem="not-implemented")
+
+    get = post = put = patch = delete = refuse
+
+
+MAX_MATCHES = 10
+
+
+@extend_schema(exclude=True)
+class MatchSessions(CompatView):
+    """GET /session/_/match?id=PREFIX: the owner's sessions whose id or name starts with
+    PREFIX (at most 10, live ones first), as `{"matches": [{"id", "name", "status"}]}`."""
+
+    def get(self, request):
+        prefix = first_of(request.query_params, "id", "prefix") or ""
+        if not prefix.strip():
+            raise RequestFailed("id (a prefix of a session's id or name) is required.",
+                                data={"id": ["required"]})
+        sessions = visible_sessions(request).filter(keypair=self.owner(request))
+        # Django compares a UUID's text without its hyphens, whichever way it is written.
+        matches = sessions.filter(Q(name__startswith=prefix) | Q(pk__startswith=prefix))
+        found = sorted(matches[:100], key=lambda s: (s.is_finished, -s.created_at.timestamp()))
+        return Response({"matches": [{"id": str(s.pk), "name": s.name, "status": s.status}
+                                     for s in found[:MAX_MATCHES]]})
+
+
+@extend_schema(exclude=True)
+class TaskLogs(CompatView):
+    """GET /session/_/logs?taskId=ID (`backend.ai task-logs`): the log of the session (or
+    the kernel) with that id, as text."""
+
+    def get(self, request):
+        task_id = as_uuid(first_of(request.query_params, "taskId", "task_id", "kernel_id"))
+        if task_id is None:
+            raise RequestFailed("taskId (a session's or kernel's id) is required.",
+                                data={"taskId": ["a session or kernel id"]})
+        session = visible_sessions(request).filter(Q(pk=task_id) | Q(kernels__pk=task_id)) \
+            .distinct().first()
+        if session is None:
+            raise RequestFailed("There is no such task.", 404, problem="session-not-found")
+        return HttpResponse(session_logs(session)["logs"], content_type="text/plain")
+
+    head = get
+
+
+@extend_schema(exclude=True)
+class SessionApps(CompatView):
+    """GET /stream/session/NAME/apps: the services its image declares, as `backend.ai
+    apps` lists them (each is opened at /sessions/ID/apps/NAME/ in a browser)."""
+
+    def get(self, request, ref):
+        return Response(service_ports_of(self.session(request, ref)))
+
+
+@extend_schema(exclude=True)
+class AbusingReport(CompatView):
+    """GET /session/NAME/abusing-report: nothing is watched for abuse here: none."""
+
+    def get(self, request, ref):
+        self.session(request, ref)
+        return Response({})

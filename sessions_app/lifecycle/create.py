@@ -11,8 +11,9 @@ from common import clock
 from scheduling_app.scheduler import dry_run
 from sessions_app import engine
 from sessions_app.enums import Status, StatusGroup
+from sessions_app.manager_state import check_not_frozen
 from sessions_app.models import Kernel, Session
-from sessions_app.spec import SessionRequestError, SessionSpec, validate_name
+from sessions_app.spec import SessionRequestError, SessionSpec, check_priority, validate_name
 from storage_app.folders import add_mounts
 
 
@@ -27,6 +28,7 @@ def create_from_spec(spec, *, keypair, user, actor=None) -> Session:
     """The PENDING rows of a validated spec, then (after commit) a scheduler kick. The
     policy's pending-session limit and the live-name rule are checked here, in the same
     transaction as the rows."""
+    check_not_frozen()
     policy = keypair.resource_policy
     with transaction.atomic():
         if policy.max_pending_session_count is not None:
@@ -40,7 +42,8 @@ def create_from_spec(spec, *, keypair, user, actor=None) -> Session:
         if Session.objects.filter(keypair=keypair, name=spec.name).live().exists():
             raise SessionRequestError(f"You already have a live session named {spec.name!r}.",
                                       "name", status_code=409)
-        queued = {Status.PENDING: clock.now().isoformat()}
+        now = clock.now()
+        queued = {Status.PENDING: now.isoformat()}
         slots = spec.slots.to_json()
         try:
             with transaction.atomic():
@@ -53,7 +56,9 @@ def create_from_spec(spec, *, keypair, user, actor=None) -> Session:
                     bootstrap_script=spec.bootstrap_script, environ=spec.environ,
                     batch_timeout=spec.batch_timeout, tag=spec.tag, status_history=queued,
                     pre_stop_command=spec.pre_stop_command, priority=spec.priority,
-                    preemptible=spec.preemptible,
+                    preemptible=spec.preemptible, not_before=spec.not_before,
+                    designated_agents=list(spec.designated_agents),
+                    status_data=waiting_for_start(spec.not_before, now),
                     cluster_ssh=cluster_keypair() if spec.cluster_size > 1 else {},
                 )
         except IntegrityError:  # a concurrent create with the same name won
@@ -72,6 +77,16 @@ def create_from_spec(spec, *, keypair, user, actor=None) -> Session:
         group_name = spec.scaling_group.name
         transaction.on_commit(lambda: kick_scheduler(group_name))
     return session
+
+
+def waiting_for_start(not_before, now):
+    """The status data of a session asked to start later: why it waits, which the
+    scheduler's passes, which leave it out until then, do not write."""
+    if not_before is None or not_before <= now:
+        return {}
+    return {"scheduler": {"failed_predicates": [{
+        "name": "reserved_time",
+        "msg": f"asked to start at {not_before.isoformat()} (starts_at)"}]}}
 
 
 class _DryRun(Exception):
@@ -131,4 +146,20 @@ def rename_session(session, new_name, *, actor):
     engine.record_event(current, "session_renamed", actor=actor,
                         reason=f"renamed from {old_name}",
                         data={"from": old_name, "to": new_name})
+    return current
+
+
+@transaction.atomic
+def change_priority(session, priority, *, actor, may_raise=False):
+    """A new priority within its owner's policy (up to its default for users, its maximum
+    for admins: `may_raise`); it orders the queue while the session is PENDING."""
+    current = Session.objects.select_for_update().select_related(
+        "keypair__resource_policy").get(pk=session.pk)
+    priority = check_priority(priority, current.keypair.resource_policy, may_raise)
+    if priority != current.priority:
+        Session.objects.filter(pk=current.pk).update(priority=priority)
+        engine.record_event(current, "session_priority_changed", actor=actor,
+                            reason=f"priority {current.priority} → {priority}",
+                            data={"from": current.priority, "to": priority})
+    current.priority = session.priority = priority
     return current

@@ -146,9 +146,12 @@ def _stuck(now):
                 continue
             cutoff = now - timedelta(seconds=timeout) - STUCK_AFTER
             since = "session__created_at" if status == S.PENDING else "status_changed"
-            for kernel in Kernel.objects.filter(status=status, session__scaling_group=group,
-                                                **{f"{since}__lt": cutoff}).select_related(
-                                                    "session"):
+            kernels = Kernel.objects.filter(status=status, session__scaling_group=group,
+                                            **{f"{since}__lt": cutoff}).select_related(
+                                                "session")
+            if status == S.PENDING:  # a session asked to start later waits from then
+                kernels = kernels.exclude(session__not_before__gte=cutoff)
+            for kernel in kernels:
                 own = timeout
                 if status == S.TERMINATING:  # its grace period is part of its timeout
                     own = timeout_of(group, status, kernel.session.grace_seconds)

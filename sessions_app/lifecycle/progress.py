@@ -525,6 +525,9 @@ def sweep_pending():
         cutoff = now - timedelta(seconds=group.pending_timeout)
         for kernel in _kernels(S.PENDING, session__scaling_group=group,
                                session__created_at__lt=cutoff):
+            not_before = kernel.session.not_before
+            if not_before and not_before >= cutoff:
+                continue  # asked to start later: it waits from that time
             requeued = kernel.session.status_data.get("scheduler", {}).get("requeued_at")
             if requeued and clock.parse(requeued) >= cutoff:
                 continue  # a re-queued session waits from its re-queue
