@@ -75,3 +75,14 @@ def hold_network(name, image):
 @shared_task(name="agent.release_network", ignore_result=True)
 def release_network(name):
     current().release_network(name)
+
+
+@shared_task(name="agent.stop_kernel", ignore_result=True)
+def stop_kernel(kernel_id, container_id="", reason=""):
+    current().stop_kernel(kernel_id, container_id, reason)  # its own lane, as destroy_kernel
+
+
+@shared_task(name="agent.drop_kept", ignore_result=True)
+def drop_kept(kernel_id):
+    agent = current()
+    agent.lifecycle.submit(kernel_id, lambda: agent.drop_kept(kernel_id))

@@ -21,26 +21,29 @@ from django.conf import settings
 from docker.errors import DockerException, NotFound
 
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import errors
+from agents_app.runtime import errors, kept
 from agents_app.runtime.lanes import LifecycleLane, PullLane
-from agents_app.runtime.provisioners import KernelRunner, ProvisionFailed
+from agents_app.runtime.provisioners import SCRATCH_VOLUME, KernelRunner, ProvisionFailed
 from backendai_web import __version__, metrics
 from backendai_web.celery import app
 from backendai_web.logs import RepeatedFailure
 
 log = logging.getLogger("agent")
 STOPPED_KEPT = 30  # seconds a stopped kernel stays in the heartbeat's "stopping"
+KEPT_MEASURE_EVERY = 300  # seconds between measures of a kept kernel's bytes, at least
 COMMIT_REPORT_SECONDS = 1.0  # progress of a commit, while Docker works on it
 
 
 class Stop:
     """The one stop of a kernel in flight on this agent: requests for it meanwhile join it.
-    `escalated` is set by a forced request (at once, or during a graceful stop)."""
+    `escalated` is set by a forced request (at once, or during a graceful stop). `keep`:
+    a stop that keeps the container (stop_kernel), until a destroy meanwhile clears it."""
 
-    def __init__(self, forced):
+    def __init__(self, forced, keep=False):
         self.escalated = threading.Event()
         if forced:
             self.escalated.set()
+        self.keep = keep
         self.container = None  # set when the stop has found it
 
     def escalate(self):
@@ -87,6 +90,8 @@ class Agent:
         self._probes = ThreadPoolExecutor(max_workers=8, thread_name_prefix="measure")
         self._measuring = {}  # container id → (monotonic time, the measurement in flight)
         self._app_seen = {}  # container id → the last app report worth keeping
+        self._kept_bytes = {}  # kept container id → (monotonic time measured, bytes)
+        self._kept_measuring = {}  # kept container id → its measure in flight
         self.stopping = threading.Event()
         # Logged when they start, every LOG_REPEAT_INTERVAL s while they last, and when over.
         self._docker_failure = RepeatedFailure(
@@ -176,7 +181,9 @@ class Agent:
             "docker_error": None,
             "slots": self.slots(),
             "images": backend.kernelspec_images(self.docker),
-            "kernels": [self.container_report(c) for c in containers],
+            "kernels": [self.container_report(c) for c in containers
+                        if not backend.is_kept(c)],
+            "kept": self.kept_report([c for c in containers if backend.is_kept(c)]),
             "stopping": self.stopping_kernels(),
             "swarm": backend.swarm_state(self.docker),
             "networks": backend.session_networks(self.docker, self.id),
@@ -188,6 +195,37 @@ class Agent:
         recent = time.time() - STOPPED_KEPT
         self._stopped = {k: at for k, at in self._stopped.items() if at > recent}
         return sorted(set(self._destroying) | set(self._stops) | set(self._stopped))
+
+    def kept_report(self, containers):
+        """The kept kernels, each with its bytes as last measured (None until a first
+        measure, after an agent restart): measured at the stop, then again in the
+        background at most every KEPT_MEASURE_EVERY s, never in the heartbeat's way."""
+        now = time.monotonic()
+        alive = {c.id for c in containers}
+        self._kept_bytes = {k: v for k, v in self._kept_bytes.items() if k in alive}
+        self._kept_measuring = {k: v for k, v in self._kept_measuring.items() if k in alive}
+        report = []
+        for container in containers:
+            measuring = self._kept_measuring.get(container.id)
+            if measuring is not None and measuring.done():
+                del self._kept_measuring[container.id]
+                previous = self._kept_bytes.get(container.id, (None, None))[1]
+                try:
+                    previous = measuring.result()
+                except Exception:  # tried again after KEPT_MEASURE_EVERY
+                    log.exception("measuring kept container %s failed", container.name)
+                self._kept_bytes[container.id] = (now, previous)
+            at, size = self._kept_bytes.get(container.id, (None, None))
+            if container.id not in self._kept_measuring and (
+                    at is None or now - at > KEPT_MEASURE_EVERY):
+                self._kept_measuring[container.id] = self._probes.submit(
+                    kept.kept_bytes, self.docker, container,
+                    container.labels.get(SCRATCH_VOLUME, ""))
+            report.append({"kernel_id": container.labels.get(backend.KERNEL_ID),
+                           "container_id": container.id,
+                           "volume": container.labels.get(SCRATCH_VOLUME, ""),
+                           "bytes": size})
+        return report
 
     def is_stopping(self, kernel_id):
         return kernel_id in self._destroying or kernel_id in self._stops
@@ -306,8 +344,8 @@ class Agent:
         action = event.get("Action") or event.get("status") or ""
         attributes = event.get("Actor", {}).get("Attributes", {})
         kernel_id = attributes.get(backend.KERNEL_ID)
-        if not kernel_id:
-            return
+        if not kernel_id or attributes.get("name", "").startswith(backend.KEPT_PREFIX):
+            return  # a kept kernel's container: stopped on purpose
         if action == "die":
             with self._starting_lock:
                 if kernel_id in self._starting:
@@ -331,7 +369,8 @@ class Agent:
         on the way (a broker that came back empty) is made good by the next heartbeat."""
         try:
             container = self.docker.containers.get(container_id)
-            if container.status in ("running", "restarting") or self.is_stopping(kernel_id):
+            if container.status in ("running", "restarting") or self.is_stopping(kernel_id) \
+                    or backend.is_kept(container):
                 self._reaping.discard(kernel_id)
                 return  # restarted in place (a session restart), or being stopped: no exit
             exit_code, reason = backend.exit_status(container)
@@ -376,7 +415,11 @@ class Agent:
     def create_kernel(self, spec):
         """Set up the kernel's resources, start its container, and report it started once
         it is ready (provisioners.KernelRunner.start); a failure of any step is reported
-        at once, naming the step, with its kind, after what was made is torn down."""
+        at once, naming the step, with its kind, after what was made is torn down.
+
+        spec["restore"] resumes a stopped kernel: {"from": "local"} its container kept
+        here; {"from": <agent id>, "stream_addr", "token"} the one another agent keeps,
+        fetched from there (a move)."""
         kernel_id = spec["kernel_id"]
         if kernel_id in self._starting:
             return  # a redelivered task while the first one is still starting it
@@ -386,7 +429,9 @@ class Agent:
             # A redelivered or retried task: the kernel already has its container.
             self.report(kernel_id, "kernel_started", container_id=existing.id)
             return
-        if existing is not None:  # half made by an agent that died: start over
+        if existing is not None and self.restores_here(spec):
+            pass  # a resume cut short: that container is the kept one (KeptContainer)
+        elif existing is not None:  # half made by an agent that died: start over
             self._destroying.add(kernel_id)
             try:
                 KernelRunner.from_container(self.docker, self.id, existing).teardown(
@@ -404,22 +449,39 @@ class Agent:
         if container is not None and (died or container.status != "running"):
             self.reap_in_background(kernel_id, container.id)  # it ended as it started
 
+    def restores_here(self, spec):
+        restore = spec.get("restore")
+        return bool(restore) and restore.get("from") in ("local", self.id)
+
     def _start_kernel(self, spec):
         """The kernel's container once it is reported started; None when it failed."""
         kernel_id = spec["kernel_id"]
+        restore, source, restored = spec.get("restore"), None, {}
         try:
+            if restore and not self.restores_here(spec):
+                source = kept.Source(
+                    restore.get("from"), restore.get("stream_addr"), restore.get("token"),
+                    on_progress=lambda p: self.report(kernel_id, "restore_progress", **p))
+                restored = {"restored": restore["from"]}
+            elif restore:
+                restored = {"restored": "local"}
             with metrics.Timer("agent_container_start_seconds", agent=self.id):
                 runner, container = KernelRunner.start(
-                    self.docker, self.id, spec, ready_timeout=settings.KERNEL_READY_TIMEOUT)
-        except ProvisionFailed as exc:
-            log.warning("kernel %s failed to start (%s): %s", kernel_id, exc.kind, exc,
+                    self.docker, self.id, spec, ready_timeout=settings.KERNEL_READY_TIMEOUT,
+                    source=source)
+        except (ProvisionFailed, errors.RestoreFailed) as exc:
+            provisioner = getattr(exc, "provisioner", "kept-source")
+            kind = getattr(exc, "kind", errors.RESTORE)
+            log.warning("kernel %s failed to start (%s): %s", kernel_id, kind, exc,
                         extra={"kernel_id": kernel_id, "agent_id": self.id})
             metrics.count("agent_container_starts", agent=self.id, outcome="failed")
             self.report(kernel_id, "creation_failed", error=str(exc)[:500],
-                        provisioner=exc.provisioner, kind=exc.kind)
+                        provisioner=provisioner, kind=kind)
             return None
+        if source is not None:
+            restored["restored_bytes"] = source.done
         self.report(kernel_id, "kernel_started", container_id=container.id,
-                    provision_seconds=runner.seconds)
+                    provision_seconds=runner.seconds, **restored)
         metrics.count("agent_container_starts", agent=self.id, outcome="started")
         metrics.observe_many("agent_provision_seconds", [
             (seconds, {"agent": self.id, "provisioner": name})
@@ -438,6 +500,9 @@ class Agent:
             joined = stop is not None
             if not joined:
                 stop = self._stops[kernel_id] = Stop(forced)
+            elif stop.keep:
+                log.info("kernel %s: a destroy during its keeping stop removes it", kernel_id)
+                stop.keep = False
         if joined:
             if forced and not stop.escalated.is_set():
                 log.info("kernel %s: a forced destroy during its stop kills it now", kernel_id)
@@ -447,10 +512,28 @@ class Agent:
                                                             reason))
         return "stopping"
 
+    def stop_kernel(self, kernel_id, container_id="", reason=""):
+        """Stop the kernel as a plain destroy does (hook, SIGTERM to the whole workload,
+        grace, SIGKILL), but keep its container, written files and scratch volume for a
+        resume (README "Stop and resume"); reported `kernel_stopped` with its kept bytes.
+        One stop per kernel, as destroy_kernel: a request meanwhile joins the stop in
+        flight, and a destroy meanwhile turns it into a removal. Again on a kept kernel,
+        reports it kept. Returns "stopping" or "joined"."""
+        with self._stops_lock:
+            stop = self._stops.get(kernel_id)
+            joined = stop is not None
+            if not joined:
+                stop = self._stops[kernel_id] = Stop(False, keep=True)
+        if joined:
+            return "joined"
+        self.lifecycle.submit(kernel_id, lambda: self._stop(kernel_id, stop, container_id,
+                                                            reason))
+        return "stopping"
+
     def _stop(self, kernel_id, stop, container_id, reason):
         try:
             container = backend.find_kernel_container(self.docker, self.id, kernel_id,
-                                                      container_id)
+                                                      container_id, kept=stop.keep)
             if container is None:
                 self.report(kernel_id, "kernel_terminated", exit_code=None, reason=reason)
                 return
@@ -459,6 +542,9 @@ class Agent:
             # An ended container has nothing to stop gracefully and no hook to run.
             forced = stop.escalated.is_set() or container.status in ("exited", "dead",
                                                                      "created")
+            if stop.keep:
+                self._stop_keeping(kernel_id, stop, runner, container, forced, reason)
+                return
             exit_code, logs = runner.teardown(
                 forced=forced, escalated=stop.escalated,
                 on_hook_failure=lambda code, output: self.report(
@@ -473,6 +559,75 @@ class Agent:
             with self._stops_lock:  # a request from now on is a new stop
                 self._stops.pop(kernel_id, None)
             self._reaping.discard(kernel_id)
+
+    def _stop_keeping(self, kernel_id, stop, runner, container, forced, reason):
+        """The stop of stop_kernel: the container stopped, then kept with its volume,
+        unless a destroy came meanwhile (then removed, as that destroy asks)."""
+        exit_code, logs = runner.stop(
+            forced=forced, escalated=stop.escalated,
+            on_hook_failure=lambda code, output: self.report(
+                kernel_id, "pre_stop_failed", exit_code=code, output=output))
+        if runner.failure:  # Docker refused: the container may still run
+            self.report(kernel_id, "teardown_failed", error=runner.failure)
+            return
+        kept_bytes = None
+        try:
+            with self._stops_lock:
+                keep = stop.keep
+            if keep:
+                runner.keep()
+                kept_bytes = kept.kept_bytes(self.docker, container,
+                                             container.labels.get(SCRATCH_VOLUME, ""))
+                self._kept_bytes[container.id] = (time.monotonic(), kept_bytes)
+        except NotFound:  # removed meanwhile: nothing to keep
+            self.report(kernel_id, "kernel_terminated", exit_code=exit_code, reason=reason,
+                        log_tail=logs)
+            return
+        except (DockerException, OSError) as exc:
+            self.report(kernel_id, "teardown_failed",
+                        error=str(getattr(exc, "explanation", None) or exc)[:500])
+            return
+        with self._stops_lock:
+            keep = stop.keep
+        if not keep:  # a destroy during the stop: removed as it asks
+            runner = KernelRunner.from_container(self.docker, self.id, container)
+            runner.teardown(forced=True)
+            if runner.failure:
+                self.report(kernel_id, "teardown_failed", error=runner.failure)
+                return
+            self.report(kernel_id, "kernel_terminated", exit_code=exit_code, reason=reason,
+                        log_tail=logs)
+            return
+        log.info("kernel %s stopped and kept (%s bytes)", kernel_id, kept_bytes,
+                 extra={"kernel_id": kernel_id, "agent_id": self.id})
+        self.report(kernel_id, "kernel_stopped", exit_code=exit_code, log_tail=logs,
+                    container_id=container.id, kept_bytes=kept_bytes,
+                    volume=container.labels.get(SCRATCH_VOLUME, ""))
+
+    def drop_kept(self, kernel_id):
+        """Remove what a stopped kernel keeps here: its kept container, the image committed
+        from it for a move, its scratch volume. Nothing kept: nothing to do. A kernel
+        resumed here meanwhile (its container runs again) keeps its volume."""
+        client = self.docker
+        container = backend.find_kept(client, self.id, kernel_id)
+        volume, images = f"bai-scratch-{kernel_id}", [backend.kept_image(kernel_id)]
+        if container is not None:
+            volume = container.labels.get(SCRATCH_VOLUME) or volume
+            if (container.attrs.get("Config", {}).get("Image") or "").startswith(
+                    backend.KEPT_IMAGE_REPOSITORY):
+                images.append(container.attrs["Image"])  # it was moved here
+            container.remove(force=True)
+            self._kept_bytes.pop(container.id, None)
+        elif backend.find_kernel_container(client, self.id, kernel_id) is not None:
+            log.info("kernel %s: nothing kept to drop, its container is back", kernel_id)
+            kept.remove_image(client, backend.kept_image(kernel_id))
+            return False
+        for image in images:
+            kept.remove_image(client, image)
+        with contextlib.suppress(NotFound):
+            client.volumes.get(volume).remove(force=True)
+        log.info("kernel %s: kept data dropped", kernel_id)
+        return container is not None
 
     def restart_kernel(self, kernel_id, container_id="", grace_period=10):
         """docker restart: the same container, command and scratch volume, started anew."""
@@ -566,6 +721,9 @@ class Agent:
             container = self.docker.containers.get(container_id)
         except NotFound:
             return
+        if backend.is_kept(container):  # only a resume or a drop touches a kept kernel
+            log.warning("not removing kept container %s as dangling", container.name)
+            return
         log.warning("removing dangling container %s (%s)", container.name, container_id[:12])
         self._destroying.add(container.labels.get(backend.KERNEL_ID, ""))
         KernelRunner.from_container(self.docker, self.id, container).teardown(forced=True)
@@ -608,7 +766,7 @@ class Agent:
 
     def logs(self, kernel_id, container_id="", tail=2000):
         container = backend.find_kernel_container(self.docker, self.id, kernel_id,
-                                                  container_id)
+                                                  container_id, kept=True)
         if container is None:
             return None
         return container.logs(tail=tail).decode("utf-8", "replace")

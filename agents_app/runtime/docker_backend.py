@@ -64,6 +64,35 @@ def container_name(image, kernel_id):
     return f"kernel.{short}.{kernel_id}"
 
 
+# A kept kernel (stopped, to be resumed: README "The agent", "Stop and resume") is its
+# stopped container under a name of its own, with its labels unchanged (Docker cannot
+# change them): the name alone tells it from a kernel that ended, without local state.
+KEPT_PREFIX = "kept."
+# The image a kept container is committed to when another agent fetches it (a move).
+KEPT_IMAGE_REPOSITORY = "bai-kept/"
+
+
+def kept_name(kernel_id):
+    return f"{KEPT_PREFIX}{kernel_id}"
+
+
+def kept_image(kernel_id):
+    return f"{KEPT_IMAGE_REPOSITORY}{kernel_id}:latest"
+
+
+def is_kept(container):
+    return container.name.startswith(KEPT_PREFIX)
+
+
+def find_kept(client, agent_id, kernel_id):
+    """The kept container of `kernel_id`, if it is `agent_id`'s."""
+    try:
+        container = client.containers.get(kept_name(kernel_id))
+    except NotFound:
+        return None
+    return container if container.labels.get(AGENT_ID) == agent_id else None
+
+
 def image_exists(client, image):
     try:
         client.images.get(image)
@@ -439,18 +468,22 @@ def hardening(spec):
     }
 
 
-def find_kernel_container(client, agent_id, kernel_id, container_id="", image=""):
+def find_kernel_container(client, agent_id, kernel_id, container_id="", image="",
+                          kept=False):
     """The kernel's container: by id, by its name (when the image is known), else by
-    labels. Looked up by the cheapest key first."""
+    labels. Looked up by the cheapest key first. A kept container only when `kept`: a
+    kept kernel is stopped, and only a resume or a drop touches it."""
     for key in (container_id, container_name(image, kernel_id) if image else ""):
         if key:
             try:
-                return client.containers.get(key)
+                container = client.containers.get(key)
             except NotFound:
-                pass
-    found = client.containers.list(
-        all=True, filters={"label": [f"{KERNEL_ID}={kernel_id}", f"{AGENT_ID}={agent_id}"]}
-    )
+                continue
+            if kept or not is_kept(container):
+                return container
+    found = [c for c in client.containers.list(
+        all=True, filters={"label": [f"{KERNEL_ID}={kernel_id}", f"{AGENT_ID}={agent_id}"]})
+        if kept or not is_kept(c)]
     return found[0] if found else None
 
 
@@ -503,9 +536,9 @@ def list_kernel_containers(client, agent_id):
                                   ignore_removed=True)
 
 
-def stop_and_remove(container, grace_period, *, forced=False):
+def stop_and_remove(container, grace_period, *, forced=False, remove=True):
     """SIGTERM, SIGKILL after the grace period (at once when forced), keep the log tail,
-    remove.
+    remove (unless not `remove`: a kept kernel's).
 
     Returns (exit_code, log_tail). A container already gone or stopped is not an error;
     a container Docker refuses to stop or remove raises APIError.
@@ -525,7 +558,8 @@ def stop_and_remove(container, grace_period, *, forced=False):
         container.reload()
         exit_code, _ = exit_status(container)
         logs = log_tail(container)
-        container.remove(force=True)
+        if remove:
+            container.remove(force=True)
     except NotFound:
         return None, ""
     return exit_code, logs
@@ -553,7 +587,8 @@ def kernelspec_images(client):
     images = []
     for image in client.images.list(filters={"label": KERNELSPEC}):
         for tag in image.tags:
-            images.append({"name": tag, "labels": image.labels})
+            if not tag.startswith(KEPT_IMAGE_REPOSITORY):  # a kept kernel's, not for others
+                images.append({"name": tag, "labels": image.labels})
     return images
 
 

@@ -9,6 +9,9 @@ acts on it:
   goes back to PENDING at once with this agent excluded, no retry here.
 - TRANSIENT: anything else (a registry or engine that does not answer now): retried on the
   same agent with a backoff, then elsewhere.
+- RESTORE: a resume of a stopped kernel failed (its kept data could not be fetched from the
+  agent that keeps it, or the kept container did not start again): whatever the resume
+  made is removed, the kept data is untouched, and the session stays stopped.
 """
 
 from docker.errors import APIError, ImageNotFound, NotFound
@@ -45,6 +48,10 @@ class KernelCannotRun(RuntimeError):
     PERMANENT."""
 
 
+class RestoreFailed(RuntimeError):
+    """A kernel's kept data could not be fetched or put in place: kind RESTORE."""
+
+
 def kind_of(error) -> str:
     """The kind of an exception, or of an error's text (a report of an older agent, a
     timeout the manager noticed itself)."""
@@ -52,6 +59,8 @@ def kind_of(error) -> str:
         return AGENT
     if isinstance(error, KernelCannotRun):
         return PERMANENT
+    if isinstance(error, RestoreFailed):
+        return RESTORE
     text = str(getattr(error, "explanation", None) or error or "").lower()
     if isinstance(error, ImageNotFound):
         # At create: the image went missing on this agent (pruned): it is pulled again.

@@ -21,7 +21,7 @@ from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import EndpointConfig
 
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import errors
+from agents_app.runtime import errors, kept
 from storage_app.files import give_back
 
 log = logging.getLogger(__name__)
@@ -166,10 +166,13 @@ class KernelContainer:
     def __init__(self, client, agent_id):
         self.client, self.agent_id = client, agent_id
 
-    def setup(self, spec, volume, network, mounts=()):
+    def setup(self, spec, volume, network, mounts=(), image=None):
+        """`image`: the kept image a moved kernel is made from, instead of the spec's."""
         try:
-            container = self._create(spec, volume, network, mounts)
+            container = self._create(spec, volume, network, mounts, image)
         except ImageNotFound:
+            if image:
+                raise
             log.warning("image %s of kernel %s is gone from this agent: pulling it again",
                         spec["image"], spec["kernel_id"])
             backend.pull_image(self.client, spec["image"])
@@ -184,15 +187,15 @@ class KernelContainer:
                 raise
         return container
 
-    def _create(self, spec, volume, network, mounts):
+    def _create(self, spec, volume, network, mounts, image=None):
         overlay = spec.get("network_driver") == "overlay"
         labels = {**backend.kernel_labels(self.agent_id, spec), SCRATCH_VOLUME: volume,
                   NETWORK: network or "", PRE_STOP: spec.get("pre_stop_command") or "",
                   backend.NETWORK_DRIVER: "overlay" if overlay else "bridge"}
-        if mounts:
+        if mounts or image:  # a kept image has its old container's labels: these win
             labels[MOUNTS] = json.dumps(list(mounts))
         return self.client.containers.create(
-            spec["image"], command=backend.kernel_command(spec),
+            image or spec["image"], command=backend.kernel_command(spec),
             name=backend.container_name(spec["image"], spec["kernel_id"]),
             hostname=spec["cluster_hostname"], labels=labels,
             environment=backend.kernel_environment(spec), init=True, detach=True,
@@ -203,15 +206,16 @@ class KernelContainer:
         )
 
     def teardown(self, container, grace_period=None, *, forced=False, on_hook_failure=None,
-                 escalated=None):
+                 escalated=None, remove=True):
         """Stop gracefully (pre-stop hook, SIGTERM, SIGKILL after the grace period) or, when
-        forced, SIGKILL at once without the hook; keep the log tail, remove. Returns
+        forced, SIGKILL at once without the hook; keep the log tail, remove (unless not
+        `remove`: a stop that keeps it). Returns
         (exit_code, log_tail); gone or stopped is not an error. A hook that fails is
         passed to on_hook_failure(exit_code, output) and the stop goes on. `escalated` (an
         Event) set meanwhile turns the rest of a graceful stop into a forced one: whoever
         sets it kills the container, which ends a hook or a `docker stop` in flight."""
         if forced or (escalated is not None and escalated.is_set()):
-            return backend.stop_and_remove(container, 0, forced=True)
+            return backend.stop_and_remove(container, 0, forced=True, remove=remove)
         if grace_period is None:
             grace_period = int(container.labels.get(backend.GRACE_PERIOD, "10"))
         hook = container.labels.get(PRE_STOP, "")
@@ -221,10 +225,126 @@ class KernelContainer:
             exit_code, output = run_pre_stop(container, hook, grace_period)
             hook_seconds = time.monotonic() - started
             if escalated is not None and escalated.is_set():
-                return backend.stop_and_remove(container, 0, forced=True)
+                return backend.stop_and_remove(container, 0, forced=True, remove=remove)
             if exit_code != 0 and on_hook_failure is not None:
                 on_hook_failure(exit_code, output)
-        return backend.stop_and_remove(container, grace_after_hook(grace_period, hook_seconds))
+        return backend.stop_and_remove(container, grace_after_hook(grace_period, hook_seconds),
+                                       remove=remove)
+
+    def keep(self, container):
+        """A stopped container kept: out of its networks (the session's bridge can go),
+        under its kept name. Again on a kept one, nothing changes."""
+        leave_networks(self.client, container)
+        if not backend.is_kept(container):
+            container.rename(backend.kept_name(container.labels[backend.KERNEL_ID]))
+
+
+def leave_networks(client, container):
+    """Disconnect a stopped container from every network it names, even one removed
+    meanwhile (Docker would not start it while it names a network that is gone)."""
+    container.reload()
+    for name in container.attrs.get("NetworkSettings", {}).get("Networks") or {}:
+        with contextlib.suppress(NotFound):
+            client.api.disconnect_container_from_network(container.id, name, force=True)
+
+
+class KeptContainer:
+    """A resume on the agent that keeps the kernel: its kept container (or the container a
+    resume cut short left under its kernel name) back under its kernel name, on the
+    session's network with its cluster hostname. A resume that fails keeps it again, as it
+    was: nothing of a kept kernel is removed but by a drop."""
+
+    name = "kept-container"
+
+    def __init__(self, client, agent_id):
+        self.client, self.agent_id = client, agent_id
+
+    def setup(self, spec, network):
+        kernel_id = spec["kernel_id"]
+        container = backend.find_kept(self.client, self.agent_id, kernel_id)
+        if container is None:
+            container = backend.find_kernel_container(self.client, self.agent_id, kernel_id,
+                                                      image=spec["image"])
+            if container is None or container.status not in ("created", "exited"):
+                raise errors.RestoreFailed(f"kernel {kernel_id} keeps nothing on this agent")
+        try:
+            leave_networks(self.client, container)
+            if network:
+                self.client.networks.get(network).connect(container,
+                                                          aliases=[spec["cluster_hostname"]])
+            name = backend.container_name(spec["image"], kernel_id)
+            if container.name != name:
+                container.rename(name)
+        except Exception:
+            self.teardown(container)
+            raise
+        # A commit made for a move that did not happen is of no use any more.
+        kept.remove_image(self.client, backend.kept_image(kernel_id))
+        container.reload()
+        return container
+
+    def teardown(self, container):
+        with contextlib.suppress(NotFound, APIError):  # not running: nothing to kill
+            container.kill()
+            container.wait(timeout=30)
+        leave_networks(self.client, container)
+        if not backend.is_kept(container):
+            container.rename(backend.kept_name(container.labels[backend.KERNEL_ID]))
+
+
+class KeptSource:
+    """A move: what the source agent keeps of the kernel (asked first, so that a source
+    that refuses or is not there fails the resume before anything is made here), and which
+    of its image's layers the kernel's image here has already."""
+
+    name = "kept-source"
+
+    def __init__(self, client):
+        self.client = client
+
+    def setup(self, source, base_image):
+        return kept.plan(self.client, source, base_image)
+
+    def teardown(self, resource):
+        pass
+
+
+class RestoredImage:
+    """A move: the kept container's image, loaded from the source without the layers the
+    kernel's image here already has."""
+
+    name = "restore-image"
+
+    def __init__(self, client):
+        self.client = client
+
+    def setup(self, source, found):
+        return kept.load_image(self.client, source, found)
+
+    def teardown(self, image):
+        kept.remove_image(self.client, image)
+
+
+class RestoredVolume:
+    """A move: a new scratch volume holding the kept volume's files."""
+
+    name = "restore-volume"
+
+    def __init__(self, client):
+        self.client = client
+
+    def setup(self, source, kernel_id):
+        volume = ScratchVolume(self.client).setup(kernel_id)
+        try:
+            kept.fill_volume(kept.volume_path(self.client, volume),
+                             source.stream("GET", "/v1/kept/volume"))
+        except BaseException:
+            ScratchVolume(self.client).teardown(volume)
+            raise
+        return volume
+
+    def teardown(self, volume):
+        ScratchVolume(self.client).teardown(volume)
 
 
 def overlay_endpoint(spec, network, api_version):
@@ -343,6 +463,32 @@ class KernelRunner:
         finally:
             self.seconds[name] = round(time.perf_counter() - started, 4)
 
+    def stop(self, *, forced=False, on_hook_failure=None, escalated=None):
+        """Stop the container as teardown does, removing nothing (a stop that keeps it):
+        its (exit code, log tail). Docker's refusal is kept in `self.failure`."""
+        self.failure = None
+        for provisioner, resource in self.held:
+            if isinstance(provisioner, KernelContainer):
+                try:
+                    return provisioner.teardown(resource, forced=forced, remove=False,
+                                                on_hook_failure=on_hook_failure,
+                                                escalated=escalated)
+                except Exception as exc:
+                    log.exception("stop of %s failed", resource.name)
+                    self.failure = str(getattr(exc, "explanation", None) or exc)[:500]
+        return None, ""
+
+    def keep(self):
+        """After stop(): the container kept (KernelContainer.keep) with its volume; the rest
+        torn down as teardown does (the session's bridge removed when no other container
+        uses it, folders' ownership given back). Docker's refusal to keep it raises."""
+        for provisioner, resource in reversed(self.held):
+            if isinstance(provisioner, KernelContainer):
+                provisioner.keep(resource)
+            elif not isinstance(provisioner, (ScratchVolume, RestoredImage)):
+                provisioner.teardown(resource)
+        self.held.clear()
+
     def teardown(self, *, forced=False, on_hook_failure=None, escalated=None):
         """Tear down everything held; the container's (exit code, log tail) if it had one.
 
@@ -367,40 +513,63 @@ class KernelRunner:
         return result
 
     @classmethod
-    def start(cls, client, agent_id, spec, *, ready_timeout=60):
+    def start(cls, client, agent_id, spec, *, ready_timeout=60, source=None):
         """Set up the kernel's resources in order, start its container and wait until it
         is ready (readiness): (runner, container). On any failure tear down what was made
-        (at once: the kernel never ran) and raise ProvisionFailed naming the step."""
+        (at once: the kernel never ran) and raise ProvisionFailed naming the step.
+
+        A resume (spec["restore"]) takes the kept container here (`from` "local"), or,
+        given the `source` (kept.Source) of another agent, the kept image and volume from
+        there; any failure of one is of kind RESTORE, and a kept container stays kept."""
         runner = cls()
+        restore = spec.get("restore")
         try:
             mounts = runner.setup(FolderMounts(), spec.get("mounts") or [])
-            volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
-            network = runner.setup(ClusterNetwork(client), spec["session_id"],
-                                   spec["cluster_size"], spec.get("allow_outbound", True),
-                                   spec.get("network_driver") or "bridge",
-                                   spec.get("network_name"))
-            container = runner.setup(KernelContainer(client, agent_id), spec, volume, network,
-                                     mounts)
-            if spec.get("ssh_keypair"):
-                runner.setup(SSHKeys(), container, spec["ssh_keypair"],
-                             spec.get("cluster_hosts") or [spec["cluster_hostname"]])
+            if restore and source is None:
+                network = runner.setup_network(client, spec)
+                container = runner.setup(KeptContainer(client, agent_id), spec, network)
+            else:
+                image = None
+                if source is not None:
+                    found = runner.setup(KeptSource(client), source, spec["image"])
+                    image = runner.setup(RestoredImage(client), source, found)
+                    volume = runner.setup(RestoredVolume(client), source, spec["kernel_id"])
+                    source.report()
+                else:
+                    volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
+                network = runner.setup_network(client, spec)
+                container = runner.setup(KernelContainer(client, agent_id), spec, volume,
+                                         network, mounts, image)
+                if spec.get("ssh_keypair"):
+                    runner.setup(SSHKeys(), container, spec["ssh_keypair"],
+                                 spec.get("cluster_hosts") or [spec["cluster_hostname"]])
             overlay = spec.get("network_driver") == "overlay"
             runner.step("start", start_container, container, OVERLAY_WAIT if overlay else 0)
             if container.status == "running":  # else it ended at once: reported as it ended
                 ports = runner.step("services", start_services, client, container, spec)
                 runner.step("readiness", wait_ready, container, ports, spec, ready_timeout)
-        except ProvisionFailed:
+        except ProvisionFailed as exc:
             runner.teardown(forced=True)
+            if restore:
+                exc.kind = errors.RESTORE
             raise
         return runner, container
+
+    def setup_network(self, client, spec):
+        return self.setup(ClusterNetwork(client), spec["session_id"], spec["cluster_size"],
+                          spec.get("allow_outbound", True),
+                          spec.get("network_driver") or "bridge", spec.get("network_name"))
 
     @classmethod
     def from_container(cls, client, agent_id, container):
         """The runner of a container this agent may never have seen start: its labels
         name every resource."""
         runner = cls()
+        moved = (container.attrs.get("Config", {}).get("Image") or "").startswith(
+            backend.KEPT_IMAGE_REPOSITORY)  # made from a kept image: it goes with it
         runner.held = [(FolderMounts(), json.loads(container.labels.get(MOUNTS) or "[]")),
                        (ScratchVolume(client), container.labels.get(SCRATCH_VOLUME, "")),
+                       (RestoredImage(client), container.attrs.get("Image") if moved else ""),
                        (ClusterNetwork(client), container.labels.get(NETWORK, "")),
                        (KernelContainer(client, agent_id), container)]
         runner.held = [(p, r) for p, r in runner.held if r]

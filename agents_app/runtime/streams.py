@@ -16,6 +16,8 @@ the kernel, its container and what may be opened:
   /sessions/<id>/apps/<name>/).
 - `/v1/exec`, `/v1/exec/step` and `/v1/files/…`, tokens `exec:<run id>` and
   `files:scratch`: the Backend.AI clients' execution and session files (session_streams.py).
+- `/v1/kept…`, token `kept:<kernel id>`: what this agent keeps of a stopped kernel, for the
+  agent that resumes it (kept_streams.py).
 
 Refusals are JSON `{"error": ...}`: 403 for a token that is missing, forged, altered,
 expired, for another agent or for another thing; 404 for a kernel whose container is not
@@ -48,7 +50,7 @@ from docker.errors import DockerException, NotFound
 
 from agents_app import stream_io, stream_tokens
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import session_streams
+from agents_app.runtime import kept_streams, session_streams
 
 log = logging.getLogger("agent.streams")
 TOKEN_HEADER = stream_tokens.TOKEN_HEADER
@@ -132,6 +134,7 @@ class StreamServer:
         app.router.add_get("/v1/pty", self.pty)
         app.router.add_route("*", "/v1/app/{path:.*}", self.app_proxy)
         session_streams.add_routes(app, self)
+        kept_streams.add_routes(app, self)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)

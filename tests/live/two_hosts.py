@@ -1,6 +1,8 @@
 """A second agent host on this machine: a dockerd in its own network namespace, joined to
 a swarm with the main engine (../shared/RECIPES.md, "A second agent host on the same
-machine"). Used by tests/test_multihost_live.py and `make bench BENCH=multihost`.
+machine"). Used by tests/test_multihost_live.py and `make bench BENCH=multihost`; without
+the swarm (`swarm=False`, a namespace and addresses of its own) by tests/live/test_keep.py
+and `bench/bench_keep.py`, for moves of kept kernels between two engines.
 
 The main engine may be in a swarm already (an operator's, with other nodes): the second
 engine then joins that swarm. It tears down only what it made: the main engine leaves the
@@ -54,9 +56,14 @@ def _wait(predicate, timeout, message):
 
 
 class SecondHost:
-    def __init__(self, image, base=None):
+    def __init__(self, image, base=None, *, netns=NETNS, addresses=(HOST1_ADDR, HOST2_ADDR),
+                 bip="172.31.0.1/16", swarm=True):
         self.image = image
-        self.dir = Path(base or ROOT / "var" / "h2")
+        self.netns, self.swarm, self.bip = netns, swarm, bip
+        self.host1_addr, self.host2_addr = addresses
+        self.veth1, self.veth2 = (VETH1, VETH2) if netns == NETNS else (
+            f"veth-{netns}a", f"veth-{netns}b")
+        self.dir = Path(base or ROOT / "var" / netns)
         self.socket = self.dir / "docker.sock"
         self.url = f"unix://{self.socket}"
         self.main = docker.from_env(timeout=60)
@@ -71,7 +78,8 @@ class SecondHost:
         try:
             self._network_namespace()
             self._dockerd()
-            self._swarm()
+            if self.swarm:
+                self._swarm()
             self._load_image()
         except BaseException:
             self.down()
@@ -79,17 +87,17 @@ class SecondHost:
         return self
 
     def _network_namespace(self):
-        if NETNS in _run("ip", "netns", "list").stdout.split():
+        if self.netns in _run("ip", "netns", "list").stdout.split():
             self.down_network()  # left by a run that was killed: start clean
-        _run("ip", "netns", "add", NETNS)
+        _run("ip", "netns", "add", self.netns)
         self.made_netns = True
-        _run("ip", "link", "add", VETH1, "type", "veth", "peer", "name", VETH2)
-        _run("ip", "link", "set", VETH2, "netns", NETNS)
-        _run("ip", "addr", "add", f"{HOST1_ADDR}/24", "dev", VETH1)
-        _run("ip", "link", "set", VETH1, "up")
-        _run("ip", "netns", "exec", NETNS, "sh", "-c",
-             f"ip addr add {HOST2_ADDR}/24 dev {VETH2}; ip link set {VETH2} up; "
-             "ip link set lo up")
+        _run("ip", "link", "add", self.veth1, "type", "veth", "peer", "name", self.veth2)
+        _run("ip", "link", "set", self.veth2, "netns", self.netns)
+        _run("ip", "addr", "add", f"{self.host1_addr}/24", "dev", self.veth1)
+        _run("ip", "link", "set", self.veth1, "up")
+        _run("ip", "netns", "exec", self.netns, "sh", "-c",
+             f"ip addr add {self.host2_addr}/24 dev {self.veth2}; "
+             f"ip link set {self.veth2} up; ip link set lo up")
 
     def _dockerd(self):
         pidfile = self.dir / "docker.pid"
@@ -101,9 +109,9 @@ class SecondHost:
         log = open(self.dir / "dockerd.log", "ab")  # noqa: SIM115 - the daemon's log
         # nsenter --net (not `ip netns exec`, which remounts /sys: no cgroups for dockerd).
         self.dockerd = subprocess.Popen(
-            ["nsenter", f"--net=/var/run/netns/{NETNS}", "dockerd",
+            ["nsenter", f"--net=/var/run/netns/{self.netns}", "dockerd",
              "--data-root", str(self.dir / "root"), "--exec-root", str(self.dir / "exec"),
-             "-H", self.url, "--pidfile", str(pidfile), "--bip", "172.31.0.1/16"],
+             "-H", self.url, "--pidfile", str(pidfile), "--bip", self.bip],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         _wait(lambda: docker.DockerClient(base_url=self.url, timeout=5).ping(), 60,
               f"the second dockerd ({self.dir / 'dockerd.log'})")
@@ -117,7 +125,7 @@ class SecondHost:
         state = self.main.info()["Swarm"]
         if state["LocalNodeState"] != "active":
             self.made_swarm = True
-            self._manage("--init", "--advertise-addr", HOST1_ADDR)
+            self._manage("--init", "--advertise-addr", self.host1_addr)
         elif not state.get("ControlAvailable"):
             raise RuntimeError("the main engine is in a swarm but not a manager")
         else:
@@ -125,8 +133,8 @@ class SecondHost:
             self._route_to_managers(state)
         self.main.swarm.reload()
         token = self.main.swarm.attrs["JoinTokens"]["Worker"]
-        self._manage("--manager", f"{HOST1_ADDR}:2377", "--token", token,
-                     "--advertise-addr", HOST2_ADDR, docker_host=self.url)
+        self._manage("--manager", f"{self.host1_addr}:2377", "--token", token,
+                     "--advertise-addr", self.host2_addr, docker_host=self.url)
         _wait(lambda: self.client.info()["Swarm"]["LocalNodeState"] == "active", 60,
               "the second engine to join the swarm")
 
@@ -142,11 +150,12 @@ class SecondHost:
         node_addr = state.get("NodeAddr") or ""
         addresses = {node_addr} | {
             m["Addr"].rsplit(":", 1)[0] for m in state.get("RemoteManagers") or []}
-        for address in sorted(a for a in addresses if a and a != HOST1_ADDR):
-            _run("ip", "netns", "exec", NETNS, "ip", "route", "replace", address, "via",
-                 HOST1_ADDR)
-        if node_addr and node_addr != HOST1_ADDR:
-            _run("ip", "route", "replace", HOST2_ADDR, "dev", VETH1, "src", node_addr)
+        for address in sorted(a for a in addresses if a and a != self.host1_addr):
+            _run("ip", "netns", "exec", self.netns, "ip", "route", "replace", address, "via",
+                 self.host1_addr)
+        if node_addr and node_addr != self.host1_addr:
+            _run("ip", "route", "replace", self.host2_addr, "dev", self.veth1, "src",
+                 node_addr)
 
     def _manage(self, *args, docker_host=None):
         env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
@@ -181,7 +190,9 @@ class SecondHost:
                     container.remove(force=True)
             with contextlib.suppress(Exception):
                 self.client.swarm.leave(force=True)
-        if self.made_swarm:
+        if not self.swarm:
+            pass  # no swarm was joined: nothing to leave on the main engine
+        elif self.made_swarm:
             with contextlib.suppress(Exception):
                 self.main.swarm.leave(force=True)
             with contextlib.suppress(Exception):  # made by the swarm init, unused since
@@ -205,10 +216,10 @@ class SecondHost:
         _wait(lambda: all(n.attrs["Status"]["State"] == "down"
                           for n in self.main.nodes.list()
                           if n.attrs["Description"]["Hostname"] == self.hostname
-                          and n.attrs["Status"]["Addr"] == HOST2_ADDR), 30,
+                          and n.attrs["Status"]["Addr"] == self.host2_addr), 30,
               "the second node to be down")
         for node in self.main.nodes.list():
-            if node.attrs["Status"]["Addr"] == HOST2_ADDR and \
+            if node.attrs["Status"]["Addr"] == self.host2_addr and \
                     node.attrs["Status"]["State"] == "down":
                 node.remove(force=True)
 
@@ -240,7 +251,6 @@ class SecondHost:
     def hostname(self):
         return os.uname().nodename
 
-    @staticmethod
-    def down_network():
-        _run("ip", "netns", "del", NETNS, check=False)
-        _run("ip", "link", "del", VETH1, check=False)
+    def down_network(self):
+        _run("ip", "netns", "del", self.netns, check=False)
+        _run("ip", "link", "del", self.veth1, check=False)

@@ -1,0 +1,488 @@
+"""Kept kernels: what a stopped session keeps on its agent, and how another agent takes it
+(README "The agent", "Stop and resume: kept kernels").
+
+A kept kernel is its stopped container, renamed `kept.<kernel id>` (docker_backend), and its
+scratch volume. Its size is measured here. For a move, the agent that keeps it (the source)
+commits the container once to `bai-kept/<kernel id>:latest` and serves, on its stream
+endpoint (kept_streams.py), that image as a `docker save` stream without the layers the
+target says it holds, and the volume as a tar stream; the target (Source, below) loads the
+one and unpacks the other into a new volume.
+
+Why the container is kept rather than committed at the stop: a stop then copies nothing
+(`docker commit` of a 1 GiB layer copies that GiB, and the copy would sit beside the
+container's own layer until it is removed), a resume on the same agent is `docker start`
+of the very container, and only a move, the rare case, pays for the commit.
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import http.client
+import json
+import logging
+import os
+import stat
+import subprocess
+import threading
+import time
+
+from docker.errors import APIError, ImageNotFound, NotFound
+
+from agents_app import stream_tokens
+from agents_app.runtime import docker_backend as backend
+from agents_app.runtime.errors import RestoreFailed
+
+log = logging.getLogger("agent.kept")
+
+CHUNK = 1024 * 1024
+PROGRESS_EVERY = 0.5  # seconds between restore_progress reports, at most
+KEPT_FROM = "ai.backend.kept-container"  # label of a committed image: its container's id
+CONNECT_TIMEOUT = 10
+READ_TIMEOUT = 300  # a commit of a large written layer answers the first request late
+JSON_MAX = 1024 * 1024
+TAR_BLOCK = 512
+# tar's records of 1 MiB (2048 blocks) instead of its 10 KiB: a hundredth of the reads and
+# writes through the pipes (unpacking a GiB from a pipe here: 2.2–2.5 s → 1.0–1.1 s).
+TAR_RECORD = "2048"
+
+
+# Measuring what a kept kernel holds.
+
+def tree_bytes(path):
+    """Bytes of the files under `path` (a hard link's once; links not followed), as
+    Docker counts a container's written layer."""
+    total, seen = 0, set()
+    stack = [path]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append(entry.path)
+                    continue
+                if info.st_nlink > 1:
+                    if (info.st_dev, info.st_ino) in seen:
+                        continue
+                    seen.add((info.st_dev, info.st_ino))
+                total += info.st_size
+    return total
+
+
+def volume_path(client, name):
+    """Where this host sees the volume's files (the agent runs beside its engine)."""
+    return client.volumes.get(name).attrs["Mountpoint"]
+
+
+def kept_bytes(client, container, volume):
+    """The container's written layer plus its scratch volume `volume`, in bytes."""
+    return (backend.writable_size(client, container.id) or 0) + volume_bytes(client, volume)
+
+
+def volume_bytes(client, volume):
+    try:
+        return tree_bytes(volume_path(client, volume)) if volume else 0
+    except NotFound:
+        return 0
+
+
+# The source: the kept container committed once, its image and volume as streams.
+
+def commit(client, container, kernel_id):
+    """The kept container's image, `bai-kept/<kernel id>:latest`: committed now unless an
+    image committed from this very container is there already (a retried move)."""
+    name = backend.kept_image(kernel_id)
+    with contextlib.suppress(ImageNotFound):
+        image = client.images.get(name)
+        if (image.labels or {}).get(KEPT_FROM) == container.id:
+            return image
+    repository, _, tag = name.rpartition(":")
+    container.commit(repository=repository, tag=tag, changes=[f"LABEL {KEPT_FROM}={container.id}"])
+    return client.images.get(name)
+
+
+def chain_ids(diff_ids):
+    """The layer store's keys of an image's layers: each layer's id given its parents."""
+    chains = []
+    for diff_id in diff_ids:
+        chains.append(diff_id if not chains else "sha256:" + hashlib.sha256(
+            f"{chains[-1]} {diff_id}".encode()).hexdigest())
+    return chains
+
+
+def layer_sizes(client, image, top_bytes):
+    """Each layer's size in bytes, oldest first, as Docker's image history gives them;
+    when the history does not line up with the layers, only the top one is known (the
+    container's written layer), the others count 0. For progress reports only."""
+    layers = image.attrs["RootFS"]["Layers"]
+    sizes = [entry.get("Size") or 0 for entry in reversed(client.api.history(image.id))]
+    sizes = [size for size in sizes if size > 0]
+    if len(sizes) == len(layers):
+        return sizes
+    return [0] * (len(layers) - 1) + [top_bytes]
+
+
+def manifest(client, container, kernel_id, volume):
+    """What the target needs to know before it fetches: the image's layers and sizes, and
+    the volume's size."""
+    with commit_lock(kernel_id):
+        image = commit(client, container, kernel_id)
+    layer = backend.writable_size(client, container.id) or 0
+    return {"kernel_id": kernel_id, "image": backend.kept_image(kernel_id),
+            "diff_ids": image.attrs["RootFS"]["Layers"],
+            "layer_bytes": layer_sizes(client, image, layer),
+            "volume_bytes": volume_bytes(client, volume)}
+
+
+def save_stream(client, kernel_id, held):
+    """The kept image as `docker save` gives it, without the layers whose chain ids are in
+    `held` (Docker's load reads no layer whose chain it holds: image/tarexport/load.go)."""
+    name = backend.kept_image(kernel_id)
+    image = client.images.get(name)
+    chunks = client.api.get_image(name, chunk_size=CHUNK)  # by name: the tag goes with it
+    return without_layers(chunks, image.attrs["RootFS"]["Layers"], set(held))
+
+
+def _raw_members(text):
+    """{key: raw JSON text of its value} of a JSON object, the texts as they are."""
+    decoder, members = json.JSONDecoder(), {}
+    index = text.index("{") + 1
+    while True:
+        while text[index] in " \t\r\n,":
+            index += 1
+        if text[index] == "}":
+            return members
+        key, index = decoder.raw_decode(text, index)
+        index = text.index(":", index) + 1
+        while text[index] in " \t\r\n":
+            index += 1
+        _, end = decoder.raw_decode(text, index)
+        members[key], index = text[index:end], end
+
+
+def legacy_layer_index(directory, meta, chains):
+    """Which layer of the image (0 = the oldest) the directory `<v1 id>/` of a `docker save`
+    holds, from its `json` file, or None. Docker names it by a v1 id, a digest of that
+    json (less its id, its parent as a digest, the layer's chain id added; the os field is
+    added after for all but the top layer: image/tarexport/save.go, image/v1): the index is
+    the one whose digest is the name. A directory without a parent is the oldest layer, one
+    with the image's config the top; otherwise None (it is then sent)."""
+    try:
+        members = _raw_members(meta)
+        parsed = json.loads(meta)
+    except (ValueError, IndexError):
+        return None
+    parent = json.loads(members.pop("parent", "null"))
+    members.pop("id", None)
+    if parent:
+        members["parent"] = json.dumps(f"sha256:{parent}")
+    for variant in (members, {k: v for k, v in members.items() if k != "os"}):
+        for index, chain in enumerate(chains):
+            text = "{" + ",".join(f"{json.dumps(key)}:{value}" for key, value in sorted(
+                {**variant, "layer_id": json.dumps(chain)}.items())) + "}"
+            if hashlib.sha256(text.encode()).hexdigest() == directory:
+                return index
+    if not parent:
+        return 0
+    if "config" in parsed:
+        return len(chains) - 1
+    return None
+
+
+def _octal(field):
+    if field[0] & 0x80:  # base-256, for sizes over 8 GiB
+        return int.from_bytes(field[1:], "big")
+    return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+
+
+class _Reader:
+    """Exact reads over an iterator of byte chunks."""
+
+    def __init__(self, chunks):
+        self.chunks = iter(chunks)
+        self.buffer = b""
+
+    def exact(self, size):
+        parts, have = [self.buffer], len(self.buffer)
+        while have < size:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                raise RestoreFailed("the image stream ended inside an archive member")
+            parts.append(chunk)
+            have += len(chunk)
+        data = b"".join(parts)
+        self.buffer = data[size:]
+        return data[:size]
+
+    def pieces(self, size):
+        """The next `size` bytes, in the pieces they come in."""
+        while size > 0:
+            if not self.buffer:
+                self.buffer = next(self.chunks, None)
+                if self.buffer is None:
+                    raise RestoreFailed("the image stream ended inside an archive member")
+            piece, self.buffer = self.buffer[:size], self.buffer[size:]
+            size -= len(piece)
+            yield piece
+
+    def rest(self):
+        if self.buffer:
+            yield self.buffer
+        yield from self.chunks
+
+
+def without_layers(chunks, diff_ids, held):
+    """A `docker save` tar stream, as it comes, less the layer files whose chain id is in
+    `held`: `blobs/sha256/<diff id>` (the OCI layout of newer engines) or `<v1 id>/layer.tar`
+    (the layout before, recognised by legacy_layer_index from the json before it)."""
+    chains = chain_ids(diff_ids)
+    held_diffs = {d for d, c in zip(diff_ids, chains, strict=True) if c in held}
+    indexes = {}  # v1 directory → layer index
+    reader = _Reader(chunks)
+    extension = []  # PAX or GNU long-name blocks of the next member
+    long_name = None
+    while True:
+        header = reader.exact(TAR_BLOCK)
+        if not header.strip(b"\0"):  # the end: two zero blocks and the padding
+            yield header
+            yield from reader.rest()
+            return
+        size, kind = _octal(header[124:136]), header[156:157]
+        padded = size + (-size % TAR_BLOCK)
+        if kind in (b"x", b"L"):
+            data = reader.exact(padded)
+            extension.append(header + data)
+            if kind == b"L":
+                long_name = data[:size].rstrip(b"\0").decode("utf-8", "replace")
+            else:
+                for record in data[:size].decode("utf-8", "replace").split("\n"):
+                    _, _, entry = record.partition(" ")
+                    if entry.startswith("path="):
+                        long_name = entry[len("path="):]
+            continue
+        name = long_name
+        if name is None:
+            name = header[0:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+            prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "replace")
+            if header[257:262] == b"ustar" and prefix:
+                name = f"{prefix}/{name}"
+        name = name.removeprefix("./")
+        head, extension, long_name = b"".join(extension) + header, [], None
+        directory, _, base = name.rpartition("/")
+        if base == "json" and len(directory) == 64 and size <= JSON_MAX:
+            data = reader.exact(padded)
+            indexes[directory] = legacy_layer_index(
+                directory, data[:size].decode("utf-8", "replace"), chains)
+            yield head + data
+            continue
+        skip = (kind in (b"0", b"\0") and size > 0 and (
+            (directory == "blobs/sha256" and f"sha256:{base}" in held_diffs)
+            or (base == "layer.tar" and indexes.get(directory) is not None
+                and chains[indexes[directory]] in held)))
+        if skip:
+            for _ in reader.pieces(padded):
+                pass
+            continue
+        yield head
+        yield from reader.pieces(padded)
+
+
+def _bigger_pipe(fd):
+    with contextlib.suppress(OSError):  # up to the system's limit; reads then come in MiB
+        fcntl.fcntl(fd, 1031, CHUNK)  # F_SETPIPE_SZ
+
+
+def volume_stream(client, volume):
+    """The kept volume as a tar stream: owners, modes, links and times kept; no link
+    followed, nothing from outside the volume's directory."""
+    path = volume_path(client, volume)
+    process = subprocess.Popen(
+        ["tar", "-C", path, "--numeric-owner", "--one-file-system", "-b", TAR_RECORD, "-cf",
+         "-", "."],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _bigger_pipe(process.stdout.fileno())
+    try:
+        while chunk := os.read(process.stdout.fileno(), CHUNK):
+            yield chunk
+        if process.wait() != 0:
+            raise RestoreFailed(f"tar of the volume failed: "
+                                f"{process.stderr.read().decode(errors='replace')[-300:]}")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdout.close()
+        process.stderr.close()
+
+
+# The target: fetching from the source.
+
+class Source:
+    """The source agent's stream endpoint, as the target asks it for a kept kernel. Counts
+    the bytes received and reports progress (on_progress({"bytes_done", "bytes_total"}),
+    at most every PROGRESS_EVERY seconds)."""
+
+    def __init__(self, agent_id, stream_addr, token, on_progress=None):
+        if not stream_addr or not token:
+            raise RestoreFailed(f"no stream address or token to fetch from agent {agent_id}")
+        self.agent_id, self.token, self.on_progress = agent_id, token, on_progress
+        host, _, port = stream_addr.rpartition(":")
+        self.host, self.port = host.strip("[]"), port
+        self.done, self.total = 0, 0
+        self._reported = 0.0
+
+    def _request(self, method, path, body=None):
+        try:
+            connection = http.client.HTTPConnection(self.host, int(self.port),
+                                                    timeout=CONNECT_TIMEOUT)
+            connection.connect()
+            connection.sock.settimeout(READ_TIMEOUT)
+            connection.request(method, path, body=None if body is None else json.dumps(body),
+                               headers={stream_tokens.TOKEN_HEADER: self.token,
+                                        "Content-Type": "application/json"})
+            response = connection.getresponse()
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            raise RestoreFailed(f"agent {self.agent_id} does not answer at "
+                                f"{self.host}:{self.port}: {exc}") from None
+        if response.status != 200:
+            try:
+                error = json.loads(response.read(JSON_MAX) or b"{}").get("error")
+            except (ValueError, OSError, http.client.HTTPException):
+                error = None
+            connection.close()
+            raise RestoreFailed(f"agent {self.agent_id} refused: "
+                                f"{error or f'HTTP {response.status}'}")
+        return connection, response
+
+    def manifest(self):
+        connection, response = self._request("GET", "/v1/kept")
+        try:
+            found = json.loads(response.read(JSON_MAX))
+        except (ValueError, OSError, http.client.HTTPException) as exc:
+            raise RestoreFailed(f"agent {self.agent_id}: no manifest of the kept data: "
+                                f"{exc}") from None
+        finally:
+            connection.close()
+        if not isinstance(found, dict) or not isinstance(found.get("diff_ids"), list):
+            raise RestoreFailed(f"agent {self.agent_id}: a malformed manifest")
+        return found
+
+    def stream(self, method, path, body=None):
+        """The body of a request, in chunks as they arrive; RestoreFailed if it breaks."""
+        connection, response = self._request(method, path, body)
+        try:
+            while True:
+                try:
+                    chunk = response.read1(CHUNK) if response.chunked else response.read(CHUNK)
+                except (OSError, http.client.HTTPException) as exc:
+                    raise RestoreFailed(f"the transfer from agent {self.agent_id} broke off: "
+                                        f"{exc!r}") from None
+                if not chunk:
+                    return
+                self.received(len(chunk))
+                yield chunk
+        finally:
+            connection.close()
+
+    def received(self, size):
+        self.done += size
+        now = time.monotonic()
+        if self.on_progress is not None and now - self._reported >= PROGRESS_EVERY:
+            self._reported = now
+            self.report()
+
+    def report(self):
+        if self.on_progress is not None:
+            self.on_progress({"bytes_done": self.done,
+                              "bytes_total": max(self.total, self.done)})
+
+
+def held_chain_ids(client, images):
+    """Chain ids of the layers of those of `images` this engine has."""
+    held = set()
+    for name in images:
+        try:
+            held.update(chain_ids(client.images.get(name).attrs["RootFS"]["Layers"]))
+        except (ImageNotFound, NotFound):
+            continue
+    return held
+
+
+def plan(client, source, base_image):
+    """The source's manifest, with `have`: the chain ids of its image's layers that
+    `base_image` (the kernel's image, pulled here before) has, which the source leaves
+    out; and the bytes to fetch, for progress reports."""
+    found = source.manifest()
+    chains = chain_ids(found["diff_ids"])
+    held = held_chain_ids(client, [base_image]) & set(chains)
+    sizes = found.get("layer_bytes") or []
+    source.total = int(found.get("volume_bytes") or 0) + sum(
+        int(size) for size, chain in zip(sizes, chains, strict=False) if chain not in held)
+    return {**found, "have": sorted(held)}
+
+
+def load_image(client, source, found):
+    """Load the kept image from the source, without the layers `found["have"]` names;
+    returns its name here."""
+    name = found["image"]
+    with contextlib.suppress(ImageNotFound, APIError):  # a kept image of an earlier try
+        client.images.remove(name)
+    for line in client.api.load_image(source.stream("POST", "/v1/kept/image",
+                                                    {"have": found["have"]})):
+        if isinstance(line, dict) and line.get("error"):
+            raise RestoreFailed(f"the kept image did not load: {line['error']}")
+    loaded = client.images.get(name)
+    if loaded.attrs["RootFS"]["Layers"] != found["diff_ids"]:
+        raise RestoreFailed("the loaded image is not the kept one")
+    return name
+
+
+def fill_volume(path, chunks):
+    """Unpack a volume's tar stream into the directory `path` (a new volume's), owners and
+    modes as they were; GNU tar refuses names that climb out and links it would follow."""
+    process = subprocess.Popen(
+        ["tar", "-C", path, "--numeric-owner", "--same-owner", "--same-permissions",
+         "-b", TAR_RECORD, "--read-full-records", "-xf", "-"],
+        stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    _bigger_pipe(process.stdin.fileno())
+    try:
+        for chunk in chunks:
+            try:
+                process.stdin.write(chunk)
+            except BrokenPipeError:
+                break  # tar ended early: its error says why
+        process.stdin.close()
+        if process.wait() != 0:
+            raise RestoreFailed("the kept volume did not unpack: "
+                                f"{process.stderr.read().decode(errors='replace')[-300:]}")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stderr.close()
+
+
+def remove_image(client, name):
+    """Remove an image of a kept kernel, if no container uses it."""
+    try:
+        client.images.remove(name)
+    except NotFound:
+        pass
+    except APIError as exc:
+        log.info("image %s kept: %s", name, exc)
+
+
+_commit_locks = {}
+_commit_locks_lock = threading.Lock()
+
+
+def commit_lock(kernel_id):
+    """One commit of a kernel at a time (a move retried while the first asks)."""
+    with _commit_locks_lock:
+        return _commit_locks.setdefault(kernel_id, threading.Lock())
