@@ -2,7 +2,7 @@
 a swarm with the main engine (../shared/RECIPES.md, "A second agent host on the same
 machine"). Used by tests/test_multihost_live.py and `make bench BENCH=multihost`; without
 the swarm (`swarm=False`, a namespace and addresses of its own) by tests/live/test_keep.py
-and `bench/bench_keep.py`, for moves of kept kernels between two engines.
+and `bench/bench_resume.py`, for moves of kept kernels between two engines.
 
 The main engine may be in a swarm already (an operator's, with other nodes): the second
 engine then joins that swarm. It tears down only what it made: the main engine leaves the

@@ -6,7 +6,9 @@ of those bytes on the same disk and a fresh start of a kernel. p50 of REPEAT run
 The agents' code runs as the agent process runs it (Agent, its stream endpoint), the source
 agent's stream endpoint in a process of its own (as on another host), the target in this
 one. Needs root and Docker; no database, Redis or manager. Opt-in: it starts a dockerd and
-writes a few GiB. `python -m bench keep`."""
+writes a few GiB. `make bench BENCH=resume` (`python -m bench resume`). The manager adds its
+queue hops to these (a few tens of ms: tests/live/test_stop_resume_live.py runs the whole
+path)."""
 
 import contextlib
 import os
@@ -21,8 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OPT_IN = True
-REPEAT = int(os.environ.get("BENCH_KEEP_REPEAT", "5"))
-SIZE_MIB = int(os.environ.get("BENCH_KEEP_MIB", "1024"))
+REPEAT = int(os.environ.get("BENCH_RESUME_REPEAT", "5"))
+SIZE_MIB = int(os.environ.get("BENCH_RESUME_MIB", "1024"))
 
 
 def setup_django():
@@ -197,12 +199,14 @@ def main():
         host.down()
     print(f"\n{SIZE_MIB} MiB written in the scratch volume; moved "
           f"{statistics.median(moved_bytes) / 2**20:.1f} MiB (p50); {REPEAT} runs")
-    print("| step | p50 | min | max |")
-    print("| --- | --- | --- | --- |")
+    print("| step | p50 | p95 | min | max |")
+    print("| --- | --- | --- | --- | --- |")
     for name, values in rows.items():
         unit = "" if "/" in name else " s"
-        print(f"| {name} | {statistics.median(values):.2f}{unit} | {min(values):.2f}{unit} "
-              f"| {max(values):.2f}{unit} |")
+        p95 = statistics.quantiles(values, n=20, method="inclusive")[-1] \
+            if len(values) > 1 else values[0]
+        print(f"| {name} | {statistics.median(values):.2f}{unit} | {p95:.2f}{unit} "
+              f"| {min(values):.2f}{unit} | {max(values):.2f}{unit} |")
 
 
 if __name__ == "__main__":
