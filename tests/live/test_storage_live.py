@@ -63,6 +63,8 @@ def test_a_file_written_by_one_session_is_read_by_the_next_after_the_first_was_c
     policy = default_of(ResourcePolicy)
     policy.idle_timeout = 3
     policy.save()
+    # Culled to an end (a stopped session would keep its mount: test_stop_resume_live.py).
+    ScalingGroup.objects.filter(name="default").update(cull_action="terminate")
     first = running(create(client, "writer", ["results"]))
     done = execute(client, first.pk, "mkdir -p /home/work/results/out && "
                                      "echo 'made by writer' > /home/work/results/out/a.txt")
