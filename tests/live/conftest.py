@@ -2,7 +2,9 @@
 (backendai_web.serve) and the Backend.AI CLI. Every test under tests/live/ is marked `live`: `make
 test-fast` leaves them out, `make test` runs them."""
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 import shutil
 import socket
@@ -35,18 +37,41 @@ LIVE = Path(__file__).resolve().parent
 JUPYTER_IMAGE = "bai-local/jupyter:latest"
 
 
+# Files whose tests stop services every test shares (Redis, PostgreSQL) or change the main
+# Docker engine for all (its swarm): `make test` runs them alone, after the others.
+SERIAL = {"test_faults_live.py", "test_multihost_live.py", "test_warm_network_holders.py"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if LIVE in Path(item.fspath).parents:
             item.add_marker(pytest.mark.live)
+            if Path(item.fspath).name in SERIAL:
+                item.add_marker(pytest.mark.serial)
+
+
+@contextlib.contextmanager
+def one_at_a_time(name):
+    """What parallel test workers must not do twice at once (build one image, install one
+    client venv): an exclusive lock on a file under var/locks."""
+    locks = ROOT / "var" / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
 def docker_client():
     need("Docker", docker_problem())
     client = docker.from_env(timeout=60)
-    if not any(IMAGE in image.tags for image in client.images.list()):
-        subprocess.run([sys.executable, "manage.py", "build_kernel_image"], cwd=ROOT, check=True)
+    with one_at_a_time("kernel-image"):
+        if not any(IMAGE in image.tags for image in client.images.list()):
+            subprocess.run([sys.executable, "manage.py", "build_kernel_image"], cwd=ROOT,
+                           check=True)
     return client
 
 
@@ -127,6 +152,11 @@ def python_of(version):
 
 
 def install_client(release):
+    with one_at_a_time(f"client-{release}"):
+        return _install_client(release)
+
+
+def _install_client(release):
     python_version, requirements, venv = BACKENDAI_CLIENTS[release]
     stamp = venv / ".installed"
     wanted = " ".join(requirements)
@@ -246,6 +276,7 @@ def _answers(host, port):
 def jupyter_image(docker_client):
     """A kernel image with Python 3 and Jupyter (scripts/build_jupyter_image.sh)."""
     # Minutes the first time (debootstrap); the image is kept for later runs.
-    subprocess.run([str(ROOT / "scripts" / "build_jupyter_image.sh"), JUPYTER_IMAGE],
-                   check=True, timeout=1800)
+    with one_at_a_time("jupyter-image"):
+        subprocess.run([str(ROOT / "scripts" / "build_jupyter_image.sh"), JUPYTER_IMAGE],
+                       check=True, timeout=1800)
     return JUPYTER_IMAGE
