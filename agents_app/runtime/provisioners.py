@@ -170,8 +170,6 @@ class DeviceAllocation:
         self.devices, self.client, self.agent_id = devices, client, agent_id
 
     def setup(self, spec):
-        if not device_part(ResourceSlots.parse(spec["slots"])):
-            return {}
         self.kernel_id = spec["kernel_id"]
         held = device_plugins.held_by(backend.list_kernel_containers(self.client,
                                                                      self.agent_id))
@@ -408,7 +406,7 @@ class KernelRunner:
         `devices`: the agent's DeviceSet, for a kernel that asks for devices."""
         runner = cls()
         try:
-            if devices is not None:
+            if devices is not None and device_part(ResourceSlots.parse(spec["slots"])):
                 runner.allocation = runner.setup(DeviceAllocation(devices, client, agent_id),
                                                  spec)
             device_args = runner.allocation and (runner.allocation, runner.step(
