@@ -11,10 +11,12 @@ PROCESSES := $(if $(REDIS_URL),web worker beat agent,redis web worker beat agent
 
 .PHONY: run test test-fast lint bench setup migrate clean services npm
 
-$(STAMP): requirements.txt
+# The project itself too, editable: its entry points are how agents find device plugins.
+$(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
 setup: $(STAMP) $(NPM_STAMP)

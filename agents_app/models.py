@@ -59,6 +59,11 @@ class Agent(models.Model):
         default=list, blank=True, editable=False,
         help_text="The stopped sessions' kernels its engine keeps, as its last heartbeat "
                   "listed them: [{kernel_id, container_id, volume, bytes}].")
+    devices = models.JSONField(
+        default=list, blank=True, editable=False,
+        help_text="Its accelerators, as its last heartbeat listed them: id, kind, plugin, "
+                  "model, memory, NUMA node, the slots each offers, what kernels hold of "
+                  "it, and its utilization and memory in use.")
     images = models.JSONField(
         default=list, blank=True, editable=False,
         help_text="The kernel images its Docker engine holds, as its last heartbeat listed "

@@ -59,6 +59,8 @@ def kernel_spec(kernel, session_part=None):
         "kernel_id": str(kernel.pk),
         "image": kernel.image,
         "slots": kernel.occupied_slots or kernel.requested_slots,
+        # The scheduler's plan of its devices: the agent takes it when they are free there.
+        "device_allocation": kernel.device_allocation or {},
         # Run once, in the main kernel only (Backend.AI's bootstrap.sh).
         "bootstrap_script": session.bootstrap_script if kernel.is_main else "",
         "cluster_role": kernel.cluster_role,

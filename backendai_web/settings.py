@@ -268,6 +268,16 @@ STREAM_TOKEN_TTL = env_int("STREAM_TOKEN_TTL", 30)  # seconds
 TERMINAL_RESUME_SECONDS = env_int("TERMINAL_RESUME_SECONDS", 30)
 # Keystrokes and app traffic count as activity at most once per this many seconds.
 ACTIVITY_TOUCH_INTERVAL = env_int("ACTIVITY_TOUCH_INTERVAL", 10)
+# Accelerators (agents_app/runtime/devices/): the device plugins an agent enables (names of
+# the `backendai_web.devices` entry points, e.g. "cuda" or "mock"; run_agent --devices), and
+# how many mock devices the mock plugin offers (run_agent --mock-devices).
+AGENT_DEVICES = env_list("AGENT_DEVICES")
+AGENT_MOCK_DEVICES = env_int("AGENT_MOCK_DEVICES", 0)
+# Fractions of a GPU (cuda.shares) are enforced by HAMi-core's CUDA interception library
+# (README "Devices"): offered only where this file is.
+DEVICE_SHARE_LIBRARY = env("DEVICE_SHARE_LIBRARY", "/usr/local/vgpu/libvgpu.so")
+# Where the mock plugin makes its device nodes (character devices with /dev/null's numbers).
+MOCK_DEVICE_DIR = env("MOCK_DEVICE_DIR", "/dev")
 
 # Storage folders (storage_app): the directory under which every folder's files live, for
 # scaling groups that name no storage_root of their own. With several agent hosts it is a

@@ -371,9 +371,14 @@ def mark_kernel_creating(kernel, **kw):
 
 
 def mark_kernel_running(kernel, creation_info, **kw):
+    """RUNNING, with its container and the devices its agent allocated it (they replace
+    the scheduler's plan)."""
+    devices = creation_info.get("device_allocation")
     return transition_kernel(
         kernel, S.RUNNING, from_statuses={S.CREATING},
-        container_id=creation_info.get("container_id", ""), data=creation_info, **kw,
+        container_id=creation_info.get("container_id", ""), data=creation_info,
+        **({"device_allocation": devices} if isinstance(devices, dict) and devices else {}),
+        **kw,
     )
 
 
@@ -407,7 +412,7 @@ def set_session_data(session, **fields):
 
 
 @transaction.atomic
-def schedule_sessions(placements, *, actor="scheduler", check_image=None):
+def schedule_sessions(placements, *, actor="scheduler", check_image=None, allocations=None):
     """The allocator's write: PENDING → SCHEDULED for many sessions in one transaction.
 
     `placements` is a list of (session id, {kernel id: agent id}). Agents and kernels are
@@ -415,7 +420,10 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
     longer fits its agents' fresh free slots, is left out. Returns the placed session ids.
     With `check_image` (a function of a kernel), the kernels go on to PREPARING in the
     same write, both steps recorded, and check_image(kernel) follows the commit.
+    `allocations`: {kernel id: the devices planned for it}, kept on the kernels (the
+    agent takes the plan when those devices are free there; common/devices.py).
     """
+    allocations = allocations or {}
     if not placements:
         return []
     slots_of = SlotsCache()  # a pass sees few distinct sizes and occupancies
@@ -465,9 +473,10 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None):
     stamp = dict.fromkeys(steps, now.isoformat())
     # The kernels are locked and PENDING (checked above): one bulk UPDATE writes them all.
     update_rows(Kernel, ["status", "status_info", "status_changed", "agent", "agent_addr",
-                         "occupied_slots", "status_history"], [
+                         "occupied_slots", "status_history", "device_allocation"], [
         (kernel_id, status, "", now, agent_id, agents[agent_id][1],
-         kernel_rows[kernel_id][2], {**kernel_rows[kernel_id][3], **stamp})
+         kernel_rows[kernel_id][2], {**kernel_rows[kernel_id][3], **stamp},
+         allocations.get(kernel_id, {}))
         for kernel_id, agent_id in kernel_updates
     ])
     update_rows(Agent, ["occupied_slots"],

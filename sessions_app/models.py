@@ -239,6 +239,10 @@ class Kernel(StatusFields):
         help_text="Recent samples [time, cpu %, mem %] for utilization-based idle checks.")
     created_at = models.DateTimeField(auto_now_add=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
+    device_allocation = models.JSONField(
+        default=dict, blank=True,
+        help_text="Which of its agent's devices it holds, {slot: {device id: amount}}: the "
+                  "scheduler's plan until the agent's allocation replaces it at the start.")
     kept_on = models.CharField(
         max_length=64, blank=True,
         help_text="The agent that keeps this kernel's files while its session is stopped "

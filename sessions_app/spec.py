@@ -11,8 +11,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
+from django.db import connection
 
 from agents_app.models import Agent, AgentStatus, Image, resource_limits
+from common.devices import (
+    RESERVED_ENVIRONMENT,
+    RESERVED_ENVIRONMENT_PREFIXES,
+    SHARES,
+    WHOLE,
+    check_request,
+    device_part,
+    kind_of,
+)
 from common.slots import ResourceSlots, SlotError, format_bytes, humanize
 from scheduling_app.models import Project, ScalingGroup, default_project
 from sessions_app.enums import ClusterMode, SessionType
@@ -99,7 +109,8 @@ MAX_BOOTSTRAP_LENGTH = 65536
 
 
 def reserved_env_name(name):
-    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
+    return (name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
+            or name in RESERVED_ENVIRONMENT or name.startswith(RESERVED_ENVIRONMENT_PREFIXES))
 
 
 def check_environ(environ):
@@ -123,8 +134,9 @@ def check_environ(environ):
     if reserved:
         raise SessionRequestError(
             f"Reserved environment variable names: {', '.join(reserved)} (the runtime sets "
-            f"{', '.join(sorted(RESERVED_ENV_NAMES))} and every BACKENDAI_* and TINI_* name).",
-            "environ")
+            f"{', '.join(sorted(RESERVED_ENV_NAMES))}, every BACKENDAI_* and TINI_* name, "
+            f"and the device plugins {', '.join(sorted(RESERVED_ENVIRONMENT))} and "
+            "CUDA_DEVICE_MEMORY_LIMIT*).", "environ")
     values = {}
     for name, value in environ.items():
         if isinstance(value, bool) or not isinstance(value, str | int | float):
@@ -169,9 +181,45 @@ def check_designated_agents(agent_ids, group):
 
 def parse_slots(resources):
     try:
-        return ResourceSlots.parse(resources or DEFAULT_RESOURCES, allow_zero=False)
+        slots = ResourceSlots.parse(resources or DEFAULT_RESOURCES, allow_zero=False)
+        check_request(slots)  # whole devices in whole numbers, shares in quanta
     except SlotError as exc:
         raise SessionRequestError(str(exc), "resources") from None
+    return slots
+
+
+def offered_slots(group=None):
+    """The slots a session of `group` may ask for: cpu, mem, and what its agents report
+    (their devices' slots among them); of every group's agents without `group`."""
+    agents = Agent.objects.exclude(status=AgentStatus.TERMINATED)
+    if group is not None:
+        agents = agents.filter(scaling_group=group)
+    names = {"cpu", "mem"}
+    if connection.vendor == "postgresql":  # the keys only, not every agent's JSON
+        sql, params = agents.values("available_slots").query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT DISTINCT jsonb_object_keys(available_slots) "
+                           f"FROM ({sql}) AS agents", params)
+            names.update(name for (name,) in cursor.fetchall())
+        return names
+    for available in agents.values_list("available_slots", flat=True):
+        names.update(available or {})
+    return names
+
+
+def check_slot_names(slots, group, offered):
+    """Every slot asked for is one the group's agents offer; else a 400 naming those."""
+    unknown = sorted(set(slots) - offered)
+    if not unknown:
+        return slots
+    message = (f"Unknown resource slot{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}:"
+               f" the agents of scaling group {group.name} offer {', '.join(sorted(offered))}.")
+    whole_only = sorted({kind_of(name) for name in unknown if name.endswith(SHARES)
+                         and f"{kind_of(name)}{WHOLE}" in offered})
+    if whole_only:
+        message += (f" They offer whole {', '.join(whole_only)} devices only (ask for "
+                    f"{', '.join(kind + WHOLE for kind in whole_only)}).")
+    raise SessionRequestError(message, "resources")
 
 
 def check_image_owner(image, user_id):
@@ -183,10 +231,13 @@ def check_image_owner(image, user_id):
                                   "committed from another user's session.", "image")
 
 
-def fit_to_image(slots, resources, image):
+def fit_to_image(slots, resources, image, group=None, offered=None):
     """Each kernel's slots on `image`, held to the minimum and maximum its labels declare
     (ai.backend.resource.min.* / .max.*), as Backend.AI's manager holds them: cpu and mem
-    that the request leaves out are the image's minimum where that is more."""
+    that the request leaves out are the image's minimum where that is more, and so are the
+    devices of a kind the image needs when the request names none of that kind. An image
+    that needs a kind of device that no agent of the scaling group offers is refused. A
+    device minimum counts the kind's devices and shares alike (1 device, 1.0 shares)."""
     labels = Image.objects.filter(name=image).values_list("labels", flat=True).first()
     minimum, maximum = resource_limits(labels)
     given = resources if isinstance(resources, dict) else {}
@@ -194,7 +245,21 @@ def fit_to_image(slots, resources, image):
     for name in ("cpu", "mem"):
         if name in minimum and name not in given:
             slots[name] = max(slots.get(name, 0), minimum[name])
-    below = [name for name, least in sorted(minimum.items()) if slots.get(name, 0) < least]
+    needed = device_part(minimum)
+    if needed and offered is not None:
+        kinds = {kind_of(name) for name in offered if kind_of(name)}
+        lacking = sorted({kind_of(name) for name in needed} - kinds)
+        if lacking:
+            raise SessionRequestError(
+                f"The image {image} needs {' and '.join(lacking)} devices (at least "
+                f"{humanize(needed)}), which no agent of scaling group {group.name} offers.",
+                "resources")
+    asked_kinds = {kind_of(name) for name in device_part(slots)}
+    for name, least in needed.items():
+        if kind_of(name) not in asked_kinds:
+            slots[name] = least
+    below = [name for name, least in sorted(minimum.items())
+             if _amount(slots, name) < least]
     if below:
         raise SessionRequestError(
             f"Your resource request is smaller than the minimum required by the image "
@@ -212,6 +277,14 @@ def asked(slots, names):
     amounts = {name: slots.get(name, 0) for name in names}
     return ", ".join(f"{name} {format_bytes(value) if name == 'mem' else value} asked"
                      for name, value in amounts.items())
+
+
+def _amount(slots, name):
+    """How much of `name` a request has; for a device slot, of its kind's two slots."""
+    kind = kind_of(name)
+    if kind is None:
+        return slots.get(name, 0)
+    return slots.get(kind + WHOLE, 0) + slots.get(kind + SHARES, 0)
 
 
 @dataclass(frozen=True)
@@ -271,9 +344,14 @@ class SessionSpec:
         if session_type not in SessionType.values:
             errors["session_type"] = (
                 f"session_type must be one of {', '.join(SessionType.values)}.")
+        group = ScalingGroup.objects.filter(name=scaling_group, is_active=True).first() \
+            if isinstance(scaling_group, str) else None
+        offered = offered_slots(group) if group is not None else None
         slots = check(parse_slots, resources)
         if slots is not None and image:
-            slots = check(fit_to_image, slots, resources, image)
+            slots = check(fit_to_image, slots, resources, image, group, offered)
+        if slots is not None and offered is not None:
+            slots = check(check_slot_names, slots, group, offered)
         check(whole_number, cluster_size, "cluster_size", 1, limits.max_cluster_size,
               optional=False)
         if cluster_mode not in ClusterMode.values:
@@ -287,8 +365,6 @@ class SessionSpec:
         environ = check(check_environ, environ)
         if session_type == SessionType.BATCH and not startup_command:
             errors.setdefault("startup_command", "A batch session needs a startup command.")
-        group = ScalingGroup.objects.filter(name=scaling_group, is_active=True).first() \
-            if isinstance(scaling_group, str) else None
         if group is None:
             errors["scaling_group"] = (
                 f"There is no active scaling group named {scaling_group!r}.")

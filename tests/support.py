@@ -147,11 +147,13 @@ class LiveSystem:
         self.worker = self.worker_process(self.manager_env)
         self.agent = self.agent_process()
 
-    def agent_process(self):
-        return Process("agent", [
-            sys.executable, "manage.py", "run_agent", "--id", self.agent_id,
-            "--scaling-group", "default", "--heartbeat-interval", "0.5",
-            "--slots", "cpu=2,mem=2g",
+    def agent_process(self, agent_id=None, group="default", *extra):
+        """The agent (or another one, `agent_id` in `group`, with `extra` arguments)."""
+        agent_id = agent_id or self.agent_id
+        return Process("agent" if agent_id == self.agent_id else f"agent-{agent_id}", [
+            sys.executable, "manage.py", "run_agent", "--id", agent_id,
+            "--scaling-group", group, "--heartbeat-interval", "0.5",
+            "--slots", "cpu=2,mem=2g", *extra,
         ], self.agent_env, self.log_dir)
 
     def restart_agent(self):

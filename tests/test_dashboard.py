@@ -284,8 +284,8 @@ def test_overview_counts_sessions_and_draws_agents_slots_lost_first(as_carol, al
     page = text_of(response)
     statuses = dict(response.context["statuses"])
     assert statuses[S.RUNNING] == 1 and statuses[S.PENDING] == 1
-    assert [a.pk for a, _ in response.context["agents"]] == ["lost-1", "alive-1"]
-    bars = dict(response.context["agents"])
+    assert [a.pk for a, *_ in response.context["agents"]] == ["lost-1", "alive-1"]
+    bars = {agent: bars for agent, bars, _ in response.context["agents"]}
     assert bars[alive] == [
         {"name": "cpu", "label": "1 / 4", "percent": 25},
         {"name": "mem", "label": "1 GiB / 4 GiB", "percent": 25},

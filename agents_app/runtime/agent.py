@@ -20,6 +20,7 @@ from datetime import datetime
 from django.conf import settings
 from docker.errors import DockerException, NotFound
 
+from agents_app.runtime import devices as device_plugins
 from agents_app.runtime import docker_backend as backend
 from agents_app.runtime import errors, kept
 from agents_app.runtime.lanes import LifecycleLane, PullLane
@@ -58,10 +59,12 @@ class Stop:
 
 class Agent:
     def __init__(self, agent_id, scaling_group, *, slots=None, heartbeat_interval=5.0,
-                 addr=None, region="", lifecycle_threads=8, pull_threads=4):
+                 addr=None, region="", lifecycle_threads=8, pull_threads=4, devices=None):
         self.id = agent_id
         self.scaling_group = scaling_group
         self.fixed_slots = slots
+        # The device plugins it enabled and their allocation map (runtime/devices/).
+        self.devices = devices if devices is not None else device_plugins.DeviceSet()
         self.heartbeat_interval = heartbeat_interval
         self.addr = addr or socket.gethostname()
         self.region = region
@@ -161,10 +164,14 @@ class Agent:
         return True
 
     def slots(self):
+        """cpu and mem (as --slots says, else as Docker reports them), and the slots of
+        its devices."""
         if self.fixed_slots:
-            return self.fixed_slots
-        info = self.docker.info()
-        return {"cpu": str(info["NCPU"]), "mem": str(info["MemTotal"])}
+            slots = dict(self.fixed_slots)
+        else:
+            info = self.docker.info()
+            slots = {"cpu": str(info["NCPU"]), "mem": str(info["MemTotal"])}
+        return {**slots, **{name: str(value) for name, value in self.devices.slots().items()}}
 
     def heartbeat_info(self):
         info = {"id": self.id, "addr": self.addr, "scaling_group": self.scaling_group,
@@ -176,12 +183,15 @@ class Agent:
             return {**info, "docker_error": self._docker_error, "slots": {}, "images": []}
         containers = backend.list_kernel_containers(self.docker, self.id)
         self.drop_orphan_holders()
+        devices = self.devices.describe(device_plugins.held_by(containers)) \
+            if self.devices else []
         return {
             **info,
             "docker_error": None,
             "slots": self.slots(),
+            "devices": devices,
             "images": backend.kernelspec_images(self.docker),
-            "kernels": [self.container_report(c) for c in containers
+            "kernels": [self.container_report(c, devices) for c in containers
                         if not backend.is_kept(c)],
             "kept": self.kept_report([c for c in containers if backend.is_kept(c)]),
             "stopping": self.stopping_kernels(),
@@ -230,11 +240,12 @@ class Agent:
     def is_stopping(self, kernel_id):
         return kernel_id in self._destroying or kernel_id in self._stops
 
-    def container_report(self, container):
+    def container_report(self, container, devices=()):
         """What the manager reconciles: the state, samples of a running container, and the
         exit of one that ended (found here even when Docker's event of it was missed: an
         agent or engine restart). A container this agent is stopping or restarting is
-        `stopping`: its exit is not the kernel's end."""
+        `stopping`: its exit is not the kernel's end. A sample of a kernel that holds
+        devices has their measures (`devices`: the heartbeat's)."""
         kernel_id = container.labels.get(backend.KERNEL_ID)
         entry = {"kernel_id": kernel_id, "container_id": container.id,
                  "state": container.status, "stat": {}}
@@ -244,6 +255,8 @@ class Agent:
             entry["state"] = "starting"  # not RUNNING before its readiness check
         elif container.status == "running":
             entry["stat"] = self.sample(container)
+            if entry["stat"] and devices:
+                entry["stat"]["devices"] = kernel_device_stats(container, devices)
         elif container.status in ("exited", "dead"):
             entry["exit_code"], entry["reason"] = backend.exit_status(container)
         return entry
@@ -312,7 +325,8 @@ class Agent:
             log.warning("heartbeat without Docker details: %s", exc)
             info = {"id": self.id, "addr": self.addr, "scaling_group": self.scaling_group,
                     "stream_addr": self.stream_addr, "docker_error": str(exc)[:500],
-                    "slots": self.fixed_slots or {}, "images": [], "taken_at": time.time()}
+                    "slots": self.slots() if self.fixed_slots else {}, "images": [],
+                    "taken_at": time.time()}
         return self._send("manager.heartbeat", {"info": info}) and \
             info.get("docker_error") is None
 
@@ -427,7 +441,8 @@ class Agent:
                                                  image=spec["image"])
         if existing is not None and existing.status == "running":
             # A redelivered or retried task: the kernel already has its container.
-            self.report(kernel_id, "kernel_started", container_id=existing.id)
+            self.report(kernel_id, "kernel_started", container_id=existing.id,
+                        device_allocation=device_plugins.container_allocation(existing))
             return
         if existing is not None and self.restores_here(spec):
             pass  # a resume cut short: that container is the kept one (KeptContainer)
@@ -468,7 +483,7 @@ class Agent:
             with metrics.Timer("agent_container_start_seconds", agent=self.id):
                 runner, container = KernelRunner.start(
                     self.docker, self.id, spec, ready_timeout=settings.KERNEL_READY_TIMEOUT,
-                    source=source)
+                    source=source, devices=self.devices)
         except (ProvisionFailed, errors.RestoreFailed) as exc:
             provisioner = getattr(exc, "provisioner", "kept-source")
             kind = getattr(exc, "kind", errors.RESTORE)
@@ -481,7 +496,8 @@ class Agent:
         if source is not None:
             restored["restored_bytes"] = source.done
         self.report(kernel_id, "kernel_started", container_id=container.id,
-                    provision_seconds=runner.seconds, **restored)
+                    provision_seconds=runner.seconds, device_allocation=runner.allocation,
+                    **restored)
         metrics.count("agent_container_starts", agent=self.id, outcome="started")
         metrics.observe_many("agent_provision_seconds", [
             (seconds, {"agent": self.id, "provisioner": name})
@@ -782,6 +798,23 @@ class Agent:
         return {"exit_code": result.exit_code,
                 "stdout": (stdout or b"").decode("utf-8", "replace")[-65536:],
                 "stderr": (stderr or b"").decode("utf-8", "replace")[-65536:]}
+
+
+def kernel_device_stats(container, devices):
+    """{device id: measures} of the devices a kernel's container holds (a shared device's
+    are the whole device's), from the heartbeat's measures."""
+    held = device_plugins.container_allocation(container)
+    stats = {}
+    for slot, amounts in held.items():
+        kind = slot.partition(".")[0]
+        for device_id, amount in amounts.items():
+            measured = next((d for d in devices if d["kind"] == kind and d["id"] == device_id),
+                            {})
+            stats[f"{kind}:{device_id}"] = {
+                "slot": slot, "amount": amount,
+                **{k: measured[k] for k in ("utilization", "mem_used", "mem_total")
+                   if k in measured}}
+    return stats
 
 
 def _megabytes(size):

@@ -20,8 +20,11 @@ import time
 from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import EndpointConfig
 
+from agents_app.runtime import devices as device_plugins
 from agents_app.runtime import docker_backend as backend
 from agents_app.runtime import errors, kept
+from common.devices import device_part
+from common.slots import ResourceSlots
 from storage_app.files import give_back
 
 log = logging.getLogger(__name__)
@@ -156,27 +159,50 @@ class ClusterNetwork:
             log.info("network %s kept: %s", name, exc)
 
 
+class DeviceAllocation:
+    """The kernel's devices, from this agent's allocation map (the scheduler's plan when
+    its devices are free here): reserved until the kernel's container records them in its
+    label, given back if the start fails before."""
+
+    name = "devices"
+
+    def __init__(self, devices, client, agent_id):
+        self.devices, self.client, self.agent_id = devices, client, agent_id
+
+    def setup(self, spec):
+        self.kernel_id = spec["kernel_id"]
+        held = device_plugins.held_by(backend.list_kernel_containers(self.client,
+                                                                     self.agent_id))
+        return self.devices.allocate(self.kernel_id, spec["slots"],
+                                     spec.get("device_allocation"), held)
+
+    def teardown(self, allocation):
+        if allocation:
+            self.devices.release(self.kernel_id)
+
+
 class KernelContainer:
     """The kernel's container, created on its volume, mounts and network (started by the
-    runner once what goes in before the start is in). An image that is missing here
-    (pruned since the image check) is pulled again first."""
+    runner once what goes in before the start is in), with its devices' arguments. An
+    image that is missing here (pruned since the image check) is pulled again first."""
 
     name = "container"
 
     def __init__(self, client, agent_id):
         self.client, self.agent_id = client, agent_id
 
-    def setup(self, spec, volume, network, mounts=(), image=None):
-        """`image`: the kept image a moved kernel is made from, instead of the spec's."""
+    def setup(self, spec, volume, network, mounts=(), devices=None, image=None):
+        """`devices`: (allocation, ContainerArgs) of the kernel's devices, or None;
+        `image`: the kept image a moved kernel is made from, instead of the spec's."""
         try:
-            container = self._create(spec, volume, network, mounts, image)
+            container = self._create(spec, volume, network, mounts, devices, image)
         except ImageNotFound:
             if image:
                 raise
             log.warning("image %s of kernel %s is gone from this agent: pulling it again",
                         spec["image"], spec["kernel_id"])
             backend.pull_image(self.client, spec["image"])
-            container = self._create(spec, volume, network, mounts)
+            container = self._create(spec, volume, network, mounts, devices)
         if network and spec.get("network_driver") != "overlay":
             try:  # reachable by its cluster hostname from its siblings
                 self.client.networks.get(network).disconnect(container)
@@ -187,21 +213,26 @@ class KernelContainer:
                 raise
         return container
 
-    def _create(self, spec, volume, network, mounts, image=None):
+    def _create(self, spec, volume, network, mounts, devices=None, image=None):
         overlay = spec.get("network_driver") == "overlay"
         labels = {**backend.kernel_labels(self.agent_id, spec), SCRATCH_VOLUME: volume,
                   NETWORK: network or "", PRE_STOP: spec.get("pre_stop_command") or "",
                   backend.NETWORK_DRIVER: "overlay" if overlay else "bridge"}
         if mounts or image:  # a kept image has its old container's labels: these win
             labels[MOUNTS] = json.dumps(list(mounts))
+        allocation, device_args = devices or ({}, device_plugins.ContainerArgs())
+        if allocation:  # the record of what it holds, read back by the allocation map
+            labels[device_plugins.ALLOCATION_LABEL] = json.dumps(allocation)
         return self.client.containers.create(
             image or spec["image"], command=backend.kernel_command(spec),
             name=backend.container_name(spec["image"], spec["kernel_id"]),
             hostname=spec["cluster_hostname"], labels=labels,
-            environment=backend.kernel_environment(spec), init=True, detach=True,
-            volumes={volume: {"bind": "/home/work", "mode": "rw"}, **bind_mounts(mounts)},
+            environment={**backend.kernel_environment(spec), **device_args.environment},
+            init=True, detach=True,
+            volumes={volume: {"bind": "/home/work", "mode": "rw"}, **bind_mounts(mounts),
+                     **device_args.mounts},
             network=network, **backend.resource_limits(spec["slots"]),
-            **backend.hardening(spec),
+            **backend.hardening(spec), **device_args.create_kwargs(),
             **overlay_endpoint(spec, network, self.client.api.api_version),
         )
 
@@ -447,6 +478,7 @@ class KernelRunner:
         self.held = []  # (provisioner, resource)
         self.failure = None  # Docker's error when the container could not be torn down
         self.seconds = {}  # step name → seconds it took (provision_seconds)
+        self.allocation = {}  # the kernel's devices ({slot: {device id: amount}})
 
     def setup(self, provisioner, *args):
         resource = self.step(provisioner.name, provisioner.setup, *args)
@@ -513,21 +545,39 @@ class KernelRunner:
         return result
 
     @classmethod
-    def start(cls, client, agent_id, spec, *, ready_timeout=60, source=None):
+    def start(cls, client, agent_id, spec, *, ready_timeout=60, source=None, devices=None):
         """Set up the kernel's resources in order, start its container and wait until it
         is ready (readiness): (runner, container). On any failure tear down what was made
         (at once: the kernel never ran) and raise ProvisionFailed naming the step.
+        `devices`: the agent's DeviceSet, for a kernel that asks for devices.
 
         A resume (spec["restore"]) takes the kept container here (`from` "local"), or,
         given the `source` (kept.Source) of another agent, the kept image and volume from
-        there; any failure of one is of kind RESTORE, and a kept container stays kept."""
+        there; any failure of one is of kind RESTORE, and a kept container stays kept. A
+        kept container keeps the devices it was made with: resumed here only when those
+        are free (else kind `agent`: the kernel moves, with devices of its new agent)."""
         runner = cls()
         restore = spec.get("restore")
         try:
+            if devices is not None and device_part(ResourceSlots.parse(spec["slots"])):
+                if restore and source is None:  # the devices its kept container has
+                    kept_container = backend.find_kept(client, agent_id, spec["kernel_id"])
+                    if kept_container is not None:
+                        spec = {**spec, "device_allocation":
+                                device_plugins.container_allocation(kept_container)}
+                runner.allocation = runner.setup(DeviceAllocation(devices, client, agent_id),
+                                                 spec)
+            device_args = runner.allocation and (runner.allocation, runner.step(
+                "device-arguments", devices.container_args, runner.allocation,
+                spec["kernel_id"]))
             mounts = runner.setup(FolderMounts(), spec.get("mounts") or [])
             if restore and source is None:
                 network = runner.setup_network(client, spec)
                 container = runner.setup(KeptContainer(client, agent_id), spec, network)
+                if runner.allocation and runner.allocation != \
+                        device_plugins.container_allocation(container):
+                    raise ProvisionFailed("devices", device_plugins.DevicesUnavailable(
+                        "the devices the kept container was made with are not free here"))
             else:
                 image = None
                 if source is not None:
@@ -539,10 +589,12 @@ class KernelRunner:
                     volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
                 network = runner.setup_network(client, spec)
                 container = runner.setup(KernelContainer(client, agent_id), spec, volume,
-                                         network, mounts, image)
+                                         network, mounts, device_args or None, image)
                 if spec.get("ssh_keypair"):
                     runner.setup(SSHKeys(), container, spec["ssh_keypair"],
                                  spec.get("cluster_hosts") or [spec["cluster_hostname"]])
+            if runner.allocation:  # its container's label holds the devices from now on
+                devices.release(spec["kernel_id"])
             overlay = spec.get("network_driver") == "overlay"
             runner.step("start", start_container, container, OVERLAY_WAIT if overlay else 0)
             if container.status == "running":  # else it ended at once: reported as it ended

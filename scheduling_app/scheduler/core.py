@@ -12,6 +12,7 @@ from django.db import transaction
 from backendai_web import metrics
 from common import clock
 from common.collector import collector_paused
+from common.devices import device_part
 from common.slots import ResourceSlots
 from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler.predicates import Failure, validators_for
@@ -100,7 +101,8 @@ def run_pass(group, *, check_image=None) -> PassResult:
     chunk = settings.SCHEDULER_CHUNK_SIZE
     for start in range(0, len(placements), chunk):
         result.scheduled += engine.schedule_sessions(placements[start:start + chunk],
-                                                     check_image=check_image)
+                                                     check_image=check_image,
+                                                     allocations=snap.allocations)
     scheduled = set(result.scheduled)
     for session_id, _ in placements:
         if session_id not in scheduled:  # lost to a change since the snapshot
@@ -160,7 +162,7 @@ class _LazyTimeline:
         self.timeline, self.placed_now = None, []
 
     def placed(self, session, placement):
-        occupant = occupant_of(session, placement, self.now)
+        occupant = occupant_of(session, placement, self.now, self.snap.allocations)
         if self.timeline is None:
             self.placed_now.append(occupant)
         else:
@@ -212,14 +214,17 @@ class _NoRoomReason:
         need = session.total if session.cluster_mode == ClusterMode.SINGLE_NODE else max(
             (k.slots for k in session.kernels), key=lambda s: sorted(s.items()))
         if designated:
-            short = need.shortfall(_max_free(agents)) or sorted(k for k, v in need.items() if v)
+            short = need.shortfall(_max_free(agents)) or sorted(device_part(need)) or sorted(
+                k for k, v in need.items() if v)
             return Failure("agent-resources",
                            f"no designated agent ({', '.join(sorted(designated))}) with "
                            f"enough free {'/'.join(short)}")
         if self.stale:
             self.max_free = _max_free(agents)
             self.stale = False
-        short = need.shortfall(self.max_free) or sorted(k for k, v in need.items() if v)
+        # Enough of every slot somewhere, yet no room: the devices are taken or shared.
+        short = need.shortfall(self.max_free) or sorted(device_part(need)) or sorted(
+            k for k, v in need.items() if v)
         return Failure("agent-resources",
                        f"no agent with enough free {'/'.join(short)} in scaling group "
                        f"{self.snap.group}")

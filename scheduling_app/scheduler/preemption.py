@@ -11,7 +11,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from common.slots import ResourceSlots, SlotsCache
+from common.devices import plan_all, planned_of
+from common.slots import ResourceSlots, SlotsCache, total
 from scheduling_app.scheduler.state import PendingSession, Snapshot
 from sessions_app import engine
 from sessions_app.enums import ClusterMode, SessionType, Status, StatusGroup
@@ -49,12 +50,15 @@ def load_candidates(group, now, min_runtime):
             "id", "name", "priority", "starts_at"):
         candidates[pk] = Candidate(pk, name, priority, started, [])
     freeing = defaultdict(ResourceSlots)
-    for session_id, agent_id, status, occupied, requested in (
+    for session_id, agent_id, status, occupied, requested, devices in (
             Kernel.objects.filter(session__scaling_group=group, agent_id__isnull=False)
             .filter(status=Status.TERMINATING) | Kernel.objects.filter(session_id__in=candidates)
     ).exclude(status__in=StatusGroup.FINISHED).values_list("session_id", "agent_id", "status",
-                                               "occupied_slots", "requested_slots"):
+                                               "occupied_slots", "requested_slots",
+                                               "device_allocation"):
         slots = parse(occupied or requested)
+        if devices:  # and the devices it holds (common/devices.py)
+            slots = slots + planned_of(devices)
         if status == Status.TERMINATING:
             freeing[agent_id] = freeing[agent_id] + slots
         elif session_id in candidates:
@@ -81,15 +85,24 @@ class Preemptor:
         makes room; None when preemption cannot (multi-node sessions are not handled)."""
         if session.cluster_mode != ClusterMode.SINGLE_NODE:
             return None
-        need = session.total
+        need, demands = session.total, session.device_demands
         best = None
+
+        def fits(free):
+            return need.fits_in(free) and (
+                not demands or plan_all(demands, free, agent.device_keys) is not None)
+
+        def claimed(free):  # what the session takes of `free`: its devices too
+            plans = plan_all(demands, free, agent.device_keys) if demands else ()
+            return need + total(plans)
+
         for agent in self.snap.agents.values():
             if (not agent.schedulable or agent.id in session.excluded_agents
-                    or not need.fits_in(agent.capacity)):
+                    or not fits(agent.capacity)):
                 continue
             free = agent.free + self.coming[agent.id]
-            if need.fits_in(free):
-                self.coming[agent.id] = free - need - agent.free  # claimed by this session
+            if fits(free):
+                self.coming[agent.id] = free - claimed(free) - agent.free  # this session's
                 return []
             eligible = sorted(
                 (c for c in self.by_agent.get(agent.id, ())
@@ -99,12 +112,12 @@ class Preemptor:
             for candidate in eligible:
                 taken.append(candidate)
                 free = free + candidate.on(agent.id)
-                if need.fits_in(free):
+                if fits(free):
                     break
             else:
                 continue
             for candidate in reversed(taken[:-1]):  # never more than needed
-                if need.fits_in(free - candidate.on(agent.id)):
+                if fits(free - candidate.on(agent.id)):
                     taken.remove(candidate)
                     free = free - candidate.on(agent.id)
             key = (len(taken), sorted((c.priority for c in taken), reverse=True),
@@ -115,7 +128,7 @@ class Preemptor:
             return None
         _, agent, taken, free = best
         self.chosen.update(c.id for c in taken)
-        self.coming[agent.id] = free - need - agent.free
+        self.coming[agent.id] = free - claimed(free) - agent.free
         return taken
 
 

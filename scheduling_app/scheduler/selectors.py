@@ -11,6 +11,7 @@ from bisect import bisect_right
 
 from sortedcontainers import SortedList
 
+from common.devices import device_part
 from common.slots import ResourceSlots
 from scheduling_app.scheduler.state import AgentState, PendingSession, Snapshot
 from sessions_app.enums import ClusterMode
@@ -74,19 +75,22 @@ class AgentIndex:
                 heapq.heapify(heap)
         return self.members[key], self.ordered[key]
 
-    def first_fit(self, need, excluded=frozenset(), shape=None, image=None):
+    def first_fit(self, need, excluded=frozenset(), shape=None, image=None, demands=()):
         """The first agent in the strategy's order with room for `need`, not in `excluded`
         (`shape`: shape_of(need), when the caller has it); with `image`, one that holds it
-        first."""
+        first; with `demands` (its kernels' device requests), one whose devices hold them.
+        Within a pass devices are only taken too: an agent whose devices cannot hold one
+        kernel's request (the shape's own) never will, and leaves the shape; one that cannot
+        hold several kernels' is only passed over (the shape does not say how they split)."""
         if self.strategy == "roundrobin":
             # Most often the next agent in turn has room: no search then.
             if self.order:
                 agent = self.snap.agents[self.order[
                     bisect_right(self.order, self.cursor) % len(self.order)]]
-                if agent.id not in excluded and need.fits_in(agent.free):
+                if agent.id not in excluded and agent.fits(need, demands):
                     return agent
             members, places = self._shape(need, shape_of(need) if shape is None else shape)
-            return self._next_in_turn(need, excluded, members, places)
+            return self._next_in_turn(need, excluded, members, places, demands)
         members, ordered = self._shape(need, shape_of(need) if shape is None else shape,
                                        image)
         agents, keys = self.snap.agents, self.keys
@@ -98,10 +102,11 @@ class AgentIndex:
                 heapq.heappop(ordered)  # stale: the agent is elsewhere in the heap, or out
                 continue
             agent = agents[agent_id]
-            if not need.fits_in(agent.free):
+            if not need.fits_in(agent.free) or (len(demands) == 1 and not agent.fits(need,
+                                                                                   demands)):
                 heapq.heappop(ordered)
                 members.discard(agent_id)  # full for this shape for the rest of the pass
-            elif agent_id in excluded:
+            elif agent_id in excluded or (demands and not agent.fits(need, demands)):
                 aside.append(heapq.heappop(ordered))
             else:
                 found = agent
@@ -110,7 +115,7 @@ class AgentIndex:
             heapq.heappush(ordered, key)
         return found
 
-    def _next_in_turn(self, need, excluded, members, places):
+    def _next_in_turn(self, need, excluded, members, places, demands=()):
         """The first member after the cursor in id order, round the end, that fits."""
         agents, order = self.snap.agents, self.order
         if not places:
@@ -120,14 +125,15 @@ class AgentIndex:
         while seen < len(places):
             place = places[position]
             agent = agents[order[place]]
-            if not need.fits_in(agent.free):
+            if not need.fits_in(agent.free) or (len(demands) == 1 and not agent.fits(need,
+                                                                                   demands)):
                 del places[position]  # full for this shape for the rest of the pass
                 members.discard(agent.id)
                 if not places:
                     return None
                 position %= len(places)
                 continue
-            if agent.id not in excluded:
+            if agent.id not in excluded and (not demands or agent.fits(need, demands)):
                 return agent
             position = (position + 1) % len(places)
             seen += 1
@@ -190,7 +196,8 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
         if kept is not None:
             return kept
     if session.cluster_mode == ClusterMode.SINGLE_NODE:
-        agent = index.first_fit(session.total, excluded, session.shape[1], session.image)
+        agent = index.first_fit(session.total, excluded, session.shape[1], session.image,
+                                session.device_demands)
         return None if agent is None else {k.id: agent.id for k in session.kernels}
     placement = _spread(session, index, excluded)
     if placement is None or len(set(placement.values())) == 1:
@@ -203,7 +210,8 @@ def select(session: PendingSession, index: AgentIndex, excluded=None):
     index.forget_shapes()
     # Not across these hosts: all kernels on one agent (a bridge), or spread over the
     # agents of one swarm only.
-    agent = index.first_fit(session.total, excluded, image=session.image)
+    agent = index.first_fit(session.total, excluded, image=session.image,
+                            demands=session.device_demands)
     if agent is not None:
         return {k.id: agent.id for k in session.kernels}
     for key in {a.swarm_key for a in index.agents if a.swarm_key and a.swarm_manager}:
@@ -222,14 +230,16 @@ def _where_kept(session: PendingSession, index: AgentIndex, excluded):
     """A resumed session on the agents that keep its kernels' files, when they are
     schedulable and have room (no files to move); else None, and it goes where the
     strategy says (its agents move the files)."""
-    need = {}
+    need, demands = {}, {}
     for kernel in session.kernels:
         need[kernel.kept_on] = need.get(kernel.kept_on, ResourceSlots()) + kernel.slots
+        if device_part(kernel.slots):
+            demands.setdefault(kernel.kept_on, []).append(device_part(kernel.slots))
     agents = index.snap.agents
     for agent_id, slots in need.items():
         agent = agents.get(agent_id)
         if agent is None or not agent.schedulable or agent_id in excluded \
-                or not slots.fits_in(agent.free):
+                or not agent.fits(slots, demands.get(agent_id, ())):
             return None
     if len(need) > 1 and cross_host_problem(index.snap, set(need)) is not None:
         return None
@@ -258,12 +268,14 @@ def _spread(session: PendingSession, index: AgentIndex, excluded):
     """Each kernel of a multi-node session on the first agent with room for it."""
     placement, taken = {}, []
     for kernel in session.kernels:
-        agent = index.first_fit(kernel.slots, excluded, image=session.image)
+        demand = device_part(kernel.slots)
+        agent = index.first_fit(kernel.slots, excluded, image=session.image,
+                                demands=(demand,) if demand else ())
         if agent is None:
             break
         placement[kernel.id] = agent.id
-        agent.occupied = agent.occupied + kernel.slots  # tentative, for the next kernel
-        taken.append((agent, kernel.slots))
+        # Tentative, for the next kernel: its devices too.
+        taken.append((agent, kernel.slots + agent.take(kernel.slots)))
         index.placed(agent.id)
     for agent, slots in taken:  # undo; Snapshot.commit adds them back for good
         agent.occupied = agent.occupied - slots

@@ -19,8 +19,9 @@ def lifo(sessions: list[PendingSession], snap: Snapshot):
 
 
 def dominant_share(occupied, capacity) -> float:
-    """The largest of occupied/total over cpu and mem (Dominant Resource Fairness)."""
-    shares = [float(occupied.get(r, 0) / capacity[r]) for r in ("cpu", "mem")
+    """The largest of occupied/total over the slots an owner holds (Dominant Resource
+    Fairness): cpu, mem, and devices (a GPU is most often the dominant one)."""
+    shares = [float(value / capacity[r]) for r, value in occupied.items()
               if capacity.get(r)]
     return max(shares, default=0.0)
 

@@ -4,7 +4,8 @@ from django.db.models import Count, Q
 
 from agents_app.models import Agent, AgentStatus, Image, swarm_key
 from common import clock
-from common.slots import SlotsCache
+from common.devices import device_key, planned_of
+from common.slots import ResourceSlots, SlotsCache
 from scheduling_app.models import Domain, Project
 from scheduling_app.scheduler.state import (
     AgentState,
@@ -14,7 +15,7 @@ from scheduling_app.scheduler.state import (
     PendingSession,
     Snapshot,
 )
-from sessions_app.engine import CONCURRENCY_HOLDING
+from sessions_app.engine import CONCURRENCY_HOLDING, SLOT_HOLDING
 from sessions_app.enums import Status
 from sessions_app.models import Kernel, KeyPair, Session
 from sessions_app.status_data import StatusData
@@ -52,11 +53,13 @@ def load_pending(group, limit=None):
             queued_at=_requeued_at(data), user_id=user_id,
             user_concurrency=user_concurrency,
         )
-    for pk, session_id, slots, kept_on in (
+    for pk, session_id, slots, kept_on, devices in (
             Kernel.objects.filter(session_id__in=sessions, status=Status.PENDING)
             .order_by("cluster_role", "cluster_idx")
-            .values_list("id", "session_id", "requested_slots", "kept_on")):
-        sessions[session_id].kernels.append(PendingKernel(pk, parse(slots), kept_on))
+            .values_list("id", "session_id", "requested_slots", "kept_on",
+                         "device_allocation")):
+        sessions[session_id].kernels.append(
+            PendingKernel(pk, parse(slots), kept_on, devices if kept_on else {}))
     through = Session.dependencies.through
     for from_id, to_id in through.objects.filter(from_session_id__in=sessions).values_list(
             "from_session_id", "to_session_id"):
@@ -86,17 +89,40 @@ def _requeued_at(status_data):
     return when and clock.parse(when)
 
 
+def device_capacity(devices):
+    """Each device an agent reports as a slot of its own, of capacity 1 (common/devices)."""
+    return ResourceSlots({device_key(d["kind"], d["id"]): 1 for d in devices or ()
+                          if isinstance(d, dict) and d.get("kind") and d.get("id") is not None})
+
+
+def devices_held(group):
+    """{agent id: the devices its kernels hold or are planned} (one query; only kernels
+    that hold devices are read)."""
+    held = {}
+    for agent_id, allocation in (
+            Kernel.objects.filter(agent__scaling_group=group, status__in=SLOT_HOLDING)
+            .exclude(device_allocation={}).values_list("agent_id", "device_allocation")):
+        held[agent_id] = held.get(agent_id, ResourceSlots()) + planned_of(allocation)
+    return held
+
+
 def load_snapshot(group, pending):
     parse = SlotsCache()
     agents = {}
+    held = devices_held(group)
     for pk, status, schedulable, available, occupied, addr, arch, docker_error, swarm, \
-            images in (
+            images, devices in (
         Agent.objects.filter(scaling_group=group).exclude(status=AgentStatus.TERMINATED)
         .values_list("id", "status", "schedulable", "available_slots", "occupied_slots",
-                     "addr", "architecture", "docker_error", "swarm", "images")
+                     "addr", "architecture", "docker_error", "swarm", "images", "devices")
     ):
+        capacity, occupied = parse(available), parse(occupied)
+        if devices:
+            capacity = capacity + device_capacity(devices)
+        if pk in held:
+            occupied = occupied + held[pk]
         agents[pk] = AgentState(
-            id=pk, capacity=parse(available), occupied=parse(occupied),
+            id=pk, capacity=capacity, occupied=occupied,
             addr=addr, architecture=arch,
             schedulable=schedulable and status == AgentStatus.ALIVE and not docker_error,
             swarm_key=swarm_key(swarm), swarm_manager=bool((swarm or {}).get("manager")),

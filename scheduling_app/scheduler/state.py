@@ -8,6 +8,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 
+from common.devices import (
+    allocation_of,
+    device_part,
+    keys_by_kind,
+    plan,
+    plan_all,
+    planned_of,
+)
 from common.slots import ResourceSlots
 from sessions_app.enums import ClusterMode, SessionType
 
@@ -17,6 +25,8 @@ class PendingKernel:
     id: object
     slots: ResourceSlots
     kept_on: str = ""  # a resumed kernel: the agent that keeps its files
+    # A resumed kernel: the devices it held there (its kept container has them attached).
+    kept_devices: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -59,8 +69,17 @@ class PendingSession:
     def shape(self):
         """What the selectors see of a request: equal shapes fit in the same places."""
         if self.cluster_mode == ClusterMode.SINGLE_NODE:
-            return ("single", tuple(sorted(self.total.items())))
+            shape = ("single", tuple(sorted(self.total.items())))
+            if len(self.device_demands) > 1:  # how the devices split between its kernels
+                shape += (tuple(tuple(sorted(d.items())) for d in self.device_demands),)
+            return shape
         return ("multi", tuple(tuple(sorted(k.slots.items())) for k in self.kernels))
+
+    @cached_property
+    def device_demands(self):
+        """Each kernel's device request, in order; () when none asks for a device."""
+        demands = tuple(device_part(k.slots) for k in self.kernels)
+        return demands if any(demands) else ()
 
     @cached_property
     def total(self) -> ResourceSlots:  # kernels are fixed once loaded
@@ -71,7 +90,8 @@ class PendingSession:
 
 
 class AgentState:
-    """An agent in the snapshot; `free` is kept with `occupied`, as selectors read it often."""
+    """An agent in the snapshot; `free` is kept with `occupied`, as selectors read it often.
+    Its devices are slots of their own in both (`cuda@0`, capacity 1: common/devices.py)."""
 
     def __init__(self, id, capacity, occupied, addr="", architecture="x86_64",
                  schedulable=True, swarm_key=None, swarm_manager=False, images=frozenset()):
@@ -92,7 +112,8 @@ class AgentState:
     def capacity(self, value):
         # Read at every re-ordering of the selectors: what follows from it, computed once.
         self._capacity = value
-        self._shares = [(k, float(v)) for k, v in value.items() if v > 0]
+        self.device_keys = keys_by_kind(value)  # {kind: [device keys]}; {} without devices
+        self._shares = [(k, float(v)) for k, v in value.items() if v > 0 and "@" not in k]
         # For tie-breaks: the sum of the agent's shares of cpu and mem.
         self.size = float(value.get("cpu", 0)) + float(value.get("mem", 0)) / 2**30
 
@@ -107,6 +128,22 @@ class AgentState:
 
     def __repr__(self):
         return f"AgentState({self.id!r}, free={dict(self.free)})"
+
+    def fits(self, need, demands=()):
+        """Room for `need` now; with `demands` (the kernels' device requests, in order),
+        their devices too, each kernel's planned after the ones before it."""
+        if not need.fits_in(self.free):
+            return False
+        return not demands or plan_all(demands, self.free, self.device_keys) is not None
+
+    def take(self, slots, hint=None):
+        """Add a kernel's slots to its occupancy, with the devices it plans for them
+        (`hint`'s when they are free): the devices' plan, or {} when it asks for none or
+        they are not free."""
+        demand = device_part(slots)
+        planned = demand and plan(demand, self.free, self.device_keys, hint=hint)
+        self.occupied = self.occupied + slots + planned if planned else self.occupied + slots
+        return planned or {}
 
     @property
     def utilization(self) -> float:
@@ -159,6 +196,8 @@ class Snapshot:
     # id), kept only where a limit applies, and the project's and domain's limits.
     session_counts: dict = field(default_factory=dict)
     session_limits: dict = field(default_factory=dict)
+    # Kernel id → the devices planned for it ({slot: {device id: amount}}), as placed.
+    allocations: dict = field(default_factory=dict)
 
     @property
     def capacity(self) -> ResourceSlots:
@@ -172,8 +211,12 @@ class Snapshot:
     def commit(self, session: PendingSession, placement: dict) -> None:
         """Account for a placed session: placement maps kernel id → agent id."""
         for kernel in session.kernels:
-            agent = self.agents[placement[kernel.id]]
-            agent.occupied = agent.occupied + kernel.slots
+            agent_id = placement[kernel.id]
+            planned = self.agents[agent_id].take(kernel.slots, planned_of(
+                kernel.kept_devices) if agent_id == kernel.kept_on else None)
+            if planned:
+                self.allocations[kernel.id] = allocation_of(device_part(kernel.slots),
+                                                            planned)
         total = session.total
         for limits, key in ((self.keypair_limits, session.keypair_id),
                             (self.project_limits, session.project_id),

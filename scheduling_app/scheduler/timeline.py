@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from common.devices import device_part, plan_all, planned_of
 from common.json_keys import json_key
 from common.slots import ResourceSlots, SlotsCache
 from scheduling_app.scheduler.predicates import PERMANENT, Failure, evaluate
@@ -42,7 +43,7 @@ class Occupant:
     project_id: int
     domain_id: int
     total: ResourceSlots
-    parts: list  # [(agent id, slots)]
+    parts: list  # [(agent id, slots and the devices they hold)]
     end: datetime | None
     user_id: int = 0
 
@@ -83,17 +84,25 @@ def load_occupants(group, now):
             latest_end(status=status, starts_at=starts, now=now, session_type=stype,
                        batch_timeout=batch, max_lifetime=lifetime, idle_checks=idle,
                        exempt=exempt), user_id)
-    for session_id, agent_id, occupied, requested in (
+    for session_id, agent_id, occupied, requested, devices in (
             Kernel.objects.filter(session_id__in=sessions, agent_id__isnull=False)
             .exclude(status__in=StatusGroup.FINISHED)
-            .values_list("session_id", "agent_id", "occupied_slots", "requested_slots")):
-        sessions[session_id].parts.append((agent_id, parse(occupied or requested)))
+            .values_list("session_id", "agent_id", "occupied_slots", "requested_slots",
+                         "device_allocation")):
+        slots = parse(occupied or requested)
+        if devices:
+            slots = slots + planned_of(devices)
+        sessions[session_id].parts.append((agent_id, slots))
     return [o for o in sessions.values() if o.parts]
 
 
-def occupant_of(session: PendingSession, placement: dict, start: datetime) -> Occupant:
+def occupant_of(session: PendingSession, placement: dict, start: datetime,
+                allocations=None) -> Occupant:
+    """`allocations`: the snapshot's, for the devices the session's kernels hold."""
     lifetime = session.lifetime()
-    parts = [(placement[k.id], k.slots) for k in session.kernels]
+    allocations = allocations or {}
+    parts = [(placement[k.id], k.slots + planned_of(allocations[k.id])
+              if k.id in allocations else k.slots) for k in session.kernels]
     return Occupant(session.id, session.name, session.keypair_id, session.project_id,
                     session.domain_id, session.total, parts,
                     None if lifetime is None else start + timedelta(seconds=lifetime),
@@ -174,16 +183,18 @@ class Timeline:
         within a pass agents only fill up, so a fit time only grows, and an entry is
         re-checked when it comes to the top (a lazy heap), not every agent per call."""
         if session.cluster_mode == ClusterMode.SINGLE_NODE:
-            need, count = session.total, 1
+            need, count, demands = session.total, 1, session.device_demands
         else:
             need = max((k.slots for k in session.kernels), key=lambda s: sorted(s.items()))
             count = len(session.kernels)
-        shape = tuple(sorted(need.items()))
+            demands = (device_part(need),) if device_part(need) else ()
+        shape = (tuple(sorted(need.items())),
+                 tuple(tuple(sorted(d.items())) for d in demands))
         heap = self.fit_heaps.get(shape)
         if heap is None:
             heap = self.fit_heaps[shape] = []
             for agent in self.snap.agents.values():
-                key = self._fit_key(agent, need)
+                key = self._fit_key(agent, need, demands)
                 if key is not None:
                     heap.append(key)
             heapq.heapify(heap)
@@ -193,7 +204,7 @@ class Timeline:
             if entry[-1] in excluded:
                 aside.append(entry)
                 continue
-            current = self._fit_key(self.snap.agents[entry[-1]], need)
+            current = self._fit_key(self.snap.agents[entry[-1]], need, demands)
             if current is None:
                 continue  # can never hold it: gone for good
             if current[0] != entry[0]:
@@ -208,17 +219,23 @@ class Timeline:
         at = max(entry[0] for entry in chosen)
         return (None if at == FAR else at), [entry[-1] for entry in chosen]
 
-    def _fit_key(self, agent, need):
-        """(time, utilization, id): when one `need` fits on the agent (FAR: only after a
-        session without end bound), None if it never can."""
-        if not agent.schedulable or not need.fits_in(agent.capacity):
+    def _fit_key(self, agent, need, demands=()):
+        """(time, utilization, id): when one `need` (with its device `demands`) fits on the
+        agent (FAR: only after a session without end bound), None if it never can."""
+        if not agent.schedulable or not need.fits_in(agent.capacity) or (
+                demands and plan_all(demands, agent.capacity, agent.device_keys) is None):
             return None
+
+        def fits(free):
+            return need.fits_in(free) and (
+                not demands or plan_all(demands, free, agent.device_keys) is not None)
+
         free = agent.free
-        if need.fits_in(free):
+        if fits(free):
             return (self.now, agent.utilization, agent.id)
         for end, _, slots in self.by_agent.get(agent.id, ()):
             free = free + slots
-            if need.fits_in(free):
+            if fits(free):
                 return (end, agent.utilization, agent.id)
         return (FAR, agent.utilization, agent.id)
 
@@ -400,7 +417,7 @@ def predict(queue, snap, index, validators, timeline: Timeline, now, *, reservat
                     break
                 continue
             result[session.id] = Prediction(t, agents=tuple(sorted(set(placement.values()))))
-            timeline.add(occupant_of(session, placement, t))
+            timeline.add(occupant_of(session, placement, t, snap.allocations))
             if k[2] is not None:
                 del held[k[2]]
             kinds[k] -= 1

@@ -5,6 +5,7 @@ phase durations, agents and their slots) beside the counters every process keeps
 import bisect
 import hmac
 from datetime import datetime
+from decimal import Decimal
 
 from django.conf import settings
 from django.db.models import Count, Min
@@ -113,6 +114,34 @@ def database_metrics():
         for row in agents:
             for slot, value in ResourceSlots.parse(row[index] or {}).items():
                 family.add_metric([row[0], row[2], row[1], slot], float(value))
+        yield family
+    yield from device_metrics()
+
+
+# Each device's last measures, as its agent's heartbeat reported them: (name, key, help).
+DEVICE_GAUGES = (
+    ("device_utilization_percent", "utilization", "Each device's utilization, percent."),
+    ("device_memory_used_bytes", "mem_used", "Each device's memory in use, bytes."),
+    ("device_memory_total_bytes", "mem_total", "Each device's memory, bytes."),
+    ("device_held_amount", None, "How much of each device its kernels hold (1: all of it)."),
+)
+
+
+def device_metrics():
+    rows = list(Agent.objects.exclude(devices=[]).order_by("id").values_list(
+        "id", "scaling_group__name", "devices"))
+    for name, key, text in DEVICE_GAUGES:
+        family = GaugeMetricFamily(f"{PREFIX}_{name}", text,
+                                   labels=("agent", "scaling_group", "kind", "device", "model"))
+        for agent, group, devices in rows:
+            for device in devices or []:
+                labels = [agent, group, str(device.get("kind")), str(device.get("id")),
+                          str(device.get("model", ""))]
+                if key is None:
+                    family.add_metric(labels, float(sum(
+                        Decimal(str(h.get("amount", 0))) for h in device.get("held") or [])))
+                elif device.get(key) is not None:
+                    family.add_metric(labels, float(device[key]))
         yield family
 
 

@@ -56,7 +56,7 @@ class AgentSerializer(serializers.ModelSerializer):
         model = Agent
         fields = ["id", "status", "scaling_group", "schedulable", "available_slots",
                   "occupied_slots", "free_slots", "addr", "region", "architecture", "version",
-                  "first_contact", "last_heartbeat", "lost_at", "docker_error"]
+                  "first_contact", "last_heartbeat", "lost_at", "docker_error", "devices"]
 
     def get_free_slots(self, agent) -> dict:
         return agent.free_slots.clamp_negative().to_json()

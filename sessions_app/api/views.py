@@ -97,7 +97,8 @@ class KernelSerializer(serializers.ModelSerializer):
         model = Kernel
         fields = ["id", "session", "cluster_role", "cluster_idx", "cluster_hostname", "image",
                   "status", "status_info", "status_changed", "agent", "agent_status",
-                  "agent_addr", "container_id", "occupied_slots", "exit_code", "last_stat"]
+                  "agent_addr", "container_id", "occupied_slots", "device_allocation",
+                  "exit_code", "last_stat"]
 
 
 class SessionEventSerializer(serializers.ModelSerializer):

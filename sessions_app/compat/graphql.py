@@ -30,6 +30,7 @@ from rest_framework.views import APIView
 
 from agents_app.models import Agent, AgentStatus, Image
 from common import clock
+from common.devices import device_ids, kind_of
 from scheduling_app.idle import checks_of as idle_checks_of
 from scheduling_app.models import ResourcePolicy, ResourcePreset
 from sessions_app import service_ports
@@ -147,6 +148,7 @@ class ComputeContainer(DjangoObjectType):
     agent_addr = graphene.String()
     resource_opts = graphene.JSONString()
     occupied_slots = graphene.JSONString()
+    attached_devices = graphene.JSONString()
     live_stat = graphene.JSONString()
     last_stat = graphene.JSONString()
     preopen_ports = graphene.List(graphene.Int)
@@ -195,6 +197,19 @@ class ComputeContainer(DjangoObjectType):
 
     def resolve_occupied_slots(kernel, info):
         return kernel.occupied_slots
+
+    def resolve_attached_devices(kernel, info):
+        """Backend.AI's shape: {kind: [{device_id, model_name, data}]}, of the devices the
+        kernel holds (its agent's report of each)."""
+        known = {(d.get("kind"), d.get("id")): d for d in
+                 (kernel.agent.devices if kernel.agent_id else [])}
+        attached = {}
+        for kind, ids in device_ids(kernel.device_allocation).items():
+            attached[kind] = [{"device_id": i,
+                               "model_name": known.get((kind, i), {}).get("model", ""),
+                               "data": {"mem": known.get((kind, i), {}).get("memory")}}
+                              for i in ids]
+        return attached
 
     def resolve_live_stat(kernel, info):
         return kernel.last_stat or None
@@ -396,10 +411,29 @@ class AgentType(DjangoObjectType):
         return agent.occupied_slots
 
     def resolve_live_stat(agent, info):
-        return {"node": {}, "devices": {}}
+        """Its devices' last measures, in Backend.AI's shape: {"devices": {"cuda_util":
+        {device id: {current, capacity}}, "cuda_mem": {...}}}."""
+        devices = {}
+        for device in agent.devices or []:
+            kind, device_id = device.get("kind"), device.get("id")
+            if "utilization" in device:
+                devices.setdefault(f"{kind}_util", {})[device_id] = {
+                    "current": str(device["utilization"]), "capacity": "100"}
+            if "mem_used" in device:
+                devices.setdefault(f"{kind}_mem", {})[device_id] = {
+                    "current": str(device["mem_used"]),
+                    "capacity": str(device.get("mem_total"))}
+        return {"node": {}, "devices": devices}
 
     def resolve_compute_plugins(agent, info):
-        return {}
+        """{kind: {plugin, devices}} of the device plugins it enabled."""
+        plugins = {}
+        for device in agent.devices or []:
+            entry = plugins.setdefault(device.get("kind"), {"plugin": device.get("plugin"),
+                                                            "devices": []})
+            entry["devices"].append({k: device.get(k) for k in ("id", "model", "memory",
+                                                                 "numa_node")})
+        return plugins
 
     def resolve_hardware_metadata(agent, info):
         return {}
@@ -486,7 +520,10 @@ class ImageType(DjangoObjectType):
         return image.min_slots
 
     def resolve_supported_accelerators(image, info):
-        return []
+        """Its ai.backend.accelerators label, and the kinds of device it needs."""
+        named = (image.labels or {}).get("ai.backend.accelerators") or ""
+        return sorted({kind.strip() for kind in named.split(",") if kind.strip()}
+                      | {kind_of(slot) for slot in image.min_slots or {} if kind_of(slot)})
 
     def resolve_installed(image, info):
         return True

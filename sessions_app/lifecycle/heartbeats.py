@@ -58,6 +58,8 @@ def handle_heartbeat(info):
         fields["images"] = sorted({image["name"] for image in info.get("images", [])})
     if info.get("slots"):  # without Docker the agent reports none: keep the last known
         fields["available_slots"] = info["slots"]
+    if isinstance(info.get("devices"), list):  # and its devices, with their measures
+        fields["devices"] = info["devices"]
     if "kept" in info:
         fields["kept"] = [{k: entry.get(k) for k in ("kernel_id", "container_id", "volume",
                                                       "bytes")} for entry in info["kept"]]

@@ -10,16 +10,24 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator
 
 from agents_app.models import Image, resource_limits
+from common.devices import SHARES, WHOLE, device_part, is_device_slot, kind_of
 from common.slots import ResourceSlots, SlotError, format_bytes
+from scheduling_app.models import ScalingGroup
 from sessions_app.enums import SessionType
 from sessions_app.lifecycle.create import create_from_spec
 from sessions_app.models import SessionTemplate
 from sessions_app.quota import quota_of
 from sessions_app.session_templates import check_template, form_initial
-from sessions_app.spec import DomainError, Limits, SessionSpec
+from sessions_app.spec import DomainError, Limits, SessionSpec, offered_slots
 from storage_app.folders import visible_folders
 
 MIB = 2**20
+
+
+def scaling_group_choices():
+    names = ScalingGroup.objects.filter(is_active=True).order_by("name").values_list(
+        "name", flat=True)
+    return [(name, name) for name in names] or [("default", "default")]
 
 
 def image_choices(user_id=None):
@@ -28,9 +36,21 @@ def image_choices(user_id=None):
     return [(name, name) for name in names]
 
 
+# How the create form names each kind of device slot (common/devices.py).
+DEVICE_LABELS = {WHOLE: "whole devices", SHARES: "fractions of a device"}
+
+
+def accelerator_choices():
+    """The device slots the agents offer, for the form's accelerator field."""
+    slots = sorted(name for name in offered_slots() if is_device_slot(name))
+    return [("", "None")] + [
+        (name, f"{name} ({DEVICE_LABELS[name[len(kind_of(name)):]]})") for name in slots]
+
+
 def image_minimums(user_id=None):
-    """{image: {"cpu": cores, "mem": MiB}}: the least a kernel of each registered image
-    may have (its ai.backend.resource.min.* labels), as the form's fields count them."""
+    """{image: {"cpu": cores, "mem": MiB, "accelerator": slot, "accelerators": amount}}:
+    the least a kernel of each registered image may have (its ai.backend.resource.min.*
+    labels), as the form's fields count them."""
     minimums = {}
     for name, labels in Image.objects.usable_by(user_id).values_list("name", "labels"):
         least = resource_limits(labels)[0]
@@ -39,6 +59,8 @@ def image_minimums(user_id=None):
             fields["cpu"] = float(least["cpu"])
         if least.get("mem"):
             fields["mem"] = -(-int(least["mem"]) // MIB)  # whole MiB, rounded up
+        for slot, amount in sorted(device_part(least).items())[:1]:
+            fields["accelerator"], fields["accelerators"] = slot, float(amount)
         if fields:
             minimums[name] = fields
     return minimums
@@ -53,6 +75,10 @@ class SessionForm(forms.Form):
         max_length=64, help_text="Letters, digits, '.', '_' or '-'; unique among your live "
                                  "sessions.")
     image = forms.ChoiceField(choices=image_choices)
+    scaling_group = forms.ChoiceField(
+        required=False, label="Scaling group", choices=scaling_group_choices,
+        initial="default",
+        help_text="The agents it runs on (a template may name its own).")
     session_type = forms.ChoiceField(
         label="Type", choices=[(SessionType.INTERACTIVE, "Interactive"),
                                (SessionType.BATCH, "Batch")],
@@ -61,6 +87,14 @@ class SessionForm(forms.Form):
                              decimal_places=2, initial=1, help_text="Per kernel.")
     mem = forms.IntegerField(label="Memory (MiB)", min_value=64, initial=256,
                              help_text="Per kernel.")
+    accelerator = forms.ChoiceField(
+        required=False, label="Accelerator", choices=accelerator_choices,
+        help_text="Devices the agents offer, per kernel: whole devices, or fractions of one "
+                  "(enforced on the device).")
+    accelerators = forms.DecimalField(
+        required=False, label="Accelerator amount", min_value=Decimal("0.01"), max_digits=6,
+        decimal_places=2, help_text="How many whole devices, or how much of a device "
+                                    "(0.5: half of one).")
     cluster_size = forms.IntegerField(min_value=1, initial=1,
                                       help_text="How many kernels (containers).")
     startup_command = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}),
@@ -122,6 +156,9 @@ class SessionForm(forms.Form):
         image's minimum, which is also their lower bound in the browser."""
         image = self.initial.get("image") or self.fields["image"].initial
         least = self.minimums.get(image, {})
+        if least.get("accelerator") and not self.initial.get("accelerator"):
+            self.initial["accelerator"] = least["accelerator"]
+            self.initial["accelerators"] = least["accelerators"]
         for name in ("cpu", "mem"):
             if name in least:
                 field = self.fields[name]
@@ -144,11 +181,13 @@ class SessionForm(forms.Form):
     def clean(self):
         data = super().clean()
         self.spec = None
+        if data.get("accelerator") and not data.get("accelerators"):
+            self.add_error("accelerators", f"How much {data['accelerator']} per kernel?")
         try:
             self.spec = SessionSpec.build(keypair=self.keypair,
                                           may_raise_priority=self.may_raise_priority,
-                                          **self.spec_fields(data),
-                                          **self.template_fields(data.get("template")))
+                                          **{**self.spec_fields(data),
+                                             **self.template_fields(data.get("template"))})
         except DomainError as exc:
             for field, message in exc.errors.items():
                 if field not in self.errors:  # the form's own word on a field comes first
@@ -172,22 +211,31 @@ class SessionForm(forms.Form):
 
     @staticmethod
     def requested_slots(data):
-        per_kernel = ResourceSlots.parse({"cpu": data["cpu"], "mem": data["mem"] * MIB})
+        per_kernel = ResourceSlots.parse({"cpu": data["cpu"], "mem": data["mem"] * MIB,
+                                          **SessionForm.device_request(data)})
         total = ResourceSlots()
         for _ in range(data["cluster_size"]):
             total = total + per_kernel
         return total
 
     @staticmethod
+    def device_request(data):
+        """{slot: amount} of the accelerator fields; {} when none is chosen."""
+        slot, amount = data.get("accelerator"), data.get("accelerators")
+        return {slot: str(amount)} if slot and amount else {}
+
+    @staticmethod
     def spec_fields(data):
         """SessionSpec.build's fields from what the form's fields parsed (None if invalid)."""
         cpu, mem = data.get("cpu"), data.get("mem")
+        resources = {"cpu": str(cpu), "mem": f"{mem}m", **SessionForm.device_request(data)}
         return {"name": data.get("name"), "image": data.get("image"),
                 "session_type": data.get("session_type"),
-                "resources": {"cpu": str(cpu), "mem": f"{mem}m"} if cpu and mem else None,
+                "resources": resources if cpu and mem else None,
                 "cluster_size": data.get("cluster_size"),
                 "startup_command": data.get("startup_command", ""),
                 "grace_period": data.get("grace_period"), "priority": data.get("priority"),
+                "scaling_group": data.get("scaling_group") or "default",
                 "preemptible": data.get("preemptible", False),
                 "mounts": data.get("mounts") or None}
 

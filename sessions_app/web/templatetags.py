@@ -3,6 +3,7 @@ from datetime import datetime
 from django import template
 from django.utils.timezone import localtime
 
+from common.devices import WHOLE, kind_of
 from common.slots import humanize
 from sessions_app.web import timeline
 
@@ -13,6 +14,23 @@ register = template.Library()
 def slots(value):
     """{"cpu": "1", "mem": "268435456"} as "cpu 1, mem 256 MiB"."""
     return humanize(value) if value else "—"
+
+
+@register.filter
+def devices(kernel):
+    """The devices a kernel holds, "cuda 0, cuda 1" or "cuda 1 (0.5)", with the last
+    utilization its agent measured of each; "—" for none."""
+    stats = (kernel.last_stat or {}).get("devices") or {}
+    shown = []
+    for slot, held in sorted((kernel.device_allocation or {}).items()):
+        kind = kind_of(slot) or slot
+        for device_id, amount in sorted(held.items()):
+            text = f"{kind} {device_id}" + ("" if slot.endswith(WHOLE) else f" ({amount})")
+            measured = stats.get(f"{kind}:{device_id}", {})
+            if "utilization" in measured:
+                text += f" · {measured['utilization']:g} %"
+            shown.append(text)
+    return ", ".join(shown) or "—"
 
 
 @register.filter

@@ -22,6 +22,7 @@ from sessions_app import service_ports
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.lifecycle.heartbeats import is_uuid
 from sessions_app.lifecycle.stop import (
     ResumeRefused,
     StopRefused,
@@ -29,7 +30,7 @@ from sessions_app.lifecycle.stop import (
     resume_session,
     stop_session,
 )
-from sessions_app.models import Session
+from sessions_app.models import Kernel, Session
 from sessions_app.querysets import is_admin, may_force_terminate
 from sessions_app.web import timeline
 from sessions_app.web.forms import SessionForm
@@ -182,12 +183,38 @@ def overview(request):
                      .values_list("status").annotate(n=Count("id")).order_by())
     agents = sorted(Agent.objects.select_related("scaling_group"),
                     key=lambda a: (a.status != AgentStatus.LOST, a.status, a.id))
+    holders = session_names_of(agents)
     return render(request, "dashboard/overview.html", {
         "admin": admin, "rendered_at": clock.now(),
         "statuses": [(status, by_status.get(status, 0)) for status in Status
                      if status not in StatusGroup.FINISHED],
-        "agents": [(agent, slot_bars(agent)) for agent in agents],
+        "agents": [(agent, slot_bars(agent), device_rows(agent, holders)) for agent in agents],
     })
+
+
+def session_names_of(agents):
+    """{kernel id: its session's name} of the kernels holding the agents' devices."""
+    ids = {held["kernel_id"] for agent in agents for device in agent.devices or []
+           for held in device.get("held") or []}
+    return {str(pk): name for pk, name in Kernel.objects.filter(pk__in=[
+        i for i in ids if is_uuid(i)]).values_list("pk", "session__name")}
+
+
+def device_rows(agent, holders):
+    """Each device an agent reported: what it is, its use as measured, who holds it."""
+    rows = []
+    for device in agent.devices or []:
+        used, total = device.get("mem_used"), device.get("mem_total") or device.get("memory")
+        rows.append({
+            "name": f"{device.get('kind')} {device.get('id')}",
+            "model": device.get("model", ""), "plugin": device.get("plugin", ""),
+            "utilization": device.get("utilization"),
+            "memory": f"{format_bytes(used)} / {format_bytes(total)}"
+                      if used is not None and total else "",
+            "held": [f"{holders.get(h['kernel_id'], h['kernel_id'][:8])}"
+                     + ("" if h["slot"].endswith(".device") else f" ({h['amount']})")
+                     for h in device.get("held") or []]})
+    return rows
 
 
 def slot_bars(agent):

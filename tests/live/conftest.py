@@ -89,6 +89,22 @@ def live_system(django_db_setup, django_db_blocker, docker_client, redis_availab
     remove_kernels_of(docker_client, system.agent_id)
 
 
+@pytest.fixture(scope="module")
+def mock_gpu_agents(live_system, docker_client):
+    """Two more agents, in scaling group `gpus`, each offering two mock CUDA devices
+    (run_agent --mock-devices 2: a device node of its own per device under /dev), for the
+    tests of one module: the other modules' tests see no more agents than before."""
+    agents = {f"{live_system.agent_id}-gpu{n}": live_system.agent_process(
+        f"{live_system.agent_id}-gpu{n}", "gpus", "--mock-devices", "2").start()
+        for n in (1, 2)}
+    yield list(agents)
+    for agent_id, process in agents.items():
+        process.stop()
+        remove_kernels_of(docker_client, agent_id)
+        for node in Path("/dev").glob(f"bai-mock-{agent_id}-*"):
+            node.unlink()
+
+
 @pytest.fixture
 def live(live_system, transactional_db):
     ensure_defaults()

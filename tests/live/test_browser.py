@@ -16,13 +16,14 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import transaction
 from playwright.sync_api import expect, sync_playwright
 
-from agents_app.models import Image
+from agents_app.models import Agent, Image
 from backendai_web import serve
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, default_of
 from sessions_app import engine
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
+from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.create import create_session
 from sessions_app.models import Session
 from tests.factories import make_agent, make_session
@@ -353,3 +354,53 @@ def test_idle_countdown_ticks_then_warns_then_the_session_is_culled(live, alice,
     expect(page.locator("#status-info")).to_have_text("idle-timeout")
     assert still_the_same_page(page)
     screenshot(page, "13-idle-culled")
+
+
+def test_the_create_form_asks_for_devices_and_the_overview_shows_them(
+        live, mock_gpu_agents, alice, carol, browser_context):
+    """The accelerator fields on the agents' own slots: a fraction of whole devices is
+    refused with why, a whole device runs on a mock-device agent (scaling group gpus) and
+    the session page and the operator overview show which device it holds."""
+    wait_for(lambda: Agent.objects.filter(pk__in=mock_gpu_agents,
+                                          available_slots__has_key="cuda.device").count() == 2,
+             timeout=60, message="the mock-device agents to report their devices")
+    page = browser_context.new_page()
+    log_in(page, "alice")
+    page.goto("/sessions/new/")
+    page.fill("#id_name", "browser-gpu")
+    page.select_option("#id_scaling_group", "gpus")
+    page.fill("#id_cpu", "0.25")
+    page.fill("#id_mem", "64")
+    page.select_option("#id_accelerator", "cuda.device")
+    assert page.get_attribute("#id_accelerators", "step") == "1"
+    page.fill("#id_accelerators", "0.5")
+    page.click("#session-form button[type=submit]")
+    expect(page.locator(".message.error")).to_contain_text(
+        "not a whole number of devices")
+    screenshot(page, "14-create-form-device-fraction-refused")
+    page.select_option("#id_accelerator", "cuda.device")
+    page.fill("#id_accelerators", "1")
+    page.click("#session-form button[type=submit]")
+    page.wait_for_url("**/sessions/*-*/")
+    session = Session.objects.get(name="browser-gpu")
+    expect(badge(page, session.pk)).to_have_text("RUNNING")
+    kernel = session.kernels.get()
+    (device,) = kernel.device_allocation["cuda.device"]
+    page.reload()
+    expect(page.locator("#kernels .devices")).to_contain_text(f"cuda {device}")
+    screenshot(page, "15-session-with-a-device")
+
+    page.close()  # alice's page is done (its live refreshes would set cookies again)
+    browser_context.clear_cookies()  # and the operator logs in
+    operator = browser_context.new_page()
+    log_in(operator, "carol")
+    wait_for(lambda: any(h["kernel_id"] == str(kernel.pk)
+                         for d in Agent.objects.get(pk=kernel.agent_id).devices
+                         for h in d["held"]), message="the heartbeat to say who holds it")
+    operator.goto("/sessions/overview/")
+    row = operator.locator(f"#agent-{kernel.agent_id}")
+    expect(row.locator(f'[data-device="cuda {device}"]')).to_contain_text(
+        "held by browser-gpu")
+    expect(row.locator(".device")).to_have_count(2)
+    screenshot(operator, "16-overview-devices")
+    destroy_session(session, forced=True)

@@ -5,7 +5,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db.backends.signals import connection_created
 
-from agents_app.runtime import firewall
+from agents_app.runtime import devices, firewall
 from agents_app.runtime.agent import Agent, install
 from agents_app.runtime.streams import StreamServer
 from backendai_web.celery import agent_queue, app
@@ -29,6 +29,14 @@ def parse_slots(text):
         raise CommandError(f"--slots: {exc} (expected for example cpu=4,mem=8g)") from None
 
 
+def load_devices(options):
+    """The device plugins named by --devices (the mock one too with --mock-devices)."""
+    names = [name.strip() for name in options["devices"].split(",") if name.strip()]
+    if options["mock_devices"] and "mock" not in names:
+        names.append("mock")
+    return devices.load(names, options["id"], {"mock_devices": options["mock_devices"]})
+
+
 class Command(BaseCommand):
     help = "Run an agent: a Celery worker on queue agent.<ID> plus a heartbeat to the manager."
 
@@ -48,6 +56,13 @@ class Command(BaseCommand):
         parser.add_argument("--pull-concurrency", type=int, default=4,
                             help="Image pulls run at once (threads of the pull lane; one "
                                  "pull per image).")
+        parser.add_argument("--devices", default=",".join(settings.AGENT_DEVICES),
+                            help="Device plugins to enable, comma-separated (entry points "
+                                 "of backendai_web.devices: cuda, mock); default "
+                                 "AGENT_DEVICES.")
+        parser.add_argument("--mock-devices", type=int, default=settings.AGENT_MOCK_DEVICES,
+                            help="Mock CUDA devices to offer (enables the mock plugin); "
+                                 "default AGENT_MOCK_DEVICES.")
 
     def handle(self, *args, **options):
         connection_created.connect(forbid_database)
@@ -55,10 +70,13 @@ class Command(BaseCommand):
         slots = parse_slots(options["slots"]) if options["slots"] else None
         if options["concurrency"] < 1 or options["pull_concurrency"] < 1:
             raise CommandError("--concurrency and --pull-concurrency must be at least 1")
+        if options["mock_devices"] < 0:
+            raise CommandError("--mock-devices must be 0 or more")
         agent = install(Agent(options["id"], options["scaling_group"], slots=slots,
                               heartbeat_interval=options["heartbeat_interval"],
                               addr=options["addr"], lifecycle_threads=options["concurrency"],
-                              pull_threads=options["pull_concurrency"]))
+                              pull_threads=options["pull_concurrency"],
+                              devices=load_devices(options)))
         agent.docker_available()  # says in one line when Docker is unreachable
         if settings.KERNEL_FIREWALL:
             firewall.install()
