@@ -251,7 +251,8 @@ def sdk_mounts(names, mount_map):
     relative path is under /home/work) as create_session's mounts."""
     names = names or []
     mount_map = mount_map or {}
-    if not isinstance(names, list) or not isinstance(mount_map, dict):
+    if not isinstance(names, list) or not isinstance(mount_map, dict) or \
+            not all(isinstance(name, str) for name in names):
         raise RequestFailed("config.mounts is a list of folder names and config.mount_map "
                             "an object of folder name to path.",
                             data={"config.mounts": ["must be a list"]})
