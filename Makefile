@@ -56,17 +56,20 @@ define with_test_redis
 	$(1)
 endef
 
-# The tests in two runs: everything but the `serial` ones on TEST_WORKERS workers at once
-# (pytest-xdist; each worker its own test database, Redis database and live system of
-# processes, a test file's tests on one worker), then the serial ones (they stop Redis and
+# The tests in three runs: those without live processes on TEST_WORKERS workers at once,
+# then the live ones (pytest-xdist, a test file per worker; each worker its own test
+# database, Redis database and live system of processes, which runs for the worker's whole
+# session: hence apart from the others), then the serial ones (they stop Redis and
 # PostgreSQL, or make the main Docker engine a swarm manager) alone.
 TEST_WORKERS ?= 3
+XDIST = PYTHONPATH=. $(VENV)/bin/pytest -p tests.xdist_isolation -n $(TEST_WORKERS)
 test: services $(STAMP) $(NPM_STAMP)
 	$(call with_test_redis, $(VENV)/bin/ruff check .; \
 		$(PY) manage.py makemigrations --check --dry-run -v 0; \
 		status=0; \
-		PYTHONPATH=. $(VENV)/bin/pytest -p tests.xdist_isolation -n $(TEST_WORKERS) --dist loadfile \
-			-m "not serial" $(PYTEST_ARGS) || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
+		$(XDIST) -m "not live" $(PYTEST_ARGS) || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
+		$(XDIST) --dist loadfile -m "live and not serial" $(PYTEST_ARGS) \
+			|| { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
 		$(VENV)/bin/pytest -m serial $(PYTEST_ARGS) || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
 		exit $$status)
 
