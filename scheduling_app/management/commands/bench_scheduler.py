@@ -9,6 +9,10 @@ Then the prediction pass: every agent full with a RUNNING session that ends with
 hours, and M pending sessions, none of which fits: the whole pass (which places nothing,
 predicts every start and writes it) and the prediction alone.
 
+With --devices N, every agent has N GPUs (cuda.device and cuda.shares, as an agent with
+mock devices reports them) and --device-sessions of the sessions ask for one or two whole
+GPUs or a half or a quarter of one.
+
 Runs against the database that DATABASE_URL names, in a scaling group of its own that it
 removes afterwards. The last line printed is one JSON object.
 """
@@ -37,6 +41,10 @@ from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
 SIZES = [{"cpu": "1", "mem": "1g"}, {"cpu": "2", "mem": "2g"}, {"cpu": "2", "mem": "4g"},
          {"cpu": "4", "mem": "8g"}, {"cpu": "0.5", "mem": "512m"}]
 AGENT_SLOTS = {"cpu": "32", "mem": "128g"}
+DEVICE_SIZES = [{"cpu": "2", "mem": "8g", "cuda.device": "1"},
+                {"cpu": "4", "mem": "16g", "cuda.device": "2"},
+                {"cpu": "1", "mem": "4g", "cuda.shares": "0.5"},
+                {"cpu": "1", "mem": "4g", "cuda.shares": "0.25"}]
 LIFETIME = 4 * 3600
 IMAGE = "bench/image:latest"
 
@@ -63,6 +71,9 @@ class Command(BaseCommand):
         parser.add_argument("--predict-sessions", type=int, default=None,
                             help="Pending sessions for the prediction pass (default: "
                                  "--sessions; 0 skips it).")
+        parser.add_argument("--devices", type=int, default=0, help="GPUs on every agent.")
+        parser.add_argument("--device-sessions", type=float, default=0.3,
+                            help="With --devices: the share of sessions that ask for GPUs.")
 
     def handle(self, *args, **opts):
         rng = random.Random(opts["seed"])
@@ -83,12 +94,19 @@ class Command(BaseCommand):
             keypairs.append(keypair)
         Image.objects.get_or_create(name=IMAGE)
         project = default_project()
+        self.devices, self.device_sessions = opts["devices"], opts["device_sessions"]
+        slots, devices = dict(AGENT_SLOTS), []
+        if self.devices:
+            slots.update({"cuda.device": str(self.devices), "cuda.shares": str(self.devices)})
+            devices = [{"id": str(n), "kind": "cuda", "plugin": "mock", "model": "Mock",
+                        "memory": 16 * 2**30, "slots": ["cuda.device", "cuda.shares"]}
+                       for n in range(self.devices)]
         Agent.objects.bulk_create(
-            [Agent(id=f"{tag}-{i:05d}", scaling_group=group, available_slots=AGENT_SLOTS,
+            [Agent(id=f"{tag}-{i:05d}", scaling_group=group, available_slots=slots,
                    occupied_slots={}, addr=f"10.0.{i // 250}.{i % 250}",
-                   last_heartbeat=clock.now())
+                   last_heartbeat=clock.now(), devices=devices)
              for i in range(opts["agents"])], batch_size=2000)
-        passes, fanouts, by_combo = [], [], {}
+        passes, fanouts, cpus, by_combo = [], [], [], {}
         try:
             for sequencer in filter(None, opts["sequencers"].split(",")):
                 for selector in opts["selectors"].split(","):
@@ -99,8 +117,9 @@ class Command(BaseCommand):
                     for _ in range(opts["repeat"]):
                         self._reset(group, keypairs)
                         self._enqueue(rng, group, keypairs, project, opts["sessions"])
-                        committed, elapsed, placed = self._timed_pass(group)
+                        committed, elapsed, placed, cpu = self._timed_pass(group)
                         passes.append(committed)
+                        cpus.append(cpu)
                         fanouts.append(elapsed - committed)
                         rates.append(placed / committed)
                         self._check(group, placed, opts["sessions"])
@@ -132,9 +151,12 @@ class Command(BaseCommand):
         total = len(passes) * opts["sessions"]
         self.stdout.write(json.dumps({
             "agents": opts["agents"], "sessions": opts["sessions"], "passes": len(passes),
+            "devices": self.devices,
+            "device_sessions": self.device_sessions if self.devices else 0,
             "sessions_per_second": round(total / sum(passes)) if passes else None,
             "pass_p50_ms": round(percentile(passes, 0.5) * 1000) if passes else None,
             "pass_p99_ms": round(percentile(passes, 0.99) * 1000) if passes else None,
+            "pass_cpu_p50_ms": round(percentile(cpus, 0.5) * 1000) if cpus else None,
             "fanout_after_commit_p50_ms": (round(percentile(fanouts, 0.5) * 1000)
                                            if fanouts else None),
             "by_combination": by_combo, "plain": self.plain, "prediction": prediction,
@@ -196,14 +218,18 @@ class Command(BaseCommand):
     @staticmethod
     def _timed_pass(group):
         """(seconds to commit, seconds including the after-commit channel-layer fan-out,
-        sessions placed). The first on_commit callback marks the commit."""
+        sessions placed, CPU seconds to commit). The first on_commit callback marks the
+        commit. The CPU time is the process's: on a loaded machine it moves less than the
+        wall time."""
         marks = []
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         with transaction.atomic():
-            transaction.on_commit(lambda: marks.append(time.perf_counter()))
+            transaction.on_commit(lambda: marks.append((time.perf_counter(),
+                                                        time.process_time())))
             placed = len(schedule(group.name))
         events.flush(timeout=300)  # the publisher thread sends the events after commit
-        return marks[0] - started, time.perf_counter() - started, placed
+        return (marks[0][0] - started, time.perf_counter() - started, placed,
+                marks[0][1] - cpu)
 
     def _reset(self, group, keypairs):
         with transaction.atomic():
@@ -218,7 +244,9 @@ class Command(BaseCommand):
         sessions, kernels = [], []
         for i in range(count):
             keypair = rng.choice(keypairs)
-            size = ResourceSlots.parse(rng.choice(SIZES)).to_json()
+            sizes = DEVICE_SIZES if self.devices and rng.random() < self.device_sessions \
+                else SIZES
+            size = ResourceSlots.parse(rng.choice(sizes)).to_json()
             session = Session(
                 name=f"s{i}", keypair=keypair, user_id=keypair.user_id, domain=project.domain,
                 project=project, image=IMAGE, requested_slots=size, scaling_group=group,
