@@ -28,7 +28,7 @@ from django.db import transaction
 from agents_app import rpc
 from agents_app.models import Agent, AgentStatus, WarmNetwork, swarm_key
 from common import clock
-from sessions_app.enums import Status, StatusGroup
+from sessions_app.enums import StatusGroup
 from sessions_app.models import Kernel, Session
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,6 @@ MADE_WITHIN = timedelta(seconds=60)
 RELEASE_AFTER = timedelta(seconds=30)
 # New ones are not made while kernels of the group start this soon after a claim.
 REFILL_DEFER = timedelta(seconds=10)
-STARTING = [Status.SCHEDULED, Status.PREPARING, Status.PULLING, Status.PREPARED,
-            Status.CREATING]
 
 
 def claim(session_ids):
@@ -145,7 +143,7 @@ def _starting_after_claim(group_id, rows):
     if not claims or max(claims) < clock.now() - REFILL_DEFER:
         return False
     return Kernel.objects.filter(session__scaling_group_id=group_id,
-                                 status__in=STARTING).exists()
+                                 status__in=StatusGroup.STARTING).exists()
 
 
 def _make(maker_id, row, peers):

@@ -22,9 +22,10 @@ from scheduling_app.models import ScalingGroup
 from sessions_app import engine
 from sessions_app.enums import SessionType, Status
 from sessions_app.events import publish_many_on_commit
-from sessions_app.lifecycle.destroy import DestroyRefused, destroy_session
+from sessions_app.lifecycle.destroy import destroy_session
 from sessions_app.lifecycle.stop import StopRefused, stop_session
 from sessions_app.models import Kernel, Session, SessionEvent
+from sessions_app.spec import DestroyRefused
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class IdleSession:
     max_lifetime: int = 0
     batch_timeout: int | None = None
     requested: frozenset = frozenset({"cpu", "mem"})
-    usage: dict = field(default_factory=dict)  # summarize(): window averages of the samples
+    usage: dict = field(default_factory=dict)  # utilization.summarize(): window averages
     app: dict | None = None  # {"busy": bool, "last_activity": iso} from a Jupyter-style app
     checkers: tuple = ()
     exempt: bool = False
@@ -189,24 +190,6 @@ def seconds(value):
 
 SLACK = 5  # seconds of sampling jitter tolerated
 STALE_AFTER = 30  # seconds: older samples mean the agent stopped reporting
-
-
-def summarize(samples, window):
-    """Averages of [time, cpu %, mem %] samples over the window that ends at the newest:
-    {"cpu", "mem", "since", "until", "count"}, where "since" is how far back the samples
-    reach (at most the window's start). Kept beside the samples at each heartbeat, so that
-    a culling pass reads a few numbers per session instead of the samples."""
-    if not samples:
-        return {}
-    until = samples[-1][0]
-    start = until - window
-    recent = [s for s in samples if s[0] >= start]
-    summary = {"since": max(samples[0][0], start), "until": until, "count": len(recent)}
-    for index, name in ((1, "cpu"), (2, "mem")):
-        values = [s[index] for s in recent if s[index] is not None]
-        summary[name] = round(sum(values) / len(values), 1) if values else None
-    return summary
-
 
 REASONS = {"network-timeout": "idle-timeout", "session-lifetime": "max-lifetime-exceeded",
            "utilization": "utilization-idle", "app-activity": "idle-timeout",
@@ -380,11 +363,3 @@ def _cull(s, report):
              extra={"session_id": str(s.id), "reason": report.reason})
     metrics.count("culls", reason=report.reason)
     return True
-
-
-def add_sample(history, sample, keep_seconds=None):
-    """Append [time, cpu %, mem %] and drop what is older than the window needs."""
-    keep = keep_seconds or 2 * settings.IDLE_UTILIZATION["window"] + 60
-    cutoff = sample[0] - keep
-    return [s for s in history if s[0] >= cutoff] + [sample]
-

@@ -14,7 +14,7 @@ from django.db.models import Q
 from agents_app.models import Agent, AgentStatus
 from common.slots import ResourceSlots, SlotsCache
 from scheduling_app.models import ResourcePreset, ScalingGroup
-from scheduling_app.scheduler.snapshot import OCCUPYING
+from sessions_app.enums import StatusGroup
 from sessions_app.models import Session
 
 INFINITY = Decimal("Infinity")
@@ -59,7 +59,7 @@ def check_presets(keypair, project, scaling_group=None):
     for _group, available, _occupied in agents:
         names |= set(available)
 
-    occupying = Session.objects.filter(status__in=OCCUPYING)
+    occupying = Session.objects.filter(status__in=StatusGroup.HOLDING_SLOTS)
 
     def used(sessions):
         return _sum(parse(slots) for slots in sessions.values_list("occupying_slots", flat=True))

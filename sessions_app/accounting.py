@@ -6,7 +6,7 @@ from django.db import transaction
 
 from agents_app.models import Agent
 from common.slots import ResourceSlots
-from sessions_app.engine import CONCURRENCY_HOLDING, SLOT_HOLDING
+from sessions_app.enums import StatusGroup
 from sessions_app.models import Kernel, KeyPair
 
 
@@ -14,12 +14,12 @@ def expected_usage():
     """What the live kernels hold: ({agent id: slots}, {access key: sessions})."""
     occupied = defaultdict(ResourceSlots)
     for agent_id, slots in Kernel.objects.filter(
-        status__in=SLOT_HOLDING, agent__isnull=False
+        status__in=StatusGroup.HOLDING_SLOTS, agent__isnull=False
     ).values_list("agent_id", "occupied_slots"):
         occupied[agent_id] = occupied[agent_id] + ResourceSlots.parse(slots)
     concurrency = defaultdict(int)
     for keypair_id in Kernel.objects.filter(
-        status__in=CONCURRENCY_HOLDING, cluster_role=Kernel.ClusterRole.MAIN
+        status__in=StatusGroup.HOLDING_CONCURRENCY, cluster_role=Kernel.ClusterRole.MAIN
     ).values_list("session__keypair_id", flat=True):
         concurrency[keypair_id] += 1
     return occupied, concurrency

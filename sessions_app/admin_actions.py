@@ -7,10 +7,11 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.template.response import TemplateResponse
 
-from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.stop import ResumeRefused, StopRefused, resume_session, stop_session
 from sessions_app.models import Session
 from sessions_app.querysets import may_force_terminate
+from sessions_app.spec import DestroyRefused
 
 
 def can_force(request):

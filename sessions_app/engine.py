@@ -11,8 +11,8 @@ import logging
 
 from django.db import transaction
 from django.db.models import F
+from django.dispatch import Signal
 
-from agents_app import network_pool, rpc
 from agents_app.models import Agent
 from common import clock
 from common.bulk import MergedJSON, insert_rows, set_json_key, update_rows
@@ -25,14 +25,20 @@ from sessions_app.status_data import Key
 log = logging.getLogger(__name__)
 
 S = Status
-_ALLOCATED = {S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING}
+
+# What follows from a change but is an agent's work is the lifecycle's (a layer above): the
+# engine announces it, sessions_app.lifecycle.networks answers (connected at app loading).
+# Placed across hosts, in the placing transaction: session_ids=[...].
+sessions_spread = Signal()
+# A session across hosts has ended, in the ending transaction: session=.
+spread_session_ended = Signal()
 
 # Allowed transitions, for kernels and (derived from them) sessions.
 # PENDING is reachable again from the allocated states (a retry reschedules elsewhere) and
 # from TERMINATING (a preempted batch session is re-queued). STOPPED comes from TERMINATING
 # (a stop keeps the files) and from the way back to RUNNING (a resume that cannot restore
 # them, or that waited past its pending timeout, leaves the session as it was).
-_BACK_TO_STOPPED = {S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING}
+_BACK_TO_STOPPED = {S.PENDING} | StatusGroup.STARTING
 TRANSITIONS = {
     S.PENDING: {S.SCHEDULED, S.CANCELLED, S.ERROR, S.STOPPED},
     S.SCHEDULED: {S.PREPARING, S.PENDING, S.CANCELLED, S.TERMINATING, S.TERMINATED, S.ERROR,
@@ -64,14 +70,6 @@ SESSION_TRANSITIONS = {**TRANSITIONS,
                        S.PENDING: TRANSITIONS[S.PENDING] | {S.TERMINATING, S.TERMINATED},
                        S.TERMINATING: TRANSITIONS[S.TERMINATING] | {S.CANCELLED},
                        S.STOPPED: TRANSITIONS[S.STOPPED] | {S.TERMINATING}}
-
-# A kernel holds its agent's slots from allocation until its container is gone.
-SLOT_HOLDING = frozenset(_ALLOCATED | {S.RUNNING, S.TERMINATING, S.ERROR})
-# A session counts against its keypair's concurrency from allocation until its destroy is
-# accepted (Backend.AI releases concurrency then) or its main kernel fails (ERROR, or ended);
-# nothing takes it back afterwards: ERROR holds slots (its container may run) but no
-# concurrency, so TERMINATING → ERROR changes nothing.
-CONCURRENCY_HOLDING = frozenset(_ALLOCATED | {S.RUNNING})
 
 KERNEL_EVENT_NAMES = {
     S.PENDING: "kernel_pending",
@@ -262,24 +260,19 @@ def _write_session_status(session, from_status, to_status, history, reason, now)
     if to_status in StatusGroup.FINISHED:
         values["terminated_at"] = now
         if session.cluster_size > 1 and session.cluster_mode == ClusterMode.MULTI_NODE:
-            # Its last kernel has ended: an overlay network across hosts goes now (the
-            # heartbeats of manager agents ask again for any that stays).
-            transaction.on_commit(lambda: _remove_session_network(session))
+            spread_session_ended.send(sender=Session, session=session)
     Session.objects.filter(pk=session.pk, status=from_status).update(**values)  # locked
     for name, value in values.items():
         setattr(session, name, value)
 
 
-def _remove_session_network(session):
-    rpc.send_remove_network(session.pk, session=session)
-
-
 def _account_kernel(kernel, held_on, from_status, to_status):
-    if held_on and from_status in SLOT_HOLDING and to_status not in SLOT_HOLDING:
+    holding = StatusGroup.HOLDING_SLOTS
+    if held_on and from_status in holding and to_status not in holding:
         release_agent_slots(held_on, kernel.occupied_slots)
     if kernel.is_main:
-        held_before = from_status in CONCURRENCY_HOLDING
-        held_after = to_status in CONCURRENCY_HOLDING
+        held_before = from_status in StatusGroup.HOLDING_CONCURRENCY
+        held_after = to_status in StatusGroup.HOLDING_CONCURRENCY
         keypair_id = Session.objects.filter(pk=kernel.session_id).values_list("keypair_id")
         if held_after and not held_before:
             _keypairs(keypair_id).update(concurrency_used=F("concurrency_used") + 1)
@@ -393,7 +386,7 @@ def mark_kernel_terminating(kernel, *, reason, **kw):
 def mark_kernel_terminated(kernel, *, reason, exit_code=None, from_statuses=None, **kw):
     return transition_kernel(
         kernel, S.TERMINATED, reason=reason, exit_code=exit_code,
-        from_statuses=from_statuses or (set(Status) - StatusGroup.FINISHED - {S.PENDING}), **kw,
+        from_statuses=from_statuses or (StatusGroup.LIVE - {S.PENDING}), **kw,
     )
 
 
@@ -530,14 +523,8 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None, alloca
     spread = [sid for sid, placement in placements
               if sid in placed_ids and len(set(placement.values())) > 1]
     if spread:
-        warm = network_pool.claim(spread)  # a network made ahead, where there is one
-        transaction.on_commit(lambda: _create_session_networks(spread, warm))
+        sessions_spread.send(sender=Session, session_ids=spread)
     return placed
-
-
-def _create_session_networks(session_ids, warm):
-    rpc.send_create_network([sid for sid in session_ids if sid not in warm])
-    network_pool.release_others(warm)
 
 
 class _KernelRef:

@@ -31,6 +31,17 @@ class StatusGroup(frozenset, enum.Enum):
 
     FINISHED = {Status.TERMINATED, Status.CANCELLED}
     LIVE = set(Status) - {Status.TERMINATED, Status.CANCELLED}
+    # Placed on an agent and on the way to RUNNING.
+    STARTING = {Status.SCHEDULED, Status.PREPARING, Status.PULLING, Status.PREPARED,
+                Status.CREATING}
+    # A kernel holds its agent's slots from allocation until its container is gone; a
+    # session in these counts against its policy's, project's and domain's totals.
+    HOLDING_SLOTS = STARTING | {Status.RUNNING, Status.TERMINATING, Status.ERROR}
+    # A session counts against its keypair's concurrency from allocation until its destroy
+    # is accepted (Backend.AI releases concurrency then) or its main kernel fails (ERROR, or
+    # ended); nothing takes it back afterwards: ERROR holds slots (its container may run)
+    # but no concurrency, so TERMINATING → ERROR changes nothing.
+    HOLDING_CONCURRENCY = STARTING | {Status.RUNNING}
 
 
 class SessionType(models.TextChoices):

@@ -3,7 +3,7 @@ DestroyRefused; POST_DESTROY_HOOKS are told what happened."""
 
 import logging
 
-from sessions_app.lifecycle import DestroyRefused
+from sessions_app.spec import DestroyRefused
 
 log = logging.getLogger(__name__)
 

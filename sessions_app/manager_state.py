@@ -10,9 +10,9 @@ import logging
 from django.db import transaction
 
 from common import clock
-from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.lifecycle import destroy_session
 from sessions_app.models import ManagerState, Session
-from sessions_app.spec import SessionRequestError
+from sessions_app.spec import DestroyRefused, SessionRequestError
 
 log = logging.getLogger(__name__)
 FROZEN = ManagerState.Status.FROZEN

@@ -16,8 +16,6 @@ from sessions_app.status_data import Key, StatusData
 # The statuses in which a kernel's stage may wait for a retry, and the stage's name.
 RETRYING = {Status.PREPARING: "preparing", Status.PULLING: "preparing",
             Status.CREATING: "creating"}
-STARTING = frozenset({Status.SCHEDULED, Status.PREPARING, Status.PULLING, Status.PREPARED,
-                      Status.CREATING})
 
 
 def generate_access_key():
@@ -175,7 +173,7 @@ class Session(StatusFields):
         if self.status == Status.PENDING:
             failed = self.status_data.get("scheduler", {}).get("failed_predicates", [])
             return "; ".join(p["msg"] for p in failed) or "waiting for the scheduler"
-        if self.status not in STARTING:
+        if self.status not in StatusGroup.STARTING:
             return ""
         return "; ".join(filter(None, (k.retry_reason for k in self.kernels.all())))
 

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 
 from common.slots import ResourceSlots
-from scheduling_app.scheduler.snapshot import OCCUPYING
+from sessions_app.enums import StatusGroup
 from sessions_app.models import Session
 
 
@@ -41,7 +41,7 @@ def quota_of(keypair):
     """The keypair's policy against its sessions' slots, counted as the scheduler counts."""
     policy = keypair.resource_policy
     held = ResourceSlots()
-    for session in Session.objects.filter(keypair=keypair, status__in=OCCUPYING):
+    for session in Session.objects.filter(keypair=keypair, status__in=StatusGroup.HOLDING_SLOTS):
         held = held + session_slots(session)
     total = ResourceSlots.parse(policy.total_resource_slots) or None
     return Quota(policy_name=policy.name, total=total, held=held,

@@ -52,6 +52,18 @@ class DomainError(Exception):
             self.status_code = status_code
 
 
+class DestroyRefused(DomainError):
+    """A destroy the rules refuse (sessions_app.lifecycle.destroy), or a PRE_DESTROY_HOOK.
+    `message` is what the caller is told; `rule` the refusal's words alone (without when
+    the status times out), to group refusals by."""
+
+    status_code = 409
+
+    def __init__(self, message, status_code=None, *, rule=None):
+        super().__init__(message, status_code=status_code)
+        self.rule = rule or message
+
+
 class SessionRequestError(DomainError):
     """A request that cannot become a session (or a rename that cannot be made)."""
 

@@ -10,7 +10,7 @@ import time_machine
 from common import clock
 from scheduling_app import idle
 from scheduling_app.models import ResourcePolicy, default_of
-from sessions_app import activity
+from sessions_app import activity, utilization
 from sessions_app.enums import Status
 from sessions_app.models import Session, SessionEvent
 from tests.factories import make_agent, make_session
@@ -96,7 +96,7 @@ def utilization_settings(settings):
 
 def usage(cpu, mem, start=100, end=200, step=5, window=60):
     samples = [[at(t).timestamp(), cpu, mem] for t in range(start, end + 1, step)]
-    return idle.summarize(samples, window)
+    return utilization.summarize(samples, window)
 
 
 def test_utilization_grace_period_then_idle_or_busy(utilization_settings):

@@ -16,10 +16,11 @@ from agents_app.models import Agent
 from common.slots import ResourceSlots
 from scheduling_app.models import ensure_defaults
 from sessions_app import engine
-from sessions_app.enums import Status
-from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.enums import Status, StatusGroup
+from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
+from sessions_app.spec import DestroyRefused
 from tests.factories import make_agent, make_session
 
 STATUSES = list(Status)
@@ -98,12 +99,12 @@ class InvariantTests(TestCase):
             statuses = [k.status for k in session.kernels.all()]
             self.assertEqual(session.status, engine.derive_session_status(statuses))
         held = defaultdict(ResourceSlots)
-        for kernel in Kernel.objects.filter(status__in=engine.SLOT_HOLDING):
+        for kernel in Kernel.objects.filter(status__in=StatusGroup.HOLDING_SLOTS):
             held[kernel.agent_id] = held[kernel.agent_id] + ResourceSlots.parse(
                 kernel.occupied_slots)
         for agent in Agent.objects.all():
             self.assertTrue((ResourceSlots.parse(agent.occupied_slots) - held[agent.pk])
                             .is_zero(), f"{agent.occupied_slots} != {held[agent.pk]}")
-        live = Kernel.objects.filter(status__in=engine.CONCURRENCY_HOLDING,
+        live = Kernel.objects.filter(status__in=StatusGroup.HOLDING_CONCURRENCY,
                                      cluster_role="main").count()
         self.assertEqual(sum(KeyPair.objects.values_list("concurrency_used", flat=True)), live)

@@ -1,15 +1,10 @@
 """The layout's rules (ARCHITECTURE.md, "Apps and what each owns"), read from the imports.
 
-Layers, lowest first:
-- common: plumbing with no app (clock, bulk writes, resource slots); imports no app.
-- project: backendai_web's settings, Celery app, metrics counters, logs; imports no app.
-- domain: each app's models, engine, lifecycle, scheduler, agent runtime, tasks.
-- interfaces: sessions_app's api/, compat/, web/, realtime/; the admin (every app's admin.py
-  and the shared admin actions); management commands.
-- top: backendai_web.urls and asgi, which wire the interfaces.
-
-A module may import its own layer and those below; interfaces import one another only along
-INTERFACE_EDGES; the domain of one app never reaches another app's (or its own) interfaces.
+The layers and their ranks are scripts/import_graph.py's (its docstring lists them): common,
+project, domain, then the domain core ranked (the state engine, the scheduler, the
+lifecycle, idle culling and the periodic tasks), the interfaces, the top. A module may
+import its own layer and those below, at module level or inside a function; interfaces
+import one another only along INTERFACE_EDGES; no domain module reaches an interface.
 """
 
 import ast
@@ -17,76 +12,29 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-APPS = ("sessions_app", "agents_app", "scheduling_app", "storage_app")
-PACKAGES = ("common", "backendai_web", *APPS)
-INTERFACES = ("api", "compat", "web", "realtime")
-RANK = {"common": 0, "project": 1, "domain": 2, "interface": 3, "top": 4}
-# compat answers in the API's error form and streams with realtime; realtime's SSE errors
-# use the API's error form. Nothing else crosses between interfaces.
-INTERFACE_EDGES = {("compat", "api"), ("compat", "realtime"), ("realtime", "api")}
-# Django's app loading: AppConfig.ready registers the API's schema extension.
-ALLOWED = {("sessions_app.apps", "sessions_app.api.schema")}
+from scripts.import_graph import imports, imports_of, modules, violation
 
 
-def layer_of(module):
-    """(layer, interface name or None) of a dotted module name."""
-    parts = module.split(".")
-    if parts[0] == "common":
-        return "common", None
-    if parts[0] == "backendai_web":
-        return ("top", None) if parts[1:2] in (["urls"], ["asgi"]) else ("project", None)
-    if parts[0] in APPS and len(parts) > 1 and parts[1] in INTERFACES:
-        return "interface", parts[1]
-    if parts[-1] == "admin" or module == "sessions_app.admin_actions":
-        return "interface", "admin"
-    if "management" in parts:
-        return "interface", "command"
-    return "domain", None
-
-
-def violation(importer, imported):
-    """Why `importer` may not import `imported`, or None."""
-    if (importer, imported) in ALLOWED:
-        return None
-    (low, low_kind), (high, high_kind) = layer_of(importer), layer_of(imported)
-    if RANK[high] > RANK[low]:
-        return f"a {low} module imports the {high} layer"
-    if low == high == "interface" and low_kind != high_kind \
-            and (low_kind, high_kind) not in INTERFACE_EDGES:
-        return f"the {low_kind} interface imports the {high_kind} interface"
-    return None
-
-
-def resolve(module, name):
-    """`from module import name`: the submodule when name is one, else the module."""
-    candidate = f"{module}.{name}"
-    path = ROOT / candidate.replace(".", "/")
-    return candidate if path.with_suffix(".py").exists() or path.is_dir() else module
-
-
-def imports():
-    for path in sorted(ROOT.glob("*/**/*.py")):
-        relative = path.relative_to(ROOT)
-        if relative.parts[0] not in PACKAGES or "migrations" in relative.parts:
-            continue
-        module = ".".join(relative.with_suffix("").parts).removesuffix(".__init__")
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                if node.module.split(".")[0] in PACKAGES:
-                    for alias in node.names:
-                        yield module, resolve(node.module, alias.name), node.lineno
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.name.split(".")[0] in PACKAGES:
-                        yield module, alias.name, node.lineno
+def upward(found):
+    """What runs against the layers in these imports, one line each."""
+    return [f"{i.importer}:{i.line} imports {i.imported}"
+            + (" (in a function)" if i.local else "") + f": {why}"
+            for i in found if (why := violation(i.importer, i.imported))]
 
 
 def test_no_module_imports_a_layer_above_it():
-    found = [f"{importer}:{line} imports {imported}: {why}"
-             for importer, imported, line in imports()
-             if (why := violation(importer, imported))]
-    assert found == []
+    assert upward(imports()) == []
+
+
+def test_the_check_catches_an_upward_import_at_module_level_and_inside_a_function():
+    path = Path(__file__).with_name("upward_import_fixture.py")
+    found = imports_of("sessions_app.engine", ast.parse(path.read_text()), modules())
+    assert upward(found) == [
+        "sessions_app.engine:5 imports sessions_app.lifecycle.destroy: "
+        "a module of the engine layer imports the lifecycle layer",
+        "sessions_app.engine:9 imports scheduling_app.idle (in a function): "
+        "a module of the engine layer imports the periodic layer",
+    ]
 
 
 def test_no_relative_imports_hide_where_a_module_reaches():
@@ -95,13 +43,10 @@ def test_no_relative_imports_hide_where_a_module_reaches():
 
 
 def _relative_imports():
-    for path in sorted(ROOT.glob("*/**/*.py")):
-        relative = path.relative_to(ROOT)
-        if relative.parts[0] not in PACKAGES or "migrations" in relative.parts:
-            continue
+    for module, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level:
-                yield ".".join(relative.parts), node.lineno
+                yield module, node.lineno
 
 
 @pytest.mark.parametrize("importer, imported", [
@@ -114,6 +59,18 @@ def _relative_imports():
     ("sessions_app.lifecycle.destroy", "backendai_web.urls"),    # domain → top
     ("storage_app.folders", "storage_app.api.views"),           # storage's domain → its API
     ("storage_app.web.views", "storage_app.compat.views"),      # its interfaces
+    # The domain core, ranked.
+    ("sessions_app.engine", "scheduling_app.scheduler.core"),   # engine → scheduler
+    ("sessions_app.engine", "sessions_app.lifecycle.destroy"),  # engine → lifecycle
+    ("sessions_app.engine", "agents_app.rpc"),                  # the engine calls no agent
+    ("sessions_app.engine", "agents_app.network_pool"),         # nor claims a network
+    ("scheduling_app.scheduler.preemption", "sessions_app.lifecycle.destroy"),
+    ("scheduling_app.scheduler.core", "agents_app.rpc"),
+    ("sessions_app.lifecycle.heartbeats", "scheduling_app.idle"),  # lifecycle → culling
+    ("sessions_app.lifecycle.progress", "scheduling_app.tasks"),
+    ("sessions_app.quota", "scheduling_app.scheduler.snapshot"),  # plain domain → scheduler
+    ("sessions_app.hooks", "sessions_app.lifecycle"),
+    ("sessions_app.models", "sessions_app.engine"),
 ])
 def test_the_rules_refuse_what_they_should(importer, imported):
     assert violation(importer, imported)
@@ -125,6 +82,12 @@ def test_the_rules_refuse_what_they_should(importer, imported):
     ("scheduling_app.idle", "sessions_app.lifecycle.destroy"),
     ("sessions_app.api.views", "common.clock"),
     ("backendai_web.urls", "sessions_app.web.views"),
+    ("scheduling_app.scheduler.core", "sessions_app.engine"),
+    ("sessions_app.lifecycle.create", "scheduling_app.scheduler.core"),
+    ("sessions_app.lifecycle.destroy", "agents_app.rpc"),
+    ("scheduling_app.tasks", "scheduling_app.idle"),
+    ("sessions_app.apps", "sessions_app.lifecycle.networks"),
+    ("sessions_app.engine", "sessions_app.models"),
 ])
 def test_the_rules_allow_what_they_should(importer, imported):
     assert violation(importer, imported) is None

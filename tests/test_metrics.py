@@ -10,8 +10,9 @@ from scheduling_app.scheduler.core import schedule
 from sessions_app.api.metrics import exposition
 from sessions_app.enums import Status
 from sessions_app.keypairs import main_keypair
-from sessions_app.lifecycle.destroy import DestroyRefused, destroy_session
+from sessions_app.lifecycle.destroy import destroy_session
 from sessions_app.models import Session
+from sessions_app.spec import DestroyRefused
 from tests.factories import make_agent, make_session
 from tests.signing import signed_headers
 

@@ -9,9 +9,10 @@ from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler import core, run_pass, schedule
 from sessions_app.accounting import reconcile_usage
 from sessions_app.enums import Status
-from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.models import Kernel, Session, SessionEvent
+from sessions_app.spec import DestroyRefused
 from tests.factories import make_agent, make_session
 
 S = Status

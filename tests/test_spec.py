@@ -4,9 +4,8 @@ import pytest
 
 from scheduling_app.models import ResourcePolicy
 from sessions_app.keypairs import main_keypair
-from sessions_app.lifecycle import DestroyRefused
 from sessions_app.models import Session
-from sessions_app.spec import DomainError, SessionRequestError, SessionSpec
+from sessions_app.spec import DestroyRefused, DomainError, SessionRequestError, SessionSpec
 from tests.signing import signed_call
 
 IMAGE = "bai-local/busybox:latest"

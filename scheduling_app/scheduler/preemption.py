@@ -11,15 +11,22 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.dispatch import Signal
+
 from common.devices import plan_all, planned_of
 from common.slots import ResourceSlots, SlotsCache, total
 from scheduling_app.scheduler.state import PendingSession, Snapshot
 from sessions_app import engine
 from sessions_app.enums import ClusterMode, SessionType, Status, StatusGroup
-from sessions_app.lifecycle.destroy import DestroyRefused, destroy_session
 from sessions_app.models import Kernel, Session
+from sessions_app.spec import DestroyRefused
 
 log = logging.getLogger(__name__)
+
+# The scheduler chooses the victims; ending one is the lifecycle's (a layer above), whose
+# receiver (sessions_app.lifecycle.destroy, connected at app loading) ends it gracefully or
+# raises DestroyRefused. Sent with session= and requeue=.
+end_preempted = Signal()
 
 
 @dataclass
@@ -146,7 +153,8 @@ def preempt(victims_by_session, pending_by_id, *, requeue_batch=False):
                 continue
             requeue = requeue_batch and session.session_type == SessionType.BATCH
             try:
-                destroy_session(session, reason="preempted", requeue=requeue)
+                if not end_preempted.send(sender=Session, session=session, requeue=requeue):
+                    raise RuntimeError("nothing ends preempted sessions: sessions_app not loaded")
             except DestroyRefused as exc:
                 log.info("could not preempt %s: %s", victim.name, exc.message)
                 continue

@@ -15,14 +15,9 @@ from scheduling_app.scheduler.state import (
     PendingSession,
     Snapshot,
 )
-from sessions_app.engine import CONCURRENCY_HOLDING, SLOT_HOLDING
-from sessions_app.enums import Status
+from sessions_app.enums import Status, StatusGroup
 from sessions_app.models import Kernel, KeyPair, Session
 from sessions_app.status_data import StatusData
-
-# Sessions whose slots count against their keypair's, project's and domain's limits: an
-# ERROR one too (its container may still run), though it no longer counts for concurrency.
-OCCUPYING = CONCURRENCY_HOLDING | {Status.TERMINATING, Status.ERROR}
 
 
 def load_pending(group, limit=None):
@@ -78,7 +73,7 @@ def _count_sessions(snap, pending):
             continue
         snap.session_counts.update({(kind, pk): 0 for pk in ids})
         column = f"{kind}_id"
-        for pk, count in (Session.objects.filter(status__in=CONCURRENCY_HOLDING,
+        for pk, count in (Session.objects.filter(status__in=StatusGroup.HOLDING_CONCURRENCY,
                                                  **{f"{column}__in": ids})
                           .values(column).annotate(n=Count("id")).values_list(column, "n")):
             snap.session_counts[(kind, pk)] = count
@@ -100,7 +95,7 @@ def devices_held(group):
     that hold devices are read)."""
     held = {}
     for agent_id, allocation in (
-            Kernel.objects.filter(agent__scaling_group=group, status__in=SLOT_HOLDING)
+            Kernel.objects.filter(agent__scaling_group=group, status__in=StatusGroup.HOLDING_SLOTS)
             .exclude(device_allocation={}).values_list("agent_id", "device_allocation")):
         held[agent_id] = held.get(agent_id, ResourceSlots()) + planned_of(allocation)
     return held
@@ -162,7 +157,7 @@ def load_snapshot(group, pending):
     # One query: every occupying session of a pending session's keypair, project or domain.
     for kp, project, domain, slots in Session.objects.filter(
         Q(keypair_id__in=keypairs) | Q(project_id__in=projects) | Q(domain_id__in=domains),
-        status__in=OCCUPYING,
+        status__in=StatusGroup.HOLDING_SLOTS,
     ).values_list("keypair_id", "project_id", "domain_id", "occupying_slots"):
         amount = parse(slots)
         for limits, key in ((snap.keypair_limits, kp), (snap.project_limits, project),

@@ -21,7 +21,6 @@ from common.json_keys import json_key
 from common.slots import ResourceSlots, SlotsCache
 from scheduling_app.scheduler.predicates import PERMANENT, Failure, evaluate
 from scheduling_app.scheduler.selectors import select
-from scheduling_app.scheduler.snapshot import OCCUPYING
 from scheduling_app.scheduler.state import PendingSession, Snapshot, concurrency_keys
 from sessions_app.enums import ClusterMode, SessionType, Status, StatusGroup
 from sessions_app.models import Kernel, Session
@@ -74,7 +73,7 @@ def load_occupants(group, now):
     sessions = {}
     for (pk, name, kp, project, domain, status, starts, stype, batch, lifetime, exempt,
          idle, occupying, user_id) in Session.objects.filter(
-            scaling_group=group, status__in=OCCUPYING).annotate(
+            scaling_group=group, status__in=StatusGroup.HOLDING_SLOTS).annotate(
             idle_checks=json_key("status_data__idle_checks")).values_list(
             "id", "name", "keypair_id", "project_id", "domain_id", "status", "starts_at",
             "session_type", "batch_timeout", "keypair__resource_policy__max_session_lifetime",

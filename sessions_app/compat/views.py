@@ -40,7 +40,6 @@ from sessions_app.api.views import (
 )
 from sessions_app.enums import SessionType, Status, StatusGroup
 from sessions_app.events import ADMINS_GROUP, session_group, user_group
-from sessions_app.lifecycle import DestroyRefused
 from sessions_app.lifecycle.stop import resume_session, stop_session
 from sessions_app.models import BackgroundTask, Session
 from sessions_app.querysets import as_uuid
@@ -57,6 +56,7 @@ from sessions_app.realtime.streams import (
     wait_until_finished,
     wait_until_started,
 )
+from sessions_app.spec import DestroyRefused
 from sessions_app.tools import restart_session, running_main_kernel, session_logs
 
 RUNTIME_PATH_LABEL = "ai.backend.runtime-path"

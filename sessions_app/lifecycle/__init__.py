@@ -9,6 +9,6 @@
 - invariants: the checks of ARCHITECTURE.md's invariants (manage.py check_invariants).
 """
 
-from sessions_app.lifecycle.destroy import DestroyRefused, DestroyResult, destroy_session
+from sessions_app.lifecycle.destroy import DestroyResult, destroy_session
 
-__all__ = ["DestroyRefused", "DestroyResult", "destroy_session"]
+__all__ = ["DestroyResult", "destroy_session"]

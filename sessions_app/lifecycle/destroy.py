@@ -6,34 +6,25 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from agents_app import rpc
 from backendai_web import metrics
 from common import clock
+from scheduling_app.scheduler.preemption import end_preempted
 from sessions_app import engine
 from sessions_app.accounting import reconcile_usage
-from sessions_app.enums import Status
+from sessions_app.enums import Status, StatusGroup
 from sessions_app.models import KeyPair
 from sessions_app.querysets import is_admin, may_force_terminate
-from sessions_app.spec import DomainError
+from sessions_app.spec import DestroyRefused
 from sessions_app.status_data import Key
 
 log = logging.getLogger(__name__)
 S = Status
 
 FORCE_ONLY = {S.SCHEDULED, S.PREPARING, S.PREPARED, S.CREATING, S.TERMINATING, S.ERROR}
-
-
-class DestroyRefused(DomainError):
-    """`message` is what the caller is told; `rule` the refusal's words alone (without
-    when the status times out), to group refusals by."""
-
-    status_code = 409
-
-    def __init__(self, message, status_code=None, *, rule=None):
-        super().__init__(message, status_code=status_code)
-        self.rule = rule or message
 
 
 @dataclass
@@ -178,7 +169,7 @@ def _destroy_session(session, request, *, forced, reason, actor, keypair, requeu
 def _destroy_kernel(kernel, *, forced, reason, actor, requeue=False):
     """Apply the rule for one kernel; return it when its agent must stop a container."""
     status = kernel.status
-    if status in (S.TERMINATED, S.CANCELLED):
+    if status in StatusGroup.FINISHED:
         return None
     if status == S.STOPPED:  # nothing runs: it ends, and its agent drops what it keeps
         source = kernel.kept_on
@@ -220,3 +211,10 @@ def _send_destroy(kernel, reason, forced):
 
 def reconcile_after_force():
     reconcile_usage()
+
+
+@receiver(end_preempted, dispatch_uid="lifecycle.destroy.preempted")
+def end_preempted_session(sender, session, requeue, **kwargs):
+    """The scheduler's victim, ended gracefully; a batch one re-queued once stopped with
+    `requeue`. A refusal (DestroyRefused) goes back to the scheduler."""
+    return destroy_session(session, reason="preempted", requeue=requeue)

@@ -12,7 +12,6 @@ from agents_app import network_pool, rpc
 from agents_app.models import Agent, AgentStatus, Image, resource_limits
 from common import clock
 from common.bulk import update_rows
-from scheduling_app.idle import add_sample, summarize
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine
 from sessions_app.enums import Status, StatusGroup
@@ -22,6 +21,7 @@ from sessions_app.lifecycle.create import kick_scheduler
 from sessions_app.lifecycle.progress import end_with_kernel, requeue_stopped_kernel
 from sessions_app.models import Kernel, Session
 from sessions_app.status_data import Key
+from sessions_app.utilization import add_sample, summarize
 
 log = logging.getLogger(__name__)
 S = Status

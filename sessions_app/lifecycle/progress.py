@@ -606,7 +606,7 @@ def _mark_lost(agent, cutoff, now):
 
 
 def _kernels_held_by(agent):
-    return Kernel.objects.filter(agent=agent, status__in=engine.SLOT_HOLDING) \
+    return Kernel.objects.filter(agent=agent, status__in=StatusGroup.HOLDING_SLOTS) \
         .select_related("session").order_by("session__created_at", "cluster_idx")
 
 

@@ -14,6 +14,7 @@ from agents_app import rpc
 from backendai_web.celery import send_task_safely
 from common import clock
 from common.slots import ResourceSlots, total
+from scheduling_app.models import ScalingGroup
 from sessions_app import engine
 from sessions_app.enums import SessionType, Status, StatusGroup
 from sessions_app.models import Kernel, Session
@@ -207,8 +208,6 @@ def sweep_stopped(now=None):
     """Stopped sessions past their scaling group's retention are deleted with their files;
     a day before, their owner is warned (a session_retention_warning event, once).
     Returns how many were deleted."""
-    from scheduling_app.models import ScalingGroup
-
     now = now or clock.now()
     deleted = 0
     for group in ScalingGroup.objects.filter(stopped_retention__gt=0):

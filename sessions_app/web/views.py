@@ -21,7 +21,7 @@ from common.slots import ResourceSlots, format_bytes
 from sessions_app import service_ports
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.keypairs import main_keypair
-from sessions_app.lifecycle import DestroyRefused, destroy_session
+from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.heartbeats import is_uuid
 from sessions_app.lifecycle.stop import (
     ResumeRefused,
@@ -32,6 +32,7 @@ from sessions_app.lifecycle.stop import (
 )
 from sessions_app.models import Kernel, Session
 from sessions_app.querysets import is_admin, may_force_terminate
+from sessions_app.spec import DestroyRefused
 from sessions_app.web import timeline
 from sessions_app.web.forms import SessionForm
 
