@@ -12,7 +12,7 @@ memory (BENCHMARKS.md, issue 17). Channels is unchanged: it is plain ASGI.
 
 Logs go through Django's LOGGING (LOG_FORMAT, LOG_LEVEL), one format for every process.
 --proxy-headers takes the client's address and scheme from X-Forwarded-For/-Proto of
-requests that come from FORWARDED_ALLOW_IPS (default 127.0.0.1): behind the README's
+requests that come from FORWARDED_ALLOW_IPS (default 127.0.0.1): behind docs/operations.md's
 reverse proxy, never when clients reach the port directly.
 """
 

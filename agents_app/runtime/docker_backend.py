@@ -64,7 +64,7 @@ def container_name(image, kernel_id):
     return f"kernel.{short}.{kernel_id}"
 
 
-# A kept kernel (stopped, to be resumed: README "The agent", "Stop and resume") is its
+# A kept kernel (stopped, to be resumed: docs/agent.md, "Stop and resume: kept kernels") is its
 # stopped container under a name of its own, with its labels unchanged (Docker cannot
 # change them): the name alone tells it from a kernel that ended, without local state.
 KEPT_PREFIX = "kept."
@@ -446,7 +446,7 @@ def _remove_departed(client, node_ids):
     return removed
 
 
-# What a shell workload needs of root's powers inside its container (README "Kernel
+# What a shell workload needs of root's powers inside its container (docs/agent.md, "Kernel
 # hardening"); Docker's other defaults (NET_RAW, MKNOD, SYS_CHROOT, SETPCAP, SETFCAP,
 # AUDIT_WRITE) are dropped.
 KERNEL_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
@@ -718,7 +718,7 @@ def start_services(client, container):
 
 # The SSH server of a multi-container session's kernels, on Backend.AI's intrinsic sshd
 # port. Dropbear, not OpenSSH's sshd: that one needs SYS_CHROOT for its privilege
-# separation, which kernels do not have (README "Kernel hardening"). Key-only (-s); the
+# separation, which kernels do not have (docs/agent.md, "Kernel hardening"). Key-only (-s); the
 # host key is made once per container; root's authorized keys are the session's (the
 # user's own, under /home/work, once the kernel runs as that user). Exit 100: no dropbear
 # in the image, nothing started.

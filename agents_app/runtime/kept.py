@@ -1,5 +1,5 @@
 """Kept kernels: what a stopped session keeps on its agent, and how another agent takes it
-(README "The agent", "Stop and resume: kept kernels").
+(docs/agent.md, "Stop and resume: kept kernels").
 
 A kept kernel is its stopped container, renamed `kept.<kernel id>` (docker_backend), and its
 scratch volume. Its size is measured here. For a move, the agent that keeps it (the source)

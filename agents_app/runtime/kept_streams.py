@@ -1,4 +1,4 @@
-"""The source agent's side of a move (README "Stop and resume"): what it keeps of a stopped
+"""The source agent's side of a move (docs/agent.md, "Stop and resume"): what it keeps of a stopped
 kernel, served by the stream endpoint (streams.py) to the agent that resumes it. Every
 route takes a token `kept:<kernel id>` for this agent (the manager mints it with no
 container: a kept container is found by its name), and serves only a kept container of

@@ -40,4 +40,4 @@ class KeypairSignatureScheme(OpenApiAuthenticationExtension):
         return {"type": "apiKey", "in": "header", "name": "Authorization",
                 "description": "`BackendAI signMethod=HMAC-SHA256, credential=ACCESS_KEY:"
                                "SIGNATURE`, with `Date` (or `X-BackendAI-Date`) and "
-                               "`X-BackendAI-Version` headers; see the README."}
+                               "`X-BackendAI-Version` headers; see docs/api.md."}

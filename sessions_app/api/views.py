@@ -369,7 +369,7 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     @extend_schema(request=None, responses={202: RestartResultSerializer})
     @action(detail=True, methods=["post"])
     def restart(self, request, pk=None):
-        """Restart the containers of a RUNNING session in place (see README)."""
+        """Restart the containers of a RUNNING session in place (docs/api.md)."""
         restart_session(self.get_object(), actor=request.user.get_username())
         return Response({"status": "restarting"}, status=status.HTTP_202_ACCEPTED)
 

@@ -56,7 +56,7 @@ def as_vfolder(folder, user, *, admin=False):
     }
 
 
-@extend_schema(exclude=True)  # Backend.AI's routes: described in the README, not /api/schema/
+@extend_schema(exclude=True)  # Backend.AI's routes: described in docs/storage.md, not /api/schema/
 class FolderView(APIView):
     def folder(self, request, name, *, write=False):
         admin = request_is_admin(request)
@@ -369,7 +369,7 @@ NOT_SUPPORTED = {
              "storage proxy); download the files and upload them to a new folder.",
     "host-mounts": "This server does not mount storage on its hosts: every folder lives "
                    "under the storage root of its scaling group (STORAGE_ROOT), which the "
-                   "operator mounts (README, Storage folders).",
+                   "operator mounts (docs/storage.md).",
     "perf-metric": "This server's storage is a directory, with no performance metrics of "
                    "its own; ask the filesystem's tools.",
 }

@@ -135,7 +135,7 @@ def test_cluster_session_has_its_network_hostnames_and_shared_ssh_key(live, as_a
     session = Session.objects.get(pk=session_id)
     network = f"bai-session-{session_id}"
     assert docker_client.networks.list(names=[network])
-    # No ping: kernels have no NET_RAW (README "Kernel hardening"); TCP to a listener.
+    # No ping: kernels have no NET_RAW (docs/agent.md, "Kernel hardening"); TCP to a listener.
     sub = session.kernels.get(cluster_role="sub")
     docker_client.containers.get(sub.container_id).exec_run(
         ["nc", "-ll", "-p", "7000", "-e", "echo", "reachable"], detach=True)

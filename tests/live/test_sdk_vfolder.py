@@ -1,6 +1,6 @@
 """Every function of the 26.9.6 SDK's VFolder class, called by tests/live/sdk_vfolder.py in
 the client's own Python against a real web server: each works, or answers Backend.AI's
-"not implemented" error saying why (README, "Backend.AI SDK functions")."""
+"not implemented" error saying why (docs/backendai-compatibility.md, "Backend.AI SDK functions")."""
 
 import json
 import os

@@ -120,7 +120,7 @@ class SecondHost:
             self.client.swarm.leave(force=True)  # its swarm of a run that was killed
 
     def _swarm(self):
-        """As an operator sets up agent hosts (README): `manage.py swarm_join --init` on
+        """As an operator sets up agent hosts (docs/operations.md): `manage.py swarm_join --init` on
         the first, `swarm_join --manager … --token …` on the second."""
         state = self.main.info()["Swarm"]
         if state["LocalNodeState"] != "active":

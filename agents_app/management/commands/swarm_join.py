@@ -9,7 +9,7 @@ class Command(BaseCommand):
             "swarm that multi-node sessions across hosts need: --init on the first host "
             "(it becomes a swarm manager and prints what the others run), or --manager "
             "ADDR:2377 --token TOKEN on the others. The hosts must reach each other on TCP "
-            "2377 (managers), TCP and UDP 7946 and UDP 4789 (README).")
+            "2377 (managers), TCP and UDP 7946 and UDP 4789 (docs/operations.md).")
 
     def add_arguments(self, parser):
         parser.add_argument("--init", action="store_true",

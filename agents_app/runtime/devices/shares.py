@@ -1,4 +1,4 @@
-"""Fractions of a GPU, enforced by HAMi-core (README "Devices" says why this and not MPS).
+"""Fractions of a GPU, enforced by HAMi-core (docs/devices.md says why this and not MPS).
 
 HAMi-core is a library loaded into every process of the container (/etc/ld.so.preload)
 that intercepts CUDA's driver API: an allocation beyond the device memory limit fails, and
