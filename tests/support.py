@@ -188,7 +188,7 @@ class LiveSystem:
 def remove_kernels_of(docker_client, agent_id):
     """The containers an agent left, and their sessions' networks."""
     sessions = set()
-    for container in docker_client.containers.list(
+    for container in docker_client.containers.list(ignore_removed=True,
         all=True, filters={"label": f"ai.backend.agent-id={agent_id}"}
     ):
         sessions.add(container.labels.get("ai.backend.session-id"))

@@ -122,7 +122,7 @@ def test_a_container_that_dies_by_itself_is_self_terminated(live, as_alice, dock
     kernel.refresh_from_db()
     assert (kernel.status_info, kernel.exit_code) == ("self-terminated", 137)
     # Removed once its exit report is delivered (until then it is the record of the exit).
-    wait_for(lambda: not docker_client.containers.list(
+    wait_for(lambda: not docker_client.containers.list(ignore_removed=True,
         all=True, filters={"label": f"ai.backend.kernel-id={kernel.pk}"}), timeout=15,
         message="the exited container removed")
 

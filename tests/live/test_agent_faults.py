@@ -32,7 +32,7 @@ def create(client, name):
 
 
 def containers_of(docker_client, kernel_id):
-    return docker_client.containers.list(
+    return docker_client.containers.list(ignore_removed=True,
         all=True, filters={"label": f"ai.backend.kernel-id={kernel_id}"})
 
 
@@ -92,7 +92,8 @@ def test_a_container_with_our_labels_but_an_unknown_kernel_is_removed(live, dock
         labels={"ai.backend.kernel-id": str(uuid.uuid4()),
                 "ai.backend.agent-id": live.agent_id})
     live.restart_agent()
-    wait_for(lambda: not docker_client.containers.list(all=True, filters={"id": stray.id}),
+    wait_for(lambda: not docker_client.containers.list(ignore_removed=True, all=True,
+                                                       filters={"id": stray.id}),
              timeout=20, message="the dangling container to be removed")
 
 

@@ -383,7 +383,7 @@ def test_the_create_form_asks_for_devices_and_the_overview_shows_them(
     page.click("#session-form button[type=submit]")
     page.wait_for_url("**/sessions/*-*/")
     session = Session.objects.get(name="browser-gpu")
-    expect(badge(page, session.pk)).to_have_text("RUNNING")
+    expect(badge(page, session.pk)).to_have_text("RUNNING", timeout=30_000)
     kernel = session.kernels.get()
     (device,) = kernel.device_allocation["cuda.device"]
     page.reload()

@@ -59,7 +59,7 @@ def test_session_runs_on_docker_and_terminates_with_slots_released(live, alice, 
     assert set(session.status_history) >= {"PENDING", "RUNNING", "TERMINATING", "TERMINATED"}
     assert Agent.objects.get(pk=live.agent_id).free_slots == {"cpu": 2, "mem": 2 * 2**30}
     assert KeyPair.objects.get(user=alice).concurrency_used == 0
-    assert not docker_client.containers.list(
+    assert not docker_client.containers.list(ignore_removed=True,
         all=True, filters={"label": f"ai.backend.kernel-id={main.pk}"})
     names = list(SessionEvent.objects.filter(session=session).values_list("name", flat=True))
     assert names[-2:] == ["kernel_terminated", "session_terminated"]

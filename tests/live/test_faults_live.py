@@ -51,7 +51,7 @@ def running(session_id):
 
 
 def containers_of(docker_client, kernel_id):
-    return docker_client.containers.list(
+    return docker_client.containers.list(ignore_removed=True,
         all=True, filters={"label": f"ai.backend.kernel-id={kernel_id}"})
 
 

@@ -67,7 +67,7 @@ class Agents:
     def clean(self):
         for engine, agent in self.made:
             agent.stopping.set()
-            for container in engine.containers.list(
+            for container in engine.containers.list(ignore_removed=True,
                     all=True, filters={"label": f"{backend.AGENT_ID}={agent.id}"}):
                 container.remove(force=True)
             for spec in agent.specs:
@@ -120,7 +120,7 @@ def stop_keeping(agent, spec, container_id):
 
 
 def names_on(engine, spec):
-    return sorted(c.name for c in engine.containers.list(
+    return sorted(c.name for c in engine.containers.list(ignore_removed=True,
         all=True, filters={"label": f"{backend.KERNEL_ID}={spec['kernel_id']}"}))
 
 

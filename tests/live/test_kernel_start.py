@@ -57,7 +57,7 @@ def agent(docker_client):
     yield agent
     agent.stopping.set()
     for spec in agent.specs:
-        for container in docker_client.containers.list(all=True, filters={
+        for container in docker_client.containers.list(ignore_removed=True, all=True, filters={
                 "label": f"{backend.KERNEL_ID}={spec['kernel_id']}"}):
             container.remove(force=True)
         for volume in docker_client.volumes.list(filters={
@@ -86,7 +86,7 @@ def kernel_spec(agent, **overrides):
 
 def leftovers(docker_client, spec):
     """What Docker still has of the kernel: containers, its volume, its session network."""
-    return (docker_client.containers.list(all=True, filters={
+    return (docker_client.containers.list(ignore_removed=True, all=True, filters={
                 "label": f"{backend.KERNEL_ID}={spec['kernel_id']}"})
             + docker_client.volumes.list(filters={"name": f"bai-scratch-{spec['kernel_id']}"})
             + docker_client.networks.list(
@@ -184,7 +184,7 @@ def test_a_kernel_is_reported_started_only_once_its_service_answers(
     spec = kernel_spec(agent, image=service_image, environ={"WEB_DELAY": "2"})
     starting = threading.Thread(target=agent.create_kernel, args=(spec,))
     starting.start()
-    container = wait_for(lambda: docker_client.containers.list(filters={
+    container = wait_for(lambda: docker_client.containers.list(ignore_removed=True, filters={
         "label": f"{backend.KERNEL_ID}={spec['kernel_id']}", "status": "running"}),
         timeout=10, message="its container running")[0]
     # Meanwhile its heartbeat does not say running: the manager would adopt it as RUNNING.
@@ -271,7 +271,7 @@ def test_a_session_whose_folder_is_not_on_the_host_fails_in_seconds_with_nothing
     assert time.monotonic() - started < 20
     assert "failed to start (agent): " + reason in live.agent.output()
     session = Session.objects.get(pk=session_id)
-    assert docker_client.containers.list(
+    assert docker_client.containers.list(ignore_removed=True,
         all=True, filters={"label": f"{backend.SESSION_ID}={session_id}"}) == []
     for kernel in session.kernels.all():
         assert docker_client.volumes.list(filters={"name": f"bai-scratch-{kernel.pk}"}) == []

@@ -88,7 +88,7 @@ def networks_of(engine, session_id):
 
 
 def holders_of(engine, name):
-    return engine.containers.list(all=True,
+    return engine.containers.list(ignore_removed=True, all=True,
                                   filters={"label": f"ai.backend.network-holder={name}"})
 
 
@@ -101,7 +101,7 @@ def warm_and_held(agent_ids):
 
 
 def containers_of(engine, session_id):
-    return engine.containers.list(all=True,
+    return engine.containers.list(ignore_removed=True, all=True,
                                   filters={"label": f"ai.backend.session-id={session_id}"})
 
 
@@ -364,7 +364,7 @@ def test_an_engine_that_leaves_the_swarm_ends_its_session_naming_the_kernel(
                  and not networks_of(e, session_id), timeout=90,
                  message="no container and no network left after the host left")
     # Nor any holder of a warm network: the engine has none of them any more.
-    wait_for(lambda: not second_host.client.containers.list(
+    wait_for(lambda: not second_host.client.containers.list(ignore_removed=True,
         all=True, filters={"label": "ai.backend.network-holder"}), timeout=30,
         message="no holder left on the engine out of the swarm")
     # Out of the swarm, the agent takes no part in a session across hosts: a session

@@ -50,7 +50,7 @@ def session_networks(docker_client):
     session_ids = []
     yield session_ids
     for session_id in session_ids:
-        for container in docker_client.containers.list(
+        for container in docker_client.containers.list(ignore_removed=True,
                 all=True, filters={"label": f"ai.backend.session-id={session_id}"}):
             container.remove(force=True)
         for network in docker_client.networks.list(names=[f"bai-session-{session_id}"]):

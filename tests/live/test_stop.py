@@ -38,8 +38,8 @@ def as_carol(carol):
 
 def kernel_containers(docker_client, kernel):
     # A container removed between the listing and its inspection is gone, not an error.
-    return docker_client.containers.list(
-        all=True, filters={"label": f"ai.backend.kernel-id={kernel.pk}"}, ignore_removed=True)
+    return docker_client.containers.list(ignore_removed=True,
+        all=True, filters={"label": f"ai.backend.kernel-id={kernel.pk}"})
 
 
 @pytest.fixture
@@ -304,8 +304,9 @@ COUNTED_HOOK = "echo ran >> /home/work/hook-runs; sleep 1"
 def test_a_repeated_destroy_joins_the_stop_in_flight(live, as_alice, volume_reader,
                                                     docker_client, monkeypatch):
     # A stop of about 6 s (a 1 s hook, a workload taking 5 s of its 20 s grace) and the
-    # manager's resend interval lowered to 1 s: the terminate handler runs every 0.3 s.
-    monkeypatch.setattr(progress, "RESEND_AFTER", timedelta(seconds=1))
+    # manager's resend interval lowered to 3 s (a heartbeat lists the kernel as stopping
+    # well within it, loaded machine or not): the terminate handler runs every 0.3 s.
+    monkeypatch.setattr(progress, "RESEND_AFTER", timedelta(seconds=3))
     session_id = create(as_alice, "once", grace_period=20, startup_command=SLOW_STOP,
                         pre_stop_command=COUNTED_HOOK)
     wait_status(session_id, S.RUNNING)

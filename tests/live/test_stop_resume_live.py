@@ -110,7 +110,7 @@ def test_an_idle_interactive_session_is_culled_to_stopped_and_retention_deletes_
 
     def gone():
         names = {v.name for v in docker_client.volumes.list()}
-        ids = {c.id for c in docker_client.containers.list(all=True)}
+        ids = {c.id for c in docker_client.containers.list(ignore_removed=True, all=True)}
         return container_id not in ids and volume not in names
     wait_for(gone, timeout=30, message="the kept container and volume removed")
     wait_for(lambda: kept_checks() == ([], []), timeout=20, message="nothing kept")

@@ -34,7 +34,7 @@ def agent_and_server(docker_client):
     agent = Agent(f"stream-test-{uuid.uuid4().hex[:6]}", "default")
     server = StreamServer(agent, "127.0.0.1:0").start()
     yield agent, server
-    for container in docker_client.containers.list(
+    for container in docker_client.containers.list(ignore_removed=True,
             all=True, filters={"label": f"{backend.AGENT_ID}={agent.id}"}):
         container.remove(force=True)
 

@@ -47,7 +47,7 @@ def test_a_holder_waits_for_its_network_is_started_once_and_goes_when_released(
     assert list(container.attrs["NetworkSettings"]["Networks"]) == [name]
     host_config = container.attrs["HostConfig"]
     assert host_config["CapDrop"] == ["ALL"] and host_config["PidsLimit"] == 4
-    assert len(docker_client.containers.list(
+    assert len(docker_client.containers.list(ignore_removed=True,
         filters={"label": f"{backend.HOLDER}={name}"})) == 2
     # Nothing of an agent's kernels: its containers' list and events leave holders out.
     assert backend.list_kernel_containers(docker_client, "holder-a") == []
@@ -61,5 +61,5 @@ def test_a_holder_whose_network_never_comes_leaves_no_container(docker_client, n
     with pytest.raises(APIError) as raised:
         backend.hold_network(docker_client, "holder-a", name, IMAGE, wait=0.5)
     assert backend.network_not_there_yet(raised.value)
-    assert not docker_client.containers.list(
+    assert not docker_client.containers.list(ignore_removed=True,
         all=True, filters={"label": f"{backend.HOLDER}={name}"})

@@ -181,12 +181,12 @@ class SecondHost:
 
     def down(self):
         with contextlib.suppress(Exception):  # warm networks' holders, of any agent here
-            for container in self.main.containers.list(
+            for container in self.main.containers.list(ignore_removed=True,
                     all=True, filters={"label": "ai.backend.network-holder"}):
                 container.remove(force=True)
         if self.client is not None:
             with contextlib.suppress(Exception):
-                for container in self.client.containers.list(all=True):
+                for container in self.client.containers.list(ignore_removed=True, all=True):
                     container.remove(force=True)
             with contextlib.suppress(Exception):
                 self.client.swarm.leave(force=True)
@@ -237,7 +237,7 @@ class SecondHost:
                                                               "driver": "overlay"})
                     if n.id not in self.networks_before]
             for network in left:
-                for holder in self.main.containers.list(
+                for holder in self.main.containers.list(ignore_removed=True,
                         all=True, filters={"label": f"{backend.HOLDER}={network.name}"}):
                     with contextlib.suppress(docker.errors.APIError):
                         holder.remove(force=True)
