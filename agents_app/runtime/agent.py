@@ -22,7 +22,7 @@ from docker.errors import DockerException, NotFound
 
 from agents_app.runtime import devices as device_plugins
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import errors, kept
+from agents_app.runtime import errors, kept, networks
 from agents_app.runtime.lanes import LifecycleLane, PullLane
 from agents_app.runtime.provisioners import SCRATCH_VOLUME, KernelRunner, ProvisionFailed
 from backendai_web import __version__, metrics
@@ -95,6 +95,7 @@ class Agent:
         self._app_seen = {}  # container id → the last app report worth keeping
         self._kept_bytes = {}  # kept container id → (monotonic time measured, bytes)
         self._kept_measuring = {}  # kept container id → its measure in flight
+        self.networks = networks.AgentNetworks(self)
         self.stopping = threading.Event()
         # Logged when they start, every LOG_REPEAT_INTERVAL s while they last, and when over.
         self._docker_failure = RepeatedFailure(
@@ -182,7 +183,7 @@ class Agent:
             # Still alive, but without Docker: no slots, no kernel list to reconcile.
             return {**info, "docker_error": self._docker_error, "slots": {}, "images": []}
         containers = backend.list_kernel_containers(self.docker, self.id)
-        self.drop_orphan_holders()
+        self.networks.drop_orphan_holders()
         devices = self.devices.describe(device_plugins.held_by(containers)) \
             if self.devices else []
         return {
@@ -195,8 +196,8 @@ class Agent:
                         if not backend.is_kept(c)],
             "kept": self.kept_report([c for c in containers if backend.is_kept(c)]),
             "stopping": self.stopping_kernels(),
-            "swarm": backend.swarm_state(self.docker),
-            "networks": backend.session_networks(self.docker, self.id),
+            "swarm": networks.swarm_state(self.docker),
+            "networks": networks.session_networks(self.docker, self.id),
         }
 
     def stopping_kernels(self):
@@ -502,7 +503,7 @@ class Agent:
         metrics.observe_many("agent_provision_seconds", [
             (seconds, {"agent": self.id, "provisioner": name})
             for name, seconds in runner.seconds.items()])
-        self.release_network(spec.get("network_name"))  # a warm one: its kernel holds it
+        self.networks.release(spec.get("network_name"))  # a warm one: its kernel holds it
         return container
 
     def destroy_kernel(self, kernel_id, container_id="", reason="", forced=False):
@@ -667,69 +668,6 @@ class Agent:
             except (DockerException, OSError) as exc:
                 log.warning("kernel %s: sshd not started again: %s", kernel_id, exc)
         self.report(kernel_id, "kernel_restarted", container_id=container.id)
-
-    # A multi-host session's overlay network: made and removed by a swarm manager agent,
-    # as the manager side asks (rpc.ensure_session_network, rpc.send_remove_network).
-    _overlay_lock = threading.Lock()
-
-    def create_network(self, session_id=None, internal=False, name=None):
-        """{"name"} of the session's overlay network (or of warm network `name`), made if
-        missing; {"error"} when Docker refuses (this engine not a swarm manager, for one)."""
-        try:
-            with self._overlay_lock:  # the kernels of one session ask at the same time
-                network = backend.create_overlay_network(self.docker, session_id, name=name,
-                                                         internal=internal)
-        except (DockerException, OSError) as exc:
-            log.warning("overlay network %s not made: %s", name or session_id, exc)
-            return {"error": str(getattr(exc, "explanation", None) or exc)[:500]}
-        return {"name": network.name}
-
-    def remove_network(self, session_id=None, departed_nodes=(), name=None):
-        try:
-            with self._overlay_lock:
-                return backend.remove_session_network(self.docker, session_id,
-                                                      departed_nodes, name=name)
-        except (DockerException, OSError) as exc:
-            log.warning("overlay network %s not removed: %s", name or session_id, exc)
-            return False
-
-    _hold_lock = threading.Lock()  # asks for one holder may come twice, at once
-
-    def hold_network(self, name, image):
-        """Attach this engine to warm network `name` with a holder container, so that a
-        kernel's start finds the network made here (agents_app/network_pool.py)."""
-        try:
-            with self._hold_lock:
-                backend.hold_network(self.docker, self.id, name, image)
-        except (DockerException, OSError) as exc:
-            log.info("warm network %s not held: %s", name, exc)
-
-    def release_network(self, name):
-        if not name:
-            return
-        try:
-            backend.release_network(self.docker, self.id, name)
-        except (DockerException, OSError) as exc:
-            log.info("holder of warm network %s not removed: %s", name, exc)
-
-    def drop_orphan_holders(self):
-        """Holders whose warm network this engine no longer has (it left the swarm): they
-        hold nothing, and nobody else would ask for their removal."""
-        held = backend.holders(self.docker, self.id)  # first: a running one's network is on
-        if not held:
-            return
-        warm = {n.name for n in self.docker.networks.list(
-            filters={"label": backend.WARM_NETWORK})}
-        for name, container in held.items():
-            if name not in warm:
-                log.info("removing the holder of warm network %s: the network is gone", name)
-                with contextlib.suppress(DockerException):
-                    container.remove(force=True)
-
-    def release_all_networks(self):
-        """At the agent's stop: no holder outlives it (the manager asks again later)."""
-        with contextlib.suppress(DockerException, OSError):
-            backend.release_network(self.docker, self.id)
 
     def remove_dangling(self, container_id):
         """A container with this agent's labels whose kernel the manager does not know."""

@@ -14,15 +14,13 @@ import logging
 import os
 import stat
 import tarfile
-import threading
 import time
 
 from docker.errors import APIError, ImageNotFound, NotFound
-from docker.types import EndpointConfig
 
 from agents_app.runtime import devices as device_plugins
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import errors, kept
+from agents_app.runtime import errors, kept, networks
 from common.devices import device_part
 from common.slots import ResourceSlots
 from storage_app.files import give_back
@@ -108,57 +106,6 @@ def bind_mounts(mounts):
             for m in mounts}
 
 
-class ClusterNetwork:
-    """A bridge network of the session's own (every session, one kernel or a cluster),
-    shared by its kernels on this agent; the last kernel to go removes it. Docker keeps
-    bridges apart, so kernels of different sessions cannot reach each other; the host
-    interface is named bai…, which the agent's firewall (firewall.py) closes to the host's
-    own services. Without outbound access it is an internal network."""
-
-    name = "session-network"
-
-    def __init__(self, client):
-        self.client = client
-
-    # Sibling kernels start at the same time; Docker may accept two networks of one name.
-    _creating = threading.Lock()
-
-    def setup(self, session_id, cluster_size, allow_outbound=True, driver="bridge",
-              overlay_name=None):
-        if driver == "overlay":
-            # Swarm-scoped: a manager agent made it before any kernel was sent (the
-            # manager side asks it, rpc.ensure_session_network), or ahead of time as a warm
-            # network the session claimed, and removes it when the session has ended; a
-            # worker engine sees it once a container attaches.
-            return overlay_name or backend.overlay_network_name(session_id)
-        name = backend.session_network_name(session_id)
-        with self._creating:
-            if self.client.networks.list(names=[name]):
-                return name
-            try:
-                backend.create_session_network(self.client, name, session_id,
-                                               internal=not allow_outbound)
-            except APIError as exc:  # made by another agent process meanwhile
-                if exc.status_code != 409:
-                    raise
-        return name
-
-    def teardown(self, name):
-        if not name:
-            return
-        try:
-            network = self.client.networks.get(name)
-            network.reload()
-            if network.attrs.get("Driver") == "overlay":
-                return  # the session's, across hosts: removed once the session has ended
-            if not network.attrs.get("Containers"):
-                network.remove()
-        except NotFound:
-            pass
-        except APIError as exc:  # still in use by a sibling: it removes it
-            log.info("network %s kept: %s", name, exc)
-
-
 class DeviceAllocation:
     """The kernel's devices, from this agent's allocation map (the scheduler's plan when
     its devices are free here): reserved until the kernel's container records them in its
@@ -217,7 +164,7 @@ class KernelContainer:
         overlay = spec.get("network_driver") == "overlay"
         labels = {**backend.kernel_labels(self.agent_id, spec), SCRATCH_VOLUME: volume,
                   NETWORK: network or "", PRE_STOP: spec.get("pre_stop_command") or "",
-                  backend.NETWORK_DRIVER: "overlay" if overlay else "bridge"}
+                  networks.NETWORK_DRIVER: "overlay" if overlay else "bridge"}
         if mounts or image:  # a kept image has its old container's labels: these win
             labels[MOUNTS] = json.dumps(list(mounts))
         allocation, device_args = devices or ({}, device_plugins.ContainerArgs())
@@ -233,7 +180,7 @@ class KernelContainer:
                      **device_args.mounts},
             network=network, **backend.resource_limits(spec["slots"]),
             **backend.hardening(spec), **device_args.create_kwargs(),
-            **overlay_endpoint(spec, network, self.client.api.api_version),
+            **networks.overlay_endpoint(spec, network, self.client.api.api_version),
         )
 
     def teardown(self, container, grace_period=None, *, forced=False, on_hook_failure=None,
@@ -265,18 +212,9 @@ class KernelContainer:
     def keep(self, container):
         """A stopped container kept: out of its networks (the session's bridge can go),
         under its kept name. Again on a kept one, nothing changes."""
-        leave_networks(self.client, container)
+        networks.leave_networks(self.client, container)
         if not backend.is_kept(container):
             container.rename(backend.kept_name(container.labels[backend.KERNEL_ID]))
-
-
-def leave_networks(client, container):
-    """Disconnect a stopped container from every network it names, even one removed
-    meanwhile (Docker would not start it while it names a network that is gone)."""
-    container.reload()
-    for name in container.attrs.get("NetworkSettings", {}).get("Networks") or {}:
-        with contextlib.suppress(NotFound):
-            client.api.disconnect_container_from_network(container.id, name, force=True)
 
 
 class KeptContainer:
@@ -299,7 +237,7 @@ class KeptContainer:
             if container is None or container.status not in ("created", "exited"):
                 raise errors.RestoreFailed(f"kernel {kernel_id} keeps nothing on this agent")
         try:
-            leave_networks(self.client, container)
+            networks.leave_networks(self.client, container)
             if network:
                 self.client.networks.get(network).connect(container,
                                                           aliases=[spec["cluster_hostname"]])
@@ -318,7 +256,7 @@ class KeptContainer:
         with contextlib.suppress(NotFound, APIError):  # not running: nothing to kill
             container.kill()
             container.wait(timeout=30)
-        leave_networks(self.client, container)
+        networks.leave_networks(self.client, container)
         if not backend.is_kept(container):
             container.rename(backend.kept_name(container.labels[backend.KERNEL_ID]))
 
@@ -376,16 +314,6 @@ class RestoredVolume:
 
     def teardown(self, volume):
         ScratchVolume(self.client).teardown(volume)
-
-
-def overlay_endpoint(spec, network, api_version):
-    """The alias of a kernel on its session's overlay network, given at creation in one
-    call (the swarm attaches it as it starts), instead of the bridge path's disconnect and
-    connect."""
-    if spec.get("network_driver") != "overlay" or not network:
-        return {}
-    return {"networking_config": {network: EndpointConfig(
-        version=api_version, aliases=[spec["cluster_hostname"]])}}
 
 
 HOOK_OUTPUT_TAIL = 2000  # characters of a failed hook's output kept in its event
@@ -608,7 +536,7 @@ class KernelRunner:
         return runner, container
 
     def setup_network(self, client, spec):
-        return self.setup(ClusterNetwork(client), spec["session_id"], spec["cluster_size"],
+        return self.setup(networks.ClusterNetwork(client), spec["session_id"], spec["cluster_size"],
                           spec.get("allow_outbound", True),
                           spec.get("network_driver") or "bridge", spec.get("network_name"))
 
@@ -622,7 +550,7 @@ class KernelRunner:
         runner.held = [(FolderMounts(), json.loads(container.labels.get(MOUNTS) or "[]")),
                        (ScratchVolume(client), container.labels.get(SCRATCH_VOLUME, "")),
                        (RestoredImage(client), container.attrs.get("Image") if moved else ""),
-                       (ClusterNetwork(client), container.labels.get(NETWORK, "")),
+                       (networks.ClusterNetwork(client), container.labels.get(NETWORK, "")),
                        (KernelContainer(client, agent_id), container)]
         runner.held = [(p, r) for p, r in runner.held if r]
         return runner
@@ -633,7 +561,7 @@ def start_container(container, network_wait=0):
     been executable at all (KernelCannotRun: Docker's init said so and ended). An overlay,
     made and waited for before the kernel was sent, may still be unknown for a moment to
     the swarm manager this engine asks: up to `network_wait` seconds for it."""
-    backend.start_attached(container, network_wait)
+    networks.start_attached(container, network_wait)
     container.reload()
     if container.status == "running" and backend.command_started(container) is False:
         with contextlib.suppress(OSError):  # its init has ended: Docker's state follows
