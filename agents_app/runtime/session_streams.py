@@ -39,7 +39,6 @@ import math
 import os
 import stat
 import tarfile
-from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote
 
 from aiohttp import MultipartWriter, WSMsgType, web
@@ -48,6 +47,7 @@ from docker.errors import DockerException, NotFound
 
 from agents_app.runtime import docker_backend as backend
 from agents_app.runtime.provisioners import SCRATCH_VOLUME
+from agents_app.runtime.stream_base import LONG_THREADS, Refused, json_object
 from storage_app.files import FileError, FolderFiles, read_range, split_path
 
 log = logging.getLogger("agent.session_streams")
@@ -62,9 +62,6 @@ TAR_BLOCK = 512
 # The command's shell says its process id on stderr first (kept back, to end it when the
 # client goes away), then becomes `timeout` over the command.
 EXEC_WRAPPER = 'echo "$$" >&2; exec timeout "$1" /bin/sh -c "$2"'
-# A command's output reader and an upload's writer each hold a thread for as long as they
-# last: a pool of their own, so that they never starve asyncio's default one (Docker calls).
-LONG_THREADS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="session-streams")
 
 
 def add_routes(app, server):
@@ -172,7 +169,7 @@ async def execute(server, request):
     except TimeoutError:
         await ws.close()
         return ws
-    params = _json(first.data) if first.type == WSMsgType.TEXT else {}
+    params = json_object(first.data) if first.type == WSMsgType.TEXT else {}
     command = params.get("command")
     if not isinstance(command, str) or not command:
         await ws.send_str(json.dumps({"error": "no command"}))
@@ -210,23 +207,23 @@ async def execute(server, request):
 async def execute_step(server, request):
     payload, run_id = server.authorize(request, "exec")
     info = await server.container_of(payload)
-    params = _json(await request.text())
+    params = json_object(await request.text())
     key = (payload["k"], run_id)
     run = server.runs.get(key)
     command = params.get("command")
     if command is not None:
         if not isinstance(command, str) or not command:
-            raise _refusal(400, "command must be a non-empty string.")
+            raise Refused(400, "command must be a non-empty string.")
         if run is not None:
-            raise _refusal(409, f"Run {run_id} is going on already.")
+            raise Refused(409, f"Run {run_id} is going on already.")
         run = ExecRun(server.agent.docker.api, info["id"], marked=params.get("marked") is True)
         try:
             await run.start(command, _bounded(params.get("timeout"), 300, MAX_EXEC_SECONDS))
         except (DockerException, OSError) as exc:
-            raise _refusal(502, f"could not run the command: {exc}") from None
+            raise Refused(502, f"could not run the command: {exc}") from None
         server.runs[key] = run
     elif run is None:
-        raise _refusal(404, f"No run {run_id} is going on in this kernel: it has finished, "
+        raise Refused(404, f"No run {run_id} is going on in this kernel: it has finished, "
                             f"or nobody asked for its output for {RUN_ABANDONED_SECONDS:.0f} s "
                             "and it was ended.")
     async with run.lock:
@@ -405,13 +402,7 @@ async def _files_of(server, request):
 
 
 def _refused(error):
-    return _refusal(error.status_code, error.message)
-
-
-def _refusal(status, message):
-    # streams.py imports this module to add its routes: its Refused is looked up here.
-    from agents_app.runtime.streams import Refused
-    return Refused(status, message)
+    return Refused(error.status_code, error.message)
 
 
 async def upload(server, request):
@@ -551,14 +542,6 @@ async def _tar_of(path, fd, info):
     if sent < size:
         yield b"\0" * (size - sent)
     yield tar_padding(size) + TAR_END
-
-
-def _json(text):
-    try:
-        value = json.loads(text)
-    except (TypeError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _seconds(value, default, maximum):

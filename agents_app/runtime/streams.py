@@ -51,6 +51,7 @@ from docker.errors import DockerException, NotFound
 from agents_app import stream_io, stream_tokens
 from agents_app.runtime import docker_backend as backend
 from agents_app.runtime import kept_streams, session_streams
+from agents_app.runtime.stream_base import Refused, json_object
 
 log = logging.getLogger("agent.streams")
 TOKEN_HEADER = stream_tokens.TOKEN_HEADER
@@ -69,12 +70,6 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
 # swallow bytes that came with the upgrade's headers.
 SHELL = ('read -r _; echo "$$"; for s in /bin/bash /bin/sh; do [ -x "$s" ] && exec "$s"; '
          "done; exec /bin/busybox sh")
-
-
-class Refused(web.HTTPException):
-    def __init__(self, status, message):
-        self.status_code = status
-        super().__init__(text=json.dumps({"error": message}), content_type="application/json")
 
 
 def parse_bind(text):
@@ -212,7 +207,7 @@ class StreamServer:
                 if message.type == WSMsgType.BINARY:
                     await terminal.write(message.data)
                 elif message.type == WSMsgType.TEXT:
-                    control = _json(message.data)
+                    control = json_object(message.data)
                     if "resize" in control:
                         await terminal.resize(*control["resize"][:2])
                     if control.get("close"):
@@ -466,14 +461,6 @@ async def _pump_websockets(a, b):
 async def _body(request):
     async for chunk in request.content.iter_any():
         yield chunk
-
-
-def _json(text):
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _size(value, default):
