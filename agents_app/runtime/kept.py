@@ -30,6 +30,7 @@ from docker.errors import APIError, ImageNotFound, NotFound
 
 from agents_app import stream_tokens
 from agents_app.runtime import docker_backend as backend
+from agents_app.runtime import images
 from agents_app.runtime.errors import RestoreFailed
 
 log = logging.getLogger("agent.kept")
@@ -82,7 +83,7 @@ def volume_path(client, name):
 
 def kept_bytes(client, container, volume):
     """The container's written layer plus its scratch volume `volume`, in bytes."""
-    return (backend.writable_size(client, container.id) or 0) + volume_bytes(client, volume)
+    return (images.writable_size(client, container.id) or 0) + volume_bytes(client, volume)
 
 
 def volume_bytes(client, volume):
@@ -133,7 +134,7 @@ def manifest(client, container, kernel_id, volume):
     the volume's size."""
     with commit_lock(kernel_id):
         image = commit(client, container, kernel_id)
-    layer = backend.writable_size(client, container.id) or 0
+    layer = images.writable_size(client, container.id) or 0
     return {"kernel_id": kernel_id, "image": backend.kept_image(kernel_id),
             "diff_ids": image.attrs["RootFS"]["Layers"],
             "layer_bytes": layer_sizes(client, image, layer),

@@ -20,7 +20,7 @@ from docker.errors import APIError, ImageNotFound, NotFound
 
 from agents_app.runtime import devices as device_plugins
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import errors, kept, networks
+from agents_app.runtime import errors, images, kept, networks, services
 from common.devices import device_part
 from common.slots import ResourceSlots
 from storage_app.files import give_back
@@ -148,7 +148,7 @@ class KernelContainer:
                 raise
             log.warning("image %s of kernel %s is gone from this agent: pulling it again",
                         spec["image"], spec["kernel_id"])
-            backend.pull_image(self.client, spec["image"])
+            images.pull_image(self.client, spec["image"])
             container = self._create(spec, volume, network, mounts, devices)
         if network and spec.get("network_driver") != "overlay":
             try:  # reachable by its cluster hostname from its siblings
@@ -357,7 +357,7 @@ def ssh_client_config(hosts):
     that it holds for whichever user the kernel runs as."""
     return (f"# The cluster hosts of this session (backendai-web).\n"
             f"Host {' '.join(hosts)}\n"
-            f"    Port {backend.SSHD_PORT}\n"
+            f"    Port {services.SSHD_PORT}\n"
             "    IdentityFile /home/work/.ssh/id_cluster\n"
             "    IdentitiesOnly yes\n"
             "    BatchMode yes\n"
@@ -578,9 +578,9 @@ def start_services(client, container, spec):
     the image's services that have a start command: {name: port} to wait for."""
     ports = {}
     try:
-        if spec.get("cluster_size", 1) > 1 and backend.start_sshd(container):
-            ports["sshd"] = backend.SSHD_PORT
-        ports.update(backend.start_services(client, container))
+        if spec.get("cluster_size", 1) > 1 and services.start_sshd(container):
+            ports["sshd"] = services.SSHD_PORT
+        ports.update(services.start_services(client, container))
     except APIError:
         container.reload()
         if container.status != "running":
@@ -599,4 +599,4 @@ def wait_ready(container, ports, spec, timeout):
         log.info("kernel %s: %s not checked from the agent (overlay network)",
                  spec["kernel_id"], ", ".join(ports))
         return True
-    return backend.wait_ready(container, ports, timeout)
+    return services.wait_ready(container, ports, timeout)

@@ -50,7 +50,7 @@ from docker.errors import DockerException, NotFound
 
 from agents_app import stream_io, stream_tokens
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import kept_streams, session_streams
+from agents_app.runtime import kept_streams, services, session_streams
 from agents_app.runtime.stream_base import Refused, json_object
 
 log = logging.getLogger("agent.streams")
@@ -294,7 +294,7 @@ class StreamServer:
     def start_service(self, container_id, name, command):
         """Run the service's start command in the container, unless this agent started it
         a moment ago, with the kernel or for another request (it may be starting still)."""
-        backend.start_service(self.agent.docker, container_id, name, command,
+        services.start_service(self.agent.docker, container_id, name, command,
                               unless_within=SERVICE_START_WAIT)
 
 
