@@ -6,7 +6,8 @@ import tarfile
 
 from agents_app.runtime import docker_backend as backend
 from agents_app.runtime import errors, services
-from agents_app.runtime.provisioners import ProvisionFailed, ssh_archive
+from agents_app.runtime.provisioners import ssh_archive
+from agents_app.runtime.runner import ProvisionFailed
 
 KEYPAIR = {"private": "PRIVATE\n", "public": "ssh-ed25519 AAAA backendai-cluster\n"}
 

@@ -6,7 +6,7 @@ what a session no longer needs.
 The manager side decides which network a session gets (agents_app/network_pool.py,
 rpc.ensure_session_network); the agent makes, holds and removes them as it is asked
 (AgentNetworks, behind the agent.*_network tasks) and sets one up for each kernel it
-starts (ClusterNetwork, a provisioner of provisioners.KernelRunner).
+starts (ClusterNetwork, a provisioner of runner.KernelRunner).
 """
 
 import contextlib

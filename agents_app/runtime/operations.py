@@ -10,7 +10,7 @@ from docker.errors import DockerException, NotFound
 
 from agents_app.runtime import docker_backend as backend
 from agents_app.runtime import images, services
-from agents_app.runtime.provisioners import KernelRunner
+from agents_app.runtime.runner import KernelRunner
 
 log = logging.getLogger("agent")
 COMMIT_REPORT_SECONDS = 1.0  # progress of a commit, while Docker works on it

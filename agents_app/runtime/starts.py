@@ -1,6 +1,6 @@
 """A kernel's way to running on this agent: its image checked or pulled (in the pull
 lane: one pull per image, shared), its resources set up and its container started
-(provisioners.KernelRunner), or a kept kernel resumed, here or from another agent."""
+(runner.KernelRunner), or a kept kernel resumed, here or from another agent."""
 
 import logging
 import threading
@@ -9,8 +9,8 @@ from django.conf import settings
 
 from agents_app.runtime import devices as device_plugins
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import errors, images, kept
-from agents_app.runtime.provisioners import KernelRunner, ProvisionFailed
+from agents_app.runtime import errors, images, kept_fetch
+from agents_app.runtime.runner import KernelRunner, ProvisionFailed
 from backendai_web import metrics
 
 log = logging.getLogger("agent")
@@ -61,7 +61,7 @@ class KernelStarts:
 
     def create(self, spec):
         """Set up the kernel's resources, start its container, and report it started once
-        it is ready (provisioners.KernelRunner.start); a failure of any step is reported
+        it is ready (runner.KernelRunner.start); a failure of any step is reported
         at once, naming the step, with its kind, after what was made is torn down.
 
         spec["restore"] resumes a stopped kernel: {"from": "local"} its container kept
@@ -110,7 +110,7 @@ class KernelStarts:
         restore, source, restored = spec.get("restore"), None, {}
         try:
             if restore and not self.restores_here(spec):
-                source = kept.Source(
+                source = kept_fetch.Source(
                     restore.get("from"), restore.get("stream_addr"), restore.get("token"),
                     on_progress=lambda p: agent.report(kernel_id, "restore_progress", **p))
                 restored = {"restored": restore["from"]}

@@ -11,7 +11,8 @@ from docker.errors import DockerException, NotFound
 
 from agents_app.runtime import docker_backend as backend
 from agents_app.runtime import kept
-from agents_app.runtime.provisioners import SCRATCH_VOLUME, KernelRunner
+from agents_app.runtime.provisioners import SCRATCH_VOLUME
+from agents_app.runtime.runner import KernelRunner
 
 log = logging.getLogger("agent")
 STOPPED_KEPT = 30  # seconds a stopped kernel stays in the heartbeat's "stopping"

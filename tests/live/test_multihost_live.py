@@ -15,7 +15,7 @@ from docker.errors import APIError, NotFound
 from agents_app import rpc
 from agents_app.models import Agent, Image, WarmNetwork
 from agents_app.runtime import networks
-from agents_app.runtime.provisioners import KernelRunner
+from agents_app.runtime.runner import KernelRunner
 from scheduling_app.models import ScalingGroup
 from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import Kernel, Session, SessionEvent
