@@ -59,22 +59,22 @@ def commit_kernel(kernel_id, container_id, task_id, image, labels):
 
 @shared_task(name="agent.create_network")
 def create_network(session_id=None, internal=False, name=None):
-    return current().create_network(session_id, internal, name)
+    return current().networks.create(session_id, internal, name)
 
 
 @shared_task(name="agent.remove_network")
 def remove_network(session_id=None, departed_nodes=(), name=None):
-    return current().remove_network(session_id, departed_nodes, name)
+    return current().networks.remove(session_id, departed_nodes, name)
 
 
 @shared_task(name="agent.hold_network", ignore_result=True)
 def hold_network(name, image):
-    current().hold_network(name, image)
+    current().networks.hold(name, image)
 
 
 @shared_task(name="agent.release_network", ignore_result=True)
 def release_network(name):
-    current().release_network(name)
+    current().networks.release(name)
 
 
 @shared_task(name="agent.stop_kernel", ignore_result=True)

@@ -154,6 +154,7 @@ def main():
     from django.conf import settings
 
     from agents_app.runtime import docker_backend as backend
+    from agents_app.runtime import networks
     from tests.live.two_hosts import SecondHost, tools_problem
 
     problem = tools_problem()
@@ -192,7 +193,7 @@ def main():
                         filters={"name": f"bai-scratch-{spec['kernel_id']}"}):
                     volume.remove(force=True)
                 for network in engine.networks.list(
-                        names=[backend.session_network_name(spec["session_id"])]):
+                        names=[networks.session_network_name(spec["session_id"])]):
                     network.remove()
                 with contextlib.suppress(docker.errors.ImageNotFound):
                     engine.images.remove(backend.kept_image(spec["kernel_id"]), force=True)

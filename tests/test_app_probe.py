@@ -2,8 +2,8 @@
 
 import pytest
 
-from agents_app.runtime import docker_backend
-from agents_app.runtime.agent import kept_activity
+from agents_app.runtime import services
+from agents_app.runtime.heartbeat import kept_activity
 
 SEEN = {"busy": False, "last_activity": "2026-01-01T10:00:00+00:00", "kernels": 1}
 
@@ -20,13 +20,13 @@ def test_a_failed_or_empty_probe_keeps_the_activity_already_seen():
 
 
 def test_a_kernels_answer_is_read_only_when_well_formed():
-    assert docker_backend._kernels_report([
+    assert services._kernels_report([
         {"execution_state": "busy", "last_activity": "2026-01-01T10:00:00.000000Z"},
         {"execution_state": "idle", "last_activity": "2026-01-01T11:00:00Z"}]) == {
         "busy": True, "last_activity": "2026-01-01T11:00:00+00:00", "kernels": 2}
-    assert docker_backend._kernels_report([]) == {"busy": False, "last_activity": None,
+    assert services._kernels_report([]) == {"busy": False, "last_activity": None,
                                                   "kernels": 0}
     for malformed in ({"kernels": []}, [1, "two"], [{"last_activity": "yesterday"}],
                       [{"last_activity": "2026-01-01T10:00:00"}], "[]"):
         with pytest.raises(ValueError):
-            docker_backend._kernels_report(malformed)
+            services._kernels_report(malformed)

@@ -14,7 +14,7 @@ import time_machine
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agents_app.runtime.session_streams import _list
+from agents_app.runtime.session_files import _list
 from common import clock
 from scheduling_app.models import ResourcePolicy, ResourcePreset, ScalingGroup, default_of
 from scheduling_app.scheduler import schedule

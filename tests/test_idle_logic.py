@@ -151,13 +151,13 @@ def test_with_an_app_every_kind_of_use_counts_the_terminal_and_commands_too():
 
 
 def test_a_starting_or_restarting_notebook_kernel_is_use_as_a_busy_one_is():
-    from agents_app.runtime import docker_backend
+    from agents_app.runtime import services
     for state in ("starting", "restarting", "busy"):
-        report = docker_backend._kernels_report([
+        report = services._kernels_report([
             {"execution_state": "idle", "last_activity": "2026-01-01T10:00:00Z"},
             {"execution_state": state, "last_activity": "2026-01-01T09:00:00Z"}])
         assert report["busy"] is True, state
-    assert docker_backend._kernels_report([{"execution_state": "idle"}])["busy"] is False
+    assert services._kernels_report([{"execution_state": "idle"}])["busy"] is False
 
 
 def test_the_pass_keeps_each_sessions_last_activity_and_the_time_of_its_check(alice):

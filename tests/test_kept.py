@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from agents_app.runtime import errors, kept
+from agents_app.runtime import errors, kept, kept_fetch
 
 # A `docker save` of a busybox image (two layers) with one commit on top, from Docker
 # 20.10 on this machine: the image's diff ids and each layer directory's json.
@@ -169,7 +169,7 @@ def test_unpacking_a_volume_keeps_owners_and_links_and_writes_nothing_outside(tm
         through.size = 3
         tar.addfile(through, io.BytesIO(b"bad"))
     with pytest.raises(errors.RestoreFailed):  # GNU tar says what it refused
-        kept.fill_volume(str(volume), pieces(buffer.getvalue(), 100))
+        kept_fetch.fill_volume(str(volume), pieces(buffer.getvalue(), 100))
     assert os.listdir(outside) == []
     assert (volume / "note").read_bytes() == b"note"
     assert os.readlink(volume / "link") == "note"

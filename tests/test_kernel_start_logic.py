@@ -5,8 +5,9 @@ import io
 import tarfile
 
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import errors
-from agents_app.runtime.provisioners import ProvisionFailed, ssh_archive
+from agents_app.runtime import errors, services
+from agents_app.runtime.provisioners import ssh_archive
+from agents_app.runtime.runner import ProvisionFailed
 
 KEYPAIR = {"private": "PRIVATE\n", "public": "ssh-ed25519 AAAA backendai-cluster\n"}
 
@@ -46,5 +47,5 @@ def test_a_failure_names_its_step_and_keeps_the_kind_of_its_cause():
     assert str(failed) == ("folder-mounts: storage folder 'data' is not on this host "
                            "(/x: No such file or directory)")
     assert (failed.provisioner, failed.kind) == ("folder-mounts", errors.AGENT)
-    assert ProvisionFailed("readiness", backend.NotReady("web did not answer")).kind == \
+    assert ProvisionFailed("readiness", services.NotReady("web did not answer")).kind == \
         errors.TRANSIENT

@@ -11,7 +11,7 @@ from docker.errors import APIError, NotFound
 
 from agents_app import rpc
 from agents_app.models import Agent, WarmNetwork, swarm_key
-from agents_app.runtime import docker_backend as backend
+from agents_app.runtime import networks
 from agents_app.runtime.docker_backend import kernel_environment
 from common import clock
 from common.slots import ResourceSlots
@@ -145,23 +145,23 @@ def docker_error(status, explanation, cls=APIError):
 def test_an_attach_to_a_network_the_engine_or_its_swarm_does_not_know_yet_is_waited_for():
     # An engine out of a swarm answers 404; one in a swarm with another node asks its
     # managers and answers 500 with their gRPC code (Docker 20.10, seen on both engines).
-    assert backend.network_not_there_yet(docker_error(
+    assert networks.network_not_there_yet(docker_error(
         404, "network bai-warm-1 not found", NotFound))
-    assert backend.network_not_there_yet(docker_error(
+    assert networks.network_not_there_yet(docker_error(
         500, "Could not attach to network bai-warm-1: rpc error: code = NotFound desc = "
         "network bai-warm-1 not found"))
     # Other refusals are errors at once.
-    assert not backend.network_not_there_yet(docker_error(
+    assert not networks.network_not_there_yet(docker_error(
         500, "container 8d2f is not connected to the network q3pwmem64r09tpvq9kqlvqflv"))
-    assert not backend.network_not_there_yet(docker_error(
+    assert not networks.network_not_there_yet(docker_error(
         500, "rpc error: code = Unavailable desc = connection error"))
 
 
 def test_a_sessions_bridge_and_its_overlay_have_names_of_their_own():
     # A session placed across hosts and then on one agent keeps its overlay until it
     # ends; its bridge on a swarm manager must not find that overlay by name (issue 30).
-    bridge = backend.session_network_name("s1")
-    overlay = backend.overlay_network_name("s1")
+    bridge = networks.session_network_name("s1")
+    overlay = networks.overlay_network_name("s1")
     assert bridge != overlay and bridge not in overlay and overlay not in bridge
 
 
@@ -227,7 +227,7 @@ def test_the_overlay_of_an_ended_session_is_removed_through_a_manager_and_counte
     Session.objects.filter(pk=session.pk).update(
         terminated_at=clock.now() - timedelta(seconds=60))
     sent.clear()
-    overlay = {"name": backend.overlay_network_name(session.pk),
+    overlay = {"name": networks.overlay_network_name(session.pk),
                "session_id": str(session.pk), "driver": "overlay", "scope": "swarm"}
     with django_capture_on_commit_callbacks(execute=True):
         heartbeat("h2", WORKER, networks=[overlay])  # a worker's listing is not acted on

@@ -15,16 +15,13 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from agents_app.runtime import python_query
+from agents_app.runtime.session_files import TAR_END, scratch_path, tar_header, tar_padding
 from agents_app.runtime.session_streams import (
     START_MARKER,
     STARTED,
-    TAR_END,
     ExecRun,
     PidReader,
     aggregate_console,
-    scratch_path,
-    tar_header,
-    tar_padding,
 )
 from backendai_web.asgi import application
 from sessions_app.api.authentication import sign

@@ -3,7 +3,7 @@ process's ports) closed to kernels.
 
 Traffic from a container to an address of its own host goes through the host's INPUT
 chain, not FORWARD (where Docker's DOCKER-USER chain is). Every session network's host
-interface is named bai<12 hex> (docker_backend.create_session_network), so one jump from
+interface is named bai<12 hex> (networks.create_session_network), so one jump from
 INPUT for `-i bai+` into a chain of this project's own covers them all and nothing else:
 other bridges, docker0 and the host's other traffic are untouched. The chain lets through
 only replies to connections the host opened (the agent asking a kernel's app for its

@@ -5,7 +5,7 @@ A kept kernel is its stopped container, renamed `kept.<kernel id>` (docker_backe
 scratch volume. Its size is measured here. For a move, the agent that keeps it (the source)
 commits the container once to `bai-kept/<kernel id>:latest` and serves, on its stream
 endpoint (kept_streams.py), that image as a `docker save` stream without the layers the
-target says it holds, and the volume as a tar stream; the target (Source, below) loads the
+target says it holds, and the volume as a tar stream; the target (kept_fetch.py) loads the
 one and unpacks the other into a new volume.
 
 Why the container is kept rather than committed at the stop: a stop then copies nothing
@@ -17,28 +17,23 @@ of the very container, and only a move, the rare case, pays for the commit.
 import contextlib
 import fcntl
 import hashlib
-import http.client
 import json
 import logging
 import os
 import stat
 import subprocess
 import threading
-import time
 
 from docker.errors import APIError, ImageNotFound, NotFound
 
-from agents_app import stream_tokens
 from agents_app.runtime import docker_backend as backend
+from agents_app.runtime import images
 from agents_app.runtime.errors import RestoreFailed
 
 log = logging.getLogger("agent.kept")
 
 CHUNK = 1024 * 1024
-PROGRESS_EVERY = 0.5  # seconds between restore_progress reports, at most
 KEPT_FROM = "ai.backend.kept-container"  # label of a committed image: its container's id
-CONNECT_TIMEOUT = 10
-READ_TIMEOUT = 300  # a commit of a large written layer answers the first request late
 JSON_MAX = 1024 * 1024
 TAR_BLOCK = 512
 # tar's records of 1 MiB (2048 blocks) instead of its 10 KiB: a hundredth of the reads and
@@ -82,7 +77,7 @@ def volume_path(client, name):
 
 def kept_bytes(client, container, volume):
     """The container's written layer plus its scratch volume `volume`, in bytes."""
-    return (backend.writable_size(client, container.id) or 0) + volume_bytes(client, volume)
+    return (images.writable_size(client, container.id) or 0) + volume_bytes(client, volume)
 
 
 def volume_bytes(client, volume):
@@ -133,7 +128,7 @@ def manifest(client, container, kernel_id, volume):
     the volume's size."""
     with commit_lock(kernel_id):
         image = commit(client, container, kernel_id)
-    layer = backend.writable_size(client, container.id) or 0
+    layer = images.writable_size(client, container.id) or 0
     return {"kernel_id": kernel_id, "image": backend.kept_image(kernel_id),
             "diff_ids": image.attrs["RootFS"]["Layers"],
             "layer_bytes": layer_sizes(client, image, layer),
@@ -293,7 +288,7 @@ def without_layers(chunks, diff_ids, held):
         yield from reader.pieces(padded)
 
 
-def _bigger_pipe(fd):
+def bigger_pipe(fd):
     with contextlib.suppress(OSError):  # up to the system's limit; reads then come in MiB
         fcntl.fcntl(fd, 1031, CHUNK)  # F_SETPIPE_SZ
 
@@ -306,7 +301,7 @@ def volume_stream(client, volume):
         ["tar", "-C", path, "--numeric-owner", "--one-file-system", "-b", TAR_RECORD, "-cf",
          "-", "."],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _bigger_pipe(process.stdout.fileno())
+    bigger_pipe(process.stdout.fileno())
     try:
         while chunk := os.read(process.stdout.fileno(), CHUNK):
             yield chunk
@@ -318,153 +313,6 @@ def volume_stream(client, volume):
             process.kill()
             process.wait()
         process.stdout.close()
-        process.stderr.close()
-
-
-# The target: fetching from the source.
-
-class Source:
-    """The source agent's stream endpoint, as the target asks it for a kept kernel. Counts
-    the bytes received and reports progress (on_progress({"bytes_done", "bytes_total"}),
-    at most every PROGRESS_EVERY seconds)."""
-
-    def __init__(self, agent_id, stream_addr, token, on_progress=None):
-        if not stream_addr or not token:
-            raise RestoreFailed(f"no stream address or token to fetch from agent {agent_id}")
-        self.agent_id, self.token, self.on_progress = agent_id, token, on_progress
-        host, _, port = stream_addr.rpartition(":")
-        self.host, self.port = host.strip("[]"), port
-        self.done, self.total = 0, 0
-        self._reported = 0.0
-
-    def _request(self, method, path, body=None):
-        try:
-            connection = http.client.HTTPConnection(self.host, int(self.port),
-                                                    timeout=CONNECT_TIMEOUT)
-            connection.connect()
-            connection.sock.settimeout(READ_TIMEOUT)
-            connection.request(method, path, body=None if body is None else json.dumps(body),
-                               headers={stream_tokens.TOKEN_HEADER: self.token,
-                                        "Content-Type": "application/json"})
-            response = connection.getresponse()
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            raise RestoreFailed(f"agent {self.agent_id} does not answer at "
-                                f"{self.host}:{self.port}: {exc}") from None
-        if response.status != 200:
-            try:
-                error = json.loads(response.read(JSON_MAX) or b"{}").get("error")
-            except (ValueError, OSError, http.client.HTTPException):
-                error = None
-            connection.close()
-            raise RestoreFailed(f"agent {self.agent_id} refused: "
-                                f"{error or f'HTTP {response.status}'}")
-        return connection, response
-
-    def manifest(self):
-        connection, response = self._request("GET", "/v1/kept")
-        try:
-            found = json.loads(response.read(JSON_MAX))
-        except (ValueError, OSError, http.client.HTTPException) as exc:
-            raise RestoreFailed(f"agent {self.agent_id}: no manifest of the kept data: "
-                                f"{exc}") from None
-        finally:
-            connection.close()
-        if not isinstance(found, dict) or not isinstance(found.get("diff_ids"), list):
-            raise RestoreFailed(f"agent {self.agent_id}: a malformed manifest")
-        return found
-
-    def stream(self, method, path, body=None):
-        """The body of a request, in chunks as they arrive; RestoreFailed if it breaks."""
-        connection, response = self._request(method, path, body)
-        try:
-            while True:
-                try:
-                    chunk = response.read1(CHUNK) if response.chunked else response.read(CHUNK)
-                except (OSError, http.client.HTTPException) as exc:
-                    raise RestoreFailed(f"the transfer from agent {self.agent_id} broke off: "
-                                        f"{exc!r}") from None
-                if not chunk:
-                    return
-                self.received(len(chunk))
-                yield chunk
-        finally:
-            connection.close()
-
-    def received(self, size):
-        self.done += size
-        now = time.monotonic()
-        if self.on_progress is not None and now - self._reported >= PROGRESS_EVERY:
-            self._reported = now
-            self.report()
-
-    def report(self):
-        if self.on_progress is not None:
-            self.on_progress({"bytes_done": self.done,
-                              "bytes_total": max(self.total, self.done)})
-
-
-def held_chain_ids(client, images):
-    """Chain ids of the layers of those of `images` this engine has."""
-    held = set()
-    for name in images:
-        try:
-            held.update(chain_ids(client.images.get(name).attrs["RootFS"]["Layers"]))
-        except (ImageNotFound, NotFound):
-            continue
-    return held
-
-
-def plan(client, source, base_image):
-    """The source's manifest, with `have`: the chain ids of its image's layers that
-    `base_image` (the kernel's image, pulled here before) has, which the source leaves
-    out; and the bytes to fetch, for progress reports."""
-    found = source.manifest()
-    chains = chain_ids(found["diff_ids"])
-    held = held_chain_ids(client, [base_image]) & set(chains)
-    sizes = found.get("layer_bytes") or []
-    source.total = int(found.get("volume_bytes") or 0) + sum(
-        int(size) for size, chain in zip(sizes, chains, strict=False) if chain not in held)
-    return {**found, "have": sorted(held)}
-
-
-def load_image(client, source, found):
-    """Load the kept image from the source, without the layers `found["have"]` names;
-    returns its name here."""
-    name = found["image"]
-    with contextlib.suppress(ImageNotFound, APIError):  # a kept image of an earlier try
-        client.images.remove(name)
-    for line in client.api.load_image(source.stream("POST", "/v1/kept/image",
-                                                    {"have": found["have"]})):
-        if isinstance(line, dict) and line.get("error"):
-            raise RestoreFailed(f"the kept image did not load: {line['error']}")
-    loaded = client.images.get(name)
-    if loaded.attrs["RootFS"]["Layers"] != found["diff_ids"]:
-        raise RestoreFailed("the loaded image is not the kept one")
-    return name
-
-
-def fill_volume(path, chunks):
-    """Unpack a volume's tar stream into the directory `path` (a new volume's), owners and
-    modes as they were; GNU tar refuses names that climb out and links it would follow."""
-    process = subprocess.Popen(
-        ["tar", "-C", path, "--numeric-owner", "--same-owner", "--same-permissions",
-         "-b", TAR_RECORD, "--read-full-records", "-xf", "-"],
-        stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-    _bigger_pipe(process.stdin.fileno())
-    try:
-        for chunk in chunks:
-            try:
-                process.stdin.write(chunk)
-            except BrokenPipeError:
-                break  # tar ended early: its error says why
-        process.stdin.close()
-        if process.wait() != 0:
-            raise RestoreFailed("the kept volume did not unpack: "
-                                f"{process.stderr.read().decode(errors='replace')[-300:]}")
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
         process.stderr.close()
 
 

@@ -28,7 +28,7 @@ from docker.errors import DockerException
 from agents_app.runtime import docker_backend as backend
 from agents_app.runtime import kept
 from agents_app.runtime.provisioners import SCRATCH_VOLUME
-from agents_app.runtime.session_streams import LONG_THREADS
+from agents_app.runtime.stream_base import LONG_THREADS, Refused
 
 log = logging.getLogger("agent.kept_streams")
 MAX_HAVE = 4096  # chain ids a target may name
@@ -41,24 +41,18 @@ def add_routes(app, server):
     app.router.add_get("/v1/kept/volume", functools.partial(volume, server))
 
 
-def _refused(status, message):
-    # streams.py imports this module to add its routes: its Refused is looked up here.
-    from agents_app.runtime.streams import Refused
-    return Refused(status, message)
-
-
 async def _kept_of(server, request):
     """(kernel id, its kept container) the request's token opens, or a refusal."""
     payload, kernel_id = server.authorize(request, "kept")
     if kernel_id != payload["k"]:
-        raise _refused(403, "token refused: for another kernel")
+        raise Refused(403, "token refused: for another kernel")
     try:
         container = await asyncio.to_thread(backend.find_kept, server.agent.docker,
                                             server.agent.id, kernel_id)
     except (DockerException, OSError) as exc:
-        raise _refused(502, f"Docker did not answer: {exc}") from None
+        raise Refused(502, f"Docker did not answer: {exc}") from None
     if container is None:
-        raise _refused(404, f"kernel {kernel_id} keeps nothing on this agent")
+        raise Refused(404, f"kernel {kernel_id} keeps nothing on this agent")
     return kernel_id, container
 
 
@@ -68,7 +62,7 @@ async def manifest(server, request):
         found = await asyncio.to_thread(kept.manifest, server.agent.docker, container,
                                         kernel_id, container.labels.get(SCRATCH_VOLUME, ""))
     except (DockerException, OSError) as exc:
-        raise _refused(502, f"the kept container could not be committed: {exc}") from None
+        raise Refused(502, f"the kept container could not be committed: {exc}") from None
     return web.json_response(found)
 
 
@@ -81,12 +75,12 @@ async def image(server, request):
         have = None
     if not isinstance(have, list) or len(have) > MAX_HAVE or \
             not all(isinstance(chain, str) for chain in have):
-        raise _refused(400, "the body must be {\"have\": [chain id, ...]}")
+        raise Refused(400, "the body must be {\"have\": [chain id, ...]}")
     try:
         chunks = await asyncio.to_thread(kept.save_stream, server.agent.docker, kernel_id,
                                          have)
     except (DockerException, OSError) as exc:
-        raise _refused(409, f"the kept image is not there (ask /v1/kept first): {exc}") \
+        raise Refused(409, f"the kept image is not there (ask /v1/kept first): {exc}") \
             from None
     return await _relay(request, chunks, "application/x-tar")
 

@@ -1,5 +1,6 @@
 """A kernel's resources, each set up and torn down by a small named provisioner, held by
-one KernelRunner so that a failure part-way tears down what was made, in reverse order.
+one KernelRunner (runner.py) so that a failure part-way tears down what was made, in reverse
+order.
 
 Dependencies are passed as arguments (the container provisioner is given the volume and
 the network), not gathered in a growing context object. Every resource is named in the
@@ -14,17 +15,13 @@ import logging
 import os
 import stat
 import tarfile
-import threading
 import time
 
 from docker.errors import APIError, ImageNotFound, NotFound
-from docker.types import EndpointConfig
 
 from agents_app.runtime import devices as device_plugins
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import errors, kept
-from common.devices import device_part
-from common.slots import ResourceSlots
+from agents_app.runtime import errors, images, kept, kept_fetch, networks, services
 from storage_app.files import give_back
 
 log = logging.getLogger(__name__)
@@ -108,57 +105,6 @@ def bind_mounts(mounts):
             for m in mounts}
 
 
-class ClusterNetwork:
-    """A bridge network of the session's own (every session, one kernel or a cluster),
-    shared by its kernels on this agent; the last kernel to go removes it. Docker keeps
-    bridges apart, so kernels of different sessions cannot reach each other; the host
-    interface is named bai…, which the agent's firewall (firewall.py) closes to the host's
-    own services. Without outbound access it is an internal network."""
-
-    name = "session-network"
-
-    def __init__(self, client):
-        self.client = client
-
-    # Sibling kernels start at the same time; Docker may accept two networks of one name.
-    _creating = threading.Lock()
-
-    def setup(self, session_id, cluster_size, allow_outbound=True, driver="bridge",
-              overlay_name=None):
-        if driver == "overlay":
-            # Swarm-scoped: a manager agent made it before any kernel was sent (the
-            # manager side asks it, rpc.ensure_session_network), or ahead of time as a warm
-            # network the session claimed, and removes it when the session has ended; a
-            # worker engine sees it once a container attaches.
-            return overlay_name or backend.overlay_network_name(session_id)
-        name = backend.session_network_name(session_id)
-        with self._creating:
-            if self.client.networks.list(names=[name]):
-                return name
-            try:
-                backend.create_session_network(self.client, name, session_id,
-                                               internal=not allow_outbound)
-            except APIError as exc:  # made by another agent process meanwhile
-                if exc.status_code != 409:
-                    raise
-        return name
-
-    def teardown(self, name):
-        if not name:
-            return
-        try:
-            network = self.client.networks.get(name)
-            network.reload()
-            if network.attrs.get("Driver") == "overlay":
-                return  # the session's, across hosts: removed once the session has ended
-            if not network.attrs.get("Containers"):
-                network.remove()
-        except NotFound:
-            pass
-        except APIError as exc:  # still in use by a sibling: it removes it
-            log.info("network %s kept: %s", name, exc)
-
-
 class DeviceAllocation:
     """The kernel's devices, from this agent's allocation map (the scheduler's plan when
     its devices are free here): reserved until the kernel's container records them in its
@@ -201,7 +147,7 @@ class KernelContainer:
                 raise
             log.warning("image %s of kernel %s is gone from this agent: pulling it again",
                         spec["image"], spec["kernel_id"])
-            backend.pull_image(self.client, spec["image"])
+            images.pull_image(self.client, spec["image"])
             container = self._create(spec, volume, network, mounts, devices)
         if network and spec.get("network_driver") != "overlay":
             try:  # reachable by its cluster hostname from its siblings
@@ -217,7 +163,7 @@ class KernelContainer:
         overlay = spec.get("network_driver") == "overlay"
         labels = {**backend.kernel_labels(self.agent_id, spec), SCRATCH_VOLUME: volume,
                   NETWORK: network or "", PRE_STOP: spec.get("pre_stop_command") or "",
-                  backend.NETWORK_DRIVER: "overlay" if overlay else "bridge"}
+                  networks.NETWORK_DRIVER: "overlay" if overlay else "bridge"}
         if mounts or image:  # a kept image has its old container's labels: these win
             labels[MOUNTS] = json.dumps(list(mounts))
         allocation, device_args = devices or ({}, device_plugins.ContainerArgs())
@@ -233,7 +179,7 @@ class KernelContainer:
                      **device_args.mounts},
             network=network, **backend.resource_limits(spec["slots"]),
             **backend.hardening(spec), **device_args.create_kwargs(),
-            **overlay_endpoint(spec, network, self.client.api.api_version),
+            **networks.overlay_endpoint(spec, network, self.client.api.api_version),
         )
 
     def teardown(self, container, grace_period=None, *, forced=False, on_hook_failure=None,
@@ -265,18 +211,9 @@ class KernelContainer:
     def keep(self, container):
         """A stopped container kept: out of its networks (the session's bridge can go),
         under its kept name. Again on a kept one, nothing changes."""
-        leave_networks(self.client, container)
+        networks.leave_networks(self.client, container)
         if not backend.is_kept(container):
             container.rename(backend.kept_name(container.labels[backend.KERNEL_ID]))
-
-
-def leave_networks(client, container):
-    """Disconnect a stopped container from every network it names, even one removed
-    meanwhile (Docker would not start it while it names a network that is gone)."""
-    container.reload()
-    for name in container.attrs.get("NetworkSettings", {}).get("Networks") or {}:
-        with contextlib.suppress(NotFound):
-            client.api.disconnect_container_from_network(container.id, name, force=True)
 
 
 class KeptContainer:
@@ -299,7 +236,7 @@ class KeptContainer:
             if container is None or container.status not in ("created", "exited"):
                 raise errors.RestoreFailed(f"kernel {kernel_id} keeps nothing on this agent")
         try:
-            leave_networks(self.client, container)
+            networks.leave_networks(self.client, container)
             if network:
                 self.client.networks.get(network).connect(container,
                                                           aliases=[spec["cluster_hostname"]])
@@ -318,7 +255,7 @@ class KeptContainer:
         with contextlib.suppress(NotFound, APIError):  # not running: nothing to kill
             container.kill()
             container.wait(timeout=30)
-        leave_networks(self.client, container)
+        networks.leave_networks(self.client, container)
         if not backend.is_kept(container):
             container.rename(backend.kept_name(container.labels[backend.KERNEL_ID]))
 
@@ -334,7 +271,7 @@ class KeptSource:
         self.client = client
 
     def setup(self, source, base_image):
-        return kept.plan(self.client, source, base_image)
+        return kept_fetch.plan(self.client, source, base_image)
 
     def teardown(self, resource):
         pass
@@ -350,7 +287,7 @@ class RestoredImage:
         self.client = client
 
     def setup(self, source, found):
-        return kept.load_image(self.client, source, found)
+        return kept_fetch.load_image(self.client, source, found)
 
     def teardown(self, image):
         kept.remove_image(self.client, image)
@@ -367,7 +304,7 @@ class RestoredVolume:
     def setup(self, source, kernel_id):
         volume = ScratchVolume(self.client).setup(kernel_id)
         try:
-            kept.fill_volume(kept.volume_path(self.client, volume),
+            kept_fetch.fill_volume(kept.volume_path(self.client, volume),
                              source.stream("GET", "/v1/kept/volume"))
         except BaseException:
             ScratchVolume(self.client).teardown(volume)
@@ -376,16 +313,6 @@ class RestoredVolume:
 
     def teardown(self, volume):
         ScratchVolume(self.client).teardown(volume)
-
-
-def overlay_endpoint(spec, network, api_version):
-    """The alias of a kernel on its session's overlay network, given at creation in one
-    call (the swarm attaches it as it starts), instead of the bridge path's disconnect and
-    connect."""
-    if spec.get("network_driver") != "overlay" or not network:
-        return {}
-    return {"networking_config": {network: EndpointConfig(
-        version=api_version, aliases=[spec["cluster_hostname"]])}}
 
 
 HOOK_OUTPUT_TAIL = 2000  # characters of a failed hook's output kept in its event
@@ -429,7 +356,7 @@ def ssh_client_config(hosts):
     that it holds for whichever user the kernel runs as."""
     return (f"# The cluster hosts of this session (backendai-web).\n"
             f"Host {' '.join(hosts)}\n"
-            f"    Port {backend.SSHD_PORT}\n"
+            f"    Port {services.SSHD_PORT}\n"
             "    IdentityFile /home/work/.ssh/id_cluster\n"
             "    IdentitiesOnly yes\n"
             "    BatchMode yes\n"
@@ -461,214 +388,3 @@ def ssh_archive(keypair, hosts=()):
     return buffer.getvalue()
 
 
-class ProvisionFailed(Exception):
-    """A step of a kernel's start failed: which one (`provisioner`), why, and the kind of
-    the failure (errors.kind_of of its cause), for the agent's creation_failed report."""
-
-    def __init__(self, provisioner, cause):
-        self.provisioner, self.cause, self.kind = provisioner, cause, errors.kind_of(cause)
-        reason = str(getattr(cause, "explanation", None) or cause) or type(cause).__name__
-        super().__init__(f"{provisioner}: {reason}")
-
-
-class KernelRunner:
-    """The resources of one kernel, torn down together in reverse order."""
-
-    def __init__(self):
-        self.held = []  # (provisioner, resource)
-        self.failure = None  # Docker's error when the container could not be torn down
-        self.seconds = {}  # step name → seconds it took (provision_seconds)
-        self.allocation = {}  # the kernel's devices ({slot: {device id: amount}})
-
-    def setup(self, provisioner, *args):
-        resource = self.step(provisioner.name, provisioner.setup, *args)
-        self.held.append((provisioner, resource))
-        return resource
-
-    def step(self, name, function, *args):
-        """function(*args), timed under `name`; any failure becomes ProvisionFailed(name)."""
-        started = time.perf_counter()
-        try:
-            return function(*args)
-        except Exception as exc:
-            raise ProvisionFailed(name, exc) from exc
-        finally:
-            self.seconds[name] = round(time.perf_counter() - started, 4)
-
-    def stop(self, *, forced=False, on_hook_failure=None, escalated=None):
-        """Stop the container as teardown does, removing nothing (a stop that keeps it):
-        its (exit code, log tail). Docker's refusal is kept in `self.failure`."""
-        self.failure = None
-        for provisioner, resource in self.held:
-            if isinstance(provisioner, KernelContainer):
-                try:
-                    return provisioner.teardown(resource, forced=forced, remove=False,
-                                                on_hook_failure=on_hook_failure,
-                                                escalated=escalated)
-                except Exception as exc:
-                    log.exception("stop of %s failed", resource.name)
-                    self.failure = str(getattr(exc, "explanation", None) or exc)[:500]
-        return None, ""
-
-    def keep(self):
-        """After stop(): the container kept (KernelContainer.keep) with its volume; the rest
-        torn down as teardown does (the session's bridge removed when no other container
-        uses it, folders' ownership given back). Docker's refusal to keep it raises."""
-        for provisioner, resource in reversed(self.held):
-            if isinstance(provisioner, KernelContainer):
-                provisioner.keep(resource)
-            elif not isinstance(provisioner, (ScratchVolume, RestoredImage)):
-                provisioner.teardown(resource)
-        self.held.clear()
-
-    def teardown(self, *, forced=False, on_hook_failure=None, escalated=None):
-        """Tear down everything held; the container's (exit code, log tail) if it had one.
-
-        When Docker refuses to stop or remove the container, its error is kept in
-        `self.failure` and the resources it still uses are left for the next try."""
-        result = (None, "")
-        self.failure = None
-        for provisioner, resource in reversed(self.held):
-            try:
-                if isinstance(provisioner, KernelContainer):
-                    result = provisioner.teardown(resource, forced=forced,
-                                                  on_hook_failure=on_hook_failure,
-                                                  escalated=escalated)
-                else:
-                    provisioner.teardown(resource)
-            except Exception as exc:  # the others must still go
-                log.exception("teardown of %s failed", provisioner.name)
-                if isinstance(provisioner, KernelContainer):
-                    self.failure = str(getattr(exc, "explanation", None) or exc)[:500]
-                    break  # its volume and network are still in use by it
-        self.held.clear()
-        return result
-
-    @classmethod
-    def start(cls, client, agent_id, spec, *, ready_timeout=60, source=None, devices=None):
-        """Set up the kernel's resources in order, start its container and wait until it
-        is ready (readiness): (runner, container). On any failure tear down what was made
-        (at once: the kernel never ran) and raise ProvisionFailed naming the step.
-        `devices`: the agent's DeviceSet, for a kernel that asks for devices.
-
-        A resume (spec["restore"]) takes the kept container here (`from` "local"), or,
-        given the `source` (kept.Source) of another agent, the kept image and volume from
-        there; any failure of one is of kind RESTORE, and a kept container stays kept. A
-        kept container keeps the devices it was made with: resumed here only when those
-        are free (else kind `agent`: the kernel moves, with devices of its new agent)."""
-        runner = cls()
-        restore = spec.get("restore")
-        try:
-            if devices is not None and device_part(ResourceSlots.parse(spec["slots"])):
-                if restore and source is None:  # the devices its kept container has
-                    kept_container = backend.find_kept(client, agent_id, spec["kernel_id"])
-                    if kept_container is not None:
-                        spec = {**spec, "device_allocation":
-                                device_plugins.container_allocation(kept_container)}
-                runner.allocation = runner.setup(DeviceAllocation(devices, client, agent_id),
-                                                 spec)
-            device_args = runner.allocation and (runner.allocation, runner.step(
-                "device-arguments", devices.container_args, runner.allocation,
-                spec["kernel_id"]))
-            mounts = runner.setup(FolderMounts(), spec.get("mounts") or [])
-            if restore and source is None:
-                network = runner.setup_network(client, spec)
-                container = runner.setup(KeptContainer(client, agent_id), spec, network)
-                if runner.allocation and runner.allocation != \
-                        device_plugins.container_allocation(container):
-                    raise ProvisionFailed("devices", device_plugins.DevicesUnavailable(
-                        "the devices the kept container was made with are not free here"))
-            else:
-                image = None
-                if source is not None:
-                    found = runner.setup(KeptSource(client), source, spec["image"])
-                    image = runner.setup(RestoredImage(client), source, found)
-                    volume = runner.setup(RestoredVolume(client), source, spec["kernel_id"])
-                    source.report()
-                else:
-                    volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
-                network = runner.setup_network(client, spec)
-                container = runner.setup(KernelContainer(client, agent_id), spec, volume,
-                                         network, mounts, device_args or None, image)
-                if spec.get("ssh_keypair"):
-                    runner.setup(SSHKeys(), container, spec["ssh_keypair"],
-                                 spec.get("cluster_hosts") or [spec["cluster_hostname"]])
-            if runner.allocation:  # its container's label holds the devices from now on
-                devices.release(spec["kernel_id"])
-            overlay = spec.get("network_driver") == "overlay"
-            runner.step("start", start_container, container, OVERLAY_WAIT if overlay else 0)
-            if container.status == "running":  # else it ended at once: reported as it ended
-                ports = runner.step("services", start_services, client, container, spec)
-                runner.step("readiness", wait_ready, container, ports, spec, ready_timeout)
-        except ProvisionFailed as exc:
-            runner.teardown(forced=True)
-            if restore:
-                exc.kind = errors.RESTORE
-            raise
-        return runner, container
-
-    def setup_network(self, client, spec):
-        return self.setup(ClusterNetwork(client), spec["session_id"], spec["cluster_size"],
-                          spec.get("allow_outbound", True),
-                          spec.get("network_driver") or "bridge", spec.get("network_name"))
-
-    @classmethod
-    def from_container(cls, client, agent_id, container):
-        """The runner of a container this agent may never have seen start: its labels
-        name every resource."""
-        runner = cls()
-        moved = (container.attrs.get("Config", {}).get("Image") or "").startswith(
-            backend.KEPT_IMAGE_REPOSITORY)  # made from a kept image: it goes with it
-        runner.held = [(FolderMounts(), json.loads(container.labels.get(MOUNTS) or "[]")),
-                       (ScratchVolume(client), container.labels.get(SCRATCH_VOLUME, "")),
-                       (RestoredImage(client), container.attrs.get("Image") if moved else ""),
-                       (ClusterNetwork(client), container.labels.get(NETWORK, "")),
-                       (KernelContainer(client, agent_id), container)]
-        runner.held = [(p, r) for p, r in runner.held if r]
-        return runner
-
-
-def start_container(container, network_wait=0):
-    """Start it and read its state again: its command may have ended already, or not have
-    been executable at all (KernelCannotRun: Docker's init said so and ended). An overlay,
-    made and waited for before the kernel was sent, may still be unknown for a moment to
-    the swarm manager this engine asks: up to `network_wait` seconds for it."""
-    backend.start_attached(container, network_wait)
-    container.reload()
-    if container.status == "running" and backend.command_started(container) is False:
-        with contextlib.suppress(OSError):  # its init has ended: Docker's state follows
-            container.wait(timeout=2)
-        container.reload()
-    if container.status != "running":
-        failure = backend.exec_failure(container)
-        if failure:
-            raise errors.KernelCannotRun(f"the kernel's command cannot run: {failure}")
-
-
-def start_services(client, container, spec):
-    """The SSH server of a multi-container session's kernel (where the image has one) and
-    the image's services that have a start command: {name: port} to wait for."""
-    ports = {}
-    try:
-        if spec.get("cluster_size", 1) > 1 and backend.start_sshd(container):
-            ports["sshd"] = backend.SSHD_PORT
-        ports.update(backend.start_services(client, container))
-    except APIError:
-        container.reload()
-        if container.status != "running":
-            return {}  # it ended meanwhile: reported as it ended
-        raise
-    return ports
-
-
-def wait_ready(container, ports, spec, timeout):
-    """Until the started services take connections. The agent reaches a kernel's address
-    on a bridge; on a multi-host session's overlay it does not (the host has no route to
-    it), so those are not waited for."""
-    if not ports:
-        return True
-    if spec.get("network_driver") == "overlay":
-        log.info("kernel %s: %s not checked from the agent (overlay network)",
-                 spec["kernel_id"], ", ".join(ports))
-        return True
-    return backend.wait_ready(container, ports, timeout)

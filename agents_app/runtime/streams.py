@@ -9,13 +9,15 @@ the kernel, its container and what may be opened:
   (`docker exec` with a TTY). Binary frames are the terminal's bytes both ways; text frames
   are JSON: `{"resize": [cols, rows]}` and `{"close": true}` (ends the shell) from the
   client, `{"exited": true}` when the shell ended. A connection that drops leaves the shell
-  running TERMINAL_RESUME_SECONDS, its output kept, for the same terminal id to resume.
+  running TERMINAL_RESUME_SECONDS, its output kept, for the same terminal id to resume
+  (terminals.py).
 - `/v1/app/<path>` (any method, or a websocket), token `service:<name>`: HTTP or a websocket
   to that service port of the container, at its address on the session's own network,
   streamed both ways. The path is the one the browser asked for (apps serve under
   /sessions/<id>/apps/<name>/).
 - `/v1/exec`, `/v1/exec/step` and `/v1/files/…`, tokens `exec:<run id>` and
-  `files:scratch`: the Backend.AI clients' execution and session files (session_streams.py).
+  `files:scratch`: the Backend.AI clients' execution and session files (session_streams.py,
+  session_files.py).
 - `/v1/kept…`, token `kept:<kernel id>`: what this agent keeps of a stopped kernel, for the
   agent that resumes it (kept_streams.py).
 
@@ -25,12 +27,7 @@ here or not running, or a service the image does not declare.
 """
 
 import asyncio
-import contextlib
-import json
 import logging
-import os
-import re
-import socket
 import threading
 import time
 
@@ -50,31 +47,19 @@ from docker.errors import DockerException, NotFound
 
 from agents_app import stream_io, stream_tokens
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import kept_streams, session_streams
+from agents_app.runtime import kept_streams, services, session_files, session_streams
+from agents_app.runtime.stream_base import Refused, json_object
+from agents_app.runtime.terminals import Terminal, terminal_size
 
 log = logging.getLogger("agent.streams")
 TOKEN_HEADER = stream_tokens.TOKEN_HEADER
-PID_LINE = re.compile(rb"(?:^|\n)[\r\s]*(\d+)\r?\n")
 CONTAINER_CACHE_SECONDS = 3.0
-TERMINAL_BACKLOG = 256 * 1024  # bytes of output kept while no connection is attached
 SERVICE_START_WAIT = 60.0  # seconds a just-started service has to take connections
 # Headers of one hop (RFC 9110 7.6.1), and what only the proxy may say.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
               "trailer", "transfer-encoding", "upgrade", "host", TOKEN_HEADER.lower(),
               "sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
               "sec-websocket-accept", "sec-websocket-protocol"}
-# The shell prints its process id first (read and kept back by the agent, to end it later),
-# then becomes the image's shell. It waits for a line from the agent before it says
-# anything: docker-py reads the answer to exec_start with a buffered reader, which would
-# swallow bytes that came with the upgrade's headers.
-SHELL = ('read -r _; echo "$$"; for s in /bin/bash /bin/sh; do [ -x "$s" ] && exec "$s"; '
-         "done; exec /bin/busybox sh")
-
-
-class Refused(web.HTTPException):
-    def __init__(self, status, message):
-        self.status_code = status
-        super().__init__(text=json.dumps({"error": message}), content_type="application/json")
 
 
 def parse_bind(text):
@@ -134,6 +119,7 @@ class StreamServer:
         app.router.add_get("/v1/pty", self.pty)
         app.router.add_route("*", "/v1/app/{path:.*}", self.app_proxy)
         session_streams.add_routes(app, self)
+        session_files.add_routes(app, self)
         kept_streams.add_routes(app, self)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -195,7 +181,8 @@ class StreamServer:
         if not stream_tokens.TERMINAL_ID.match(terminal_id):
             raise Refused(403, "token refused: not a terminal id")
         info = await self.container_of(payload)
-        cols, rows = _size(request.query.get("cols"), 80), _size(request.query.get("rows"), 24)
+        cols = terminal_size(request.query.get("cols"), 80)
+        rows = terminal_size(request.query.get("rows"), 24)
         key = (payload["k"], terminal_id)
         terminal = self.terminals.get(key)
         if terminal is None or terminal.ended:
@@ -212,7 +199,7 @@ class StreamServer:
                 if message.type == WSMsgType.BINARY:
                     await terminal.write(message.data)
                 elif message.type == WSMsgType.TEXT:
-                    control = _json(message.data)
+                    control = json_object(message.data)
                     if "resize" in control:
                         await terminal.resize(*control["resize"][:2])
                     if control.get("close"):
@@ -299,146 +286,8 @@ class StreamServer:
     def start_service(self, container_id, name, command):
         """Run the service's start command in the container, unless this agent started it
         a moment ago, with the kernel or for another request (it may be starting still)."""
-        backend.start_service(self.agent.docker, container_id, name, command,
+        services.start_service(self.agent.docker, container_id, name, command,
                               unless_within=SERVICE_START_WAIT)
-
-
-class Terminal:
-    """One shell in a container, outliving its websocket by TERMINAL_RESUME_SECONDS."""
-
-    def __init__(self, server, key, api, exec_id, holder, sock):
-        self.server, self.key, self.api, self.exec_id = server, key, api, exec_id
-        self.container_id = None
-        self.holder, self.sock = holder, sock  # holder keeps docker-py's response alive
-        self.pid = None
-        self.ws = None
-        self.backlog = bytearray()
-        self.held = bytearray()  # input that came before the shell's process id
-        self.ended = False
-        self.expiry = None
-        self.reader = None
-
-    @classmethod
-    async def open(cls, server, key, info, cols, rows):
-        api = server.agent.docker.api
-
-        def start():
-            exec_id = api.exec_create(info["id"], ["/bin/sh", "-c", SHELL], tty=True,
-                                      stdin=True, environment={"TERM": "xterm-256color"})["Id"]
-            holder = api.exec_start(exec_id, tty=True, socket=True)
-            with contextlib.suppress(DockerException):
-                api.exec_resize(exec_id, height=rows, width=cols)
-            return exec_id, holder
-
-        exec_id, holder = await asyncio.to_thread(start)
-        # docker-py keeps its HTTP response alive through an attribute it cannot set on a
-        # unix socket: when the response is collected, it closes the socket under us. A
-        # descriptor of our own keeps the connection open until the terminal closes it.
-        raw = getattr(holder, "_sock", holder)
-        sock = socket.socket(fileno=os.dup(raw.fileno()))
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_sendall(sock, b"\n")  # go on (SHELL)
-        terminal = cls(server, key, api, exec_id, holder, sock)
-        terminal.container_id = info["id"]
-        terminal.reader = asyncio.create_task(terminal.read())
-        return terminal
-
-    async def read(self):
-        loop = asyncio.get_running_loop()
-        head = b""
-        try:
-            while True:
-                data = await loop.sock_recv(self.sock, 65536)
-                if not data:
-                    break
-                if self.pid is None:  # a line of digits first: the process id
-                    head += data
-                    found = PID_LINE.search(head)
-                    if found is None and len(head) < 4096:
-                        continue
-                    self.pid = int(found.group(1)) if found else 0
-                    if not self.pid:
-                        log.warning("terminal %s: no process id in %r", self.key[1], head[:200])
-                    data = head[found.end():] if found else head
-                    held, self.held = bytes(self.held), bytearray()
-                    if held:  # typed before the shell was ready: it gets it now
-                        await loop.sock_sendall(self.sock, held)
-                    if not data:
-                        continue
-                await self.deliver(data)
-        except OSError as exc:
-            log.debug("terminal %s: %s", self.key, exc)
-        await self.end()
-
-    async def deliver(self, data):
-        ws = self.ws
-        if ws is not None and not ws.closed:
-            try:
-                await ws.send_bytes(data)
-                return
-            except (ConnectionError, RuntimeError):
-                pass
-        self.backlog += data
-        del self.backlog[:-TERMINAL_BACKLOG]
-
-    async def attach(self, ws):
-        if self.expiry is not None:
-            self.expiry.cancel()
-            self.expiry = None
-        previous, self.ws = self.ws, ws
-        if previous is not None and not previous.closed:  # taken over by a new connection
-            await previous.close(code=4000, message=b"resumed elsewhere")
-        if self.backlog:
-            backlog, self.backlog = bytes(self.backlog), bytearray()
-            await ws.send_bytes(backlog)
-
-    def detach(self, ws):
-        if self.ws is not ws:
-            return
-        self.ws = None
-        if not self.ended:
-            self.expiry = asyncio.get_running_loop().call_later(
-                settings.TERMINAL_RESUME_SECONDS, lambda: asyncio.ensure_future(self.close()))
-
-    async def write(self, data):
-        if self.ended:
-            return
-        if self.pid is None:  # the shell has not said its id yet: hold keys back from it
-            self.held += data
-            return
-        await asyncio.get_running_loop().sock_sendall(self.sock, data)
-
-    async def resize(self, cols, rows):
-        await asyncio.to_thread(self.api.exec_resize, self.exec_id, height=_size(rows, 24),
-                                width=_size(cols, 80))
-
-    async def close(self):
-        """End the shell (SIGHUP, as a closed terminal does; SIGKILL a second later)."""
-        if self.pid and not self.ended:
-            with contextlib.suppress(DockerException, OSError):
-                await asyncio.to_thread(backend.signal_process, self.api, self.container_id,
-                                        self.pid)
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        await self.end()
-
-    async def end(self):
-        if self.ended:
-            return
-        self.ended = True
-        with contextlib.suppress(OSError):
-            self.holder.close()
-        if self.expiry is not None:
-            self.expiry.cancel()
-        if self.server.terminals.get(self.key) is self:
-            del self.server.terminals[self.key]
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        ws = self.ws
-        if ws is not None and not ws.closed:
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await ws.send_str(json.dumps({"exited": True}))
-                await ws.close()
 
 
 async def _pump_websockets(a, b):
@@ -468,16 +317,3 @@ async def _body(request):
         yield chunk
 
 
-def _json(text):
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _size(value, default):
-    try:
-        return max(1, min(int(value), 1000))
-    except (TypeError, ValueError):
-        return default

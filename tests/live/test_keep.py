@@ -16,7 +16,7 @@ from docker.errors import ImageNotFound, NotFound
 
 from agents_app import stream_tokens
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import kept
+from agents_app.runtime import kept, networks
 from agents_app.runtime.streams import StreamServer
 from tests.live.test_kernel_start import RecordingAgent, build_image, kernel_spec
 from tests.live.two_hosts import SecondHost, tools_problem
@@ -75,7 +75,7 @@ class Agents:
                         filters={"name": f"bai-scratch-{spec['kernel_id']}"}):
                     volume.remove(force=True)
                 for network in engine.networks.list(
-                        names=[backend.session_network_name(spec["session_id"])]):
+                        names=[networks.session_network_name(spec["session_id"])]):
                     network.remove()
                 with contextlib.suppress(ImageNotFound):
                     engine.images.remove(backend.kept_image(spec["kernel_id"]), force=True)
@@ -145,7 +145,7 @@ def test_a_stopped_kernel_is_kept_and_resumes_in_the_same_container_with_its_fil
     assert docker_client.volumes.get(f"bai-scratch-{spec['kernel_id']}")
     # Out of its network, which went with it (its only kernel).
     assert docker_client.networks.list(
-        names=[backend.session_network_name(spec["session_id"])]) == []
+        names=[networks.session_network_name(spec["session_id"])]) == []
 
     # The heartbeat: not a kernel (the manager would take it for one that ended), kept.
     info = agent.heartbeat_info()
@@ -187,7 +187,7 @@ def test_a_stopped_kernel_is_kept_and_resumes_in_the_same_container_with_its_fil
     # The files, the installed program; the startup command ran again, the bootstrap not.
     assert after == before + "start\n"
     assert after.endswith("boot\nstart\nstart\n")
-    network = docker_client.networks.get(backend.session_network_name(spec["session_id"]))
+    network = docker_client.networks.get(networks.session_network_name(spec["session_id"]))
     aliases = container.attrs["NetworkSettings"]["Networks"][network.name]["Aliases"]
     assert "main1" in aliases
     assert spec["kernel_id"] in [k["kernel_id"] for k in agent.heartbeat_info()["kernels"]]
@@ -204,7 +204,7 @@ def test_a_resume_with_nothing_kept_fails_with_kind_restore(agents, docker_clien
         "creation_failed", "restore", "kept-container")
     assert f"kernel {spec['kernel_id']} keeps nothing on this agent" in report["error"]
     assert docker_client.networks.list(
-        names=[backend.session_network_name(spec["session_id"])]) == []
+        names=[networks.session_network_name(spec["session_id"])]) == []
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +238,7 @@ def test_a_local_resume_that_fails_keeps_the_kernel_as_it_was(
     assert container.status == "exited"
     assert container.attrs["NetworkSettings"]["Networks"] == {}
     assert docker_client.networks.list(
-        names=[backend.session_network_name(spec["session_id"])]) == []
+        names=[networks.session_network_name(spec["session_id"])]) == []
     assert [k["kernel_id"] for k in agent.heartbeat_info()["kept"]] == [spec["kernel_id"]]
     # Its service answers in time again: it resumes, its files with it.
     volume = docker_client.volumes.get(f"bai-scratch-{spec['kernel_id']}")
@@ -338,7 +338,7 @@ def leftovers(engine, spec):
     found += [v.name for v in engine.volumes.list(
         filters={"name": f"bai-scratch-{spec['kernel_id']}"})]
     found += [n.name for n in engine.networks.list(
-        names=[backend.session_network_name(spec["session_id"])])]
+        names=[networks.session_network_name(spec["session_id"])])]
     with contextlib.suppress(ImageNotFound):
         found.append(engine.images.get(backend.kept_image(spec["kernel_id"])).tags[0])
     return found
@@ -376,7 +376,7 @@ def test_a_kept_kernel_moves_to_another_engine_without_the_layers_it_holds(
     assert (host_config["NanoCpus"], host_config["Memory"]) == (250_000_000, 64 * 2**20)
     assert host_config["CapDrop"] == ["ALL"] and host_config["Init"]
     assert moved.attrs["Config"]["Hostname"] == "main1"
-    network = backend.session_network_name(spec["session_id"])
+    network = networks.session_network_name(spec["session_id"])
     assert "main1" in moved.attrs["NetworkSettings"]["Networks"][network]["Aliases"]
     after = run(second_engine, moved.id, CHECK)
     assert after == before + "start\n"  # the files, owners, modes, links; the program

@@ -19,6 +19,7 @@ from docker.errors import ImageNotFound
 
 from agents_app.models import Image
 from agents_app.runtime import docker_backend as backend
+from agents_app.runtime import networks
 from agents_app.runtime.agent import Agent
 from backendai_web import metrics
 from scheduling_app.models import ScalingGroup
@@ -64,7 +65,7 @@ def agent(docker_client):
                 "name": f"bai-scratch-{spec['kernel_id']}"}):
             volume.remove(force=True)
         for network in docker_client.networks.list(
-                names=[backend.session_network_name(spec["session_id"])]):
+                names=[networks.session_network_name(spec["session_id"])]):
             network.remove()
 
 
@@ -90,7 +91,7 @@ def leftovers(docker_client, spec):
                 "label": f"{backend.KERNEL_ID}={spec['kernel_id']}"})
             + docker_client.volumes.list(filters={"name": f"bai-scratch-{spec['kernel_id']}"})
             + docker_client.networks.list(
-                names=[backend.session_network_name(spec["session_id"])]))
+                names=[networks.session_network_name(spec["session_id"])]))
 
 
 def build_image(docker_client, tag, dockerfile):
@@ -275,7 +276,7 @@ def test_a_session_whose_folder_is_not_on_the_host_fails_in_seconds_with_nothing
         all=True, filters={"label": f"{backend.SESSION_ID}={session_id}"}) == []
     for kernel in session.kernels.all():
         assert docker_client.volumes.list(filters={"name": f"bai-scratch-{kernel.pk}"}) == []
-    assert docker_client.networks.list(names=[backend.session_network_name(session_id)]) == []
+    assert docker_client.networks.list(names=[networks.session_network_name(session_id)]) == []
     client.delete(f"/api/v1/sessions/{session_id}/")
 
 

@@ -14,8 +14,8 @@ from docker.errors import APIError, NotFound
 
 from agents_app import rpc
 from agents_app.models import Agent, Image, WarmNetwork
-from agents_app.runtime import docker_backend as backend
-from agents_app.runtime.provisioners import KernelRunner
+from agents_app.runtime import networks
+from agents_app.runtime.runner import KernelRunner
 from scheduling_app.models import ScalingGroup
 from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import Kernel, Session, SessionEvent
@@ -79,7 +79,7 @@ def serve(engine, container_id, port, answer):
 
 def network_name(session_id):
     """A session's overlay: the warm network it claimed, else one made for it."""
-    return rpc.warm_network_name(session_id) or backend.overlay_network_name(session_id)
+    return rpc.warm_network_name(session_id) or networks.overlay_network_name(session_id)
 
 
 def networks_of(engine, session_id):
@@ -253,9 +253,9 @@ def test_a_session_placed_across_hosts_then_on_one_agent_starts_there_on_its_bri
                                        to_status=S.PENDING,
                                        reason__contains=f"on agent {h2_agent}:").exists()
     main_engine = docker.from_env()
-    overlay = main_engine.networks.get(backend.overlay_network_name(session_id))
+    overlay = main_engine.networks.get(networks.overlay_network_name(session_id))
     assert overlay.attrs["Driver"] == "overlay"  # made for its first placement, kept
-    bridge = backend.session_network_name(session_id)
+    bridge = networks.session_network_name(session_id)
     assert main_engine.networks.get(bridge).attrs["Driver"] == "bridge"
     kernels = {k.cluster_hostname: k for k in Kernel.objects.filter(session_id=session_id)}
     assert {k.agent_id for k in kernels.values()} == {main_agent}
@@ -314,13 +314,13 @@ def test_a_holder_and_a_kernel_asked_for_before_their_overlay_exists_wait_for_it
     try:
         with ThreadPoolExecutor(2) as pool:
             made.start()
-            held = pool.submit(backend.hold_network, main_engine, "holder-t", name, IMAGE)
+            held = pool.submit(networks.hold_network, main_engine, "holder-t", name, IMAGE)
             kernel = pool.submit(KernelRunner.start, second_host.client, "agent-t",
                                  kernel_spec(str(uuid.uuid4()), name))
             held.result()
             runner, container = kernel.result()
         assert time.monotonic() - started >= 0.9
-        assert list(backend.holders(main_engine, "holder-t")) == [name]
+        assert list(networks.holders(main_engine, "holder-t")) == [name]
         container.reload()
         assert container.status == "running"
         assert "main1" in container.attrs["NetworkSettings"]["Networks"][name]["Aliases"]
@@ -328,7 +328,7 @@ def test_a_holder_and_a_kernel_asked_for_before_their_overlay_exists_wait_for_it
         made.join()
         if runner is not None:
             runner.teardown(forced=True)
-        backend.release_network(main_engine, "holder-t")
+        networks.release_network(main_engine, "holder-t")
         wait_for(lambda: remove_network(main_engine, name), timeout=30,
                  message="the test network removed")
 

@@ -13,6 +13,7 @@ import pytest
 
 from agents_app import stream_tokens
 from agents_app.runtime import docker_backend as backend
+from agents_app.runtime import services
 from agents_app.runtime.agent import Agent
 from agents_app.runtime.streams import StreamServer
 from agents_app.stream_tokens import TOKEN_HEADER
@@ -252,7 +253,7 @@ def test_a_service_started_with_the_kernel_is_waited_for_not_started_again(
                 stream_tokens.SERVICE_START_LABEL + "web": start})
     try:
         container.reload()
-        backend.start_services(docker_client, container)  # as the agent does at start
+        services.start_services(docker_client, container)  # as the agent does at start
         status, body, _ = run(get(server, "/v1/app/index.html",
                                   token(agent, (kernel_id, container), "service:web")))
         assert (status, body) == (200, b"slow-app\n")

@@ -13,6 +13,7 @@ import pytest
 from docker.errors import APIError
 
 from agents_app.runtime import docker_backend as backend
+from agents_app.runtime import networks
 from tests.support import IMAGE
 
 pytestmark = pytest.mark.docker
@@ -23,7 +24,7 @@ def name(docker_client):
     name = f"bai-warm-test-{uuid.uuid4().hex[:8]}"
     yield name
     for agent_id in ("holder-a", "holder-b"):
-        backend.release_network(docker_client, agent_id)
+        networks.release_network(docker_client, agent_id)
     for network in docker_client.networks.list(names=[name]):
         network.remove()
 
@@ -34,13 +35,13 @@ def test_a_holder_waits_for_its_network_is_started_once_and_goes_when_released(
     made.start()
     started = time.monotonic()
     try:
-        backend.hold_network(docker_client, "holder-a", name, IMAGE)  # before it exists
+        networks.hold_network(docker_client, "holder-a", name, IMAGE)  # before it exists
     finally:
         made.join()  # made before the fixture's cleanup looks for it
     assert time.monotonic() - started >= 0.9
-    backend.hold_network(docker_client, "holder-a", name, IMAGE)  # asked again: kept
-    backend.hold_network(docker_client, "holder-b", name, IMAGE)  # another agent's own
-    held = backend.holders(docker_client, "holder-a")
+    networks.hold_network(docker_client, "holder-a", name, IMAGE)  # asked again: kept
+    networks.hold_network(docker_client, "holder-b", name, IMAGE)  # another agent's own
+    held = networks.holders(docker_client, "holder-a")
     assert list(held) == [name]
     container = held[name]
     container.reload()
@@ -48,18 +49,18 @@ def test_a_holder_waits_for_its_network_is_started_once_and_goes_when_released(
     host_config = container.attrs["HostConfig"]
     assert host_config["CapDrop"] == ["ALL"] and host_config["PidsLimit"] == 4
     assert len(docker_client.containers.list(ignore_removed=True,
-        filters={"label": f"{backend.HOLDER}={name}"})) == 2
+        filters={"label": f"{networks.HOLDER}={name}"})) == 2
     # Nothing of an agent's kernels: its containers' list and events leave holders out.
     assert backend.list_kernel_containers(docker_client, "holder-a") == []
 
-    backend.release_network(docker_client, "holder-a", name)
-    assert backend.holders(docker_client, "holder-a") == {}
-    assert list(backend.holders(docker_client, "holder-b")) == [name]
+    networks.release_network(docker_client, "holder-a", name)
+    assert networks.holders(docker_client, "holder-a") == {}
+    assert list(networks.holders(docker_client, "holder-b")) == [name]
 
 
 def test_a_holder_whose_network_never_comes_leaves_no_container(docker_client, name):
     with pytest.raises(APIError) as raised:
-        backend.hold_network(docker_client, "holder-a", name, IMAGE, wait=0.5)
-    assert backend.network_not_there_yet(raised.value)
+        networks.hold_network(docker_client, "holder-a", name, IMAGE, wait=0.5)
+    assert networks.network_not_there_yet(raised.value)
     assert not docker_client.containers.list(ignore_removed=True,
-        all=True, filters={"label": f"{backend.HOLDER}={name}"})
+        all=True, filters={"label": f"{networks.HOLDER}={name}"})

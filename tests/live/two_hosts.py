@@ -24,6 +24,7 @@ from pathlib import Path
 import docker
 
 from agents_app.runtime import docker_backend as backend
+from agents_app.runtime import networks
 
 ROOT = Path(__file__).resolve().parents[2]
 NETNS = "h2"
@@ -120,7 +121,7 @@ class SecondHost:
             self.client.swarm.leave(force=True)  # its swarm of a run that was killed
 
     def _swarm(self):
-        """As an operator sets up agent hosts (docs/operations.md): `manage.py swarm_join --init` on
+        """As an operator sets up agent hosts (README): `manage.py swarm_join --init` on
         the first, `swarm_join --manager … --token …` on the second."""
         state = self.main.info()["Swarm"]
         if state["LocalNodeState"] != "active":
@@ -232,13 +233,13 @@ class SecondHost:
             return
 
         def removed_all():
-            left = [n for label in (backend.SESSION_ID, backend.WARM_NETWORK)
+            left = [n for label in (backend.SESSION_ID, networks.WARM_NETWORK)
                     for n in self.main.networks.list(filters={"label": label,
                                                               "driver": "overlay"})
                     if n.id not in self.networks_before]
             for network in left:
                 for holder in self.main.containers.list(ignore_removed=True,
-                        all=True, filters={"label": f"{backend.HOLDER}={network.name}"}):
+                        all=True, filters={"label": f"{networks.HOLDER}={network.name}"}):
                     with contextlib.suppress(docker.errors.APIError):
                         holder.remove(force=True)
                 with contextlib.suppress(docker.errors.APIError):

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from docker.errors import BuildError, DockerException
 
-from agents_app.runtime import docker_backend
+from agents_app.runtime import docker_backend, images
 
 # Backend.AI's standard image labels: a kernel image (kernelspec), its base (a static
 # busybox, no C library to match), how query-mode code runs (the shell: an "app" image with
@@ -80,7 +80,7 @@ class Command(BaseCommand):
                 f"Docker engine unreachable ({exc}); not building {tag}. The web UI still runs; "
                 "sessions stay PENDING until an agent can reach Docker."))
             return
-        if not force and docker_backend.image_exists(client, tag):
+        if not force and images.image_exists(client, tag):
             self.stdout.write(f"kernel image {tag} present")
             return
         busybox = static_busybox()

@@ -94,4 +94,4 @@ class Command(BaseCommand):
             agent.stopping.set()
             agent.lifecycle.shutdown()  # what waits in a lane is asked for again
             agent.pulls.shutdown()
-            agent.release_all_networks()
+            agent.networks.release_all()

@@ -2,6 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 from docker.errors import APIError, DockerException
 
 from agents_app.runtime import docker_backend as backend
+from agents_app.runtime import networks
 
 
 class Command(BaseCommand):
@@ -23,9 +24,9 @@ class Command(BaseCommand):
         try:
             client = backend.connect()
             if options["init"]:
-                lines = backend.init_swarm(client, options["advertise_addr"])
+                lines = networks.init_swarm(client, options["advertise_addr"])
             elif options["manager"] and options["token"]:
-                lines = backend.join_swarm(client, options["manager"], options["token"],
+                lines = networks.join_swarm(client, options["manager"], options["token"],
                                            options["advertise_addr"])
             else:
                 raise CommandError("give --init, or --manager ADDR:2377 and --token TOKEN")

@@ -1,0 +1,409 @@
+"""The agent's networks, in one room: a session's own bridge on each engine, the overlay of
+a session whose kernels are on several hosts, the warm overlays made ahead of such sessions
+and their holder containers, this engine's place in a Docker swarm, and the removal of
+what a session no longer needs.
+
+The manager side decides which network a session gets (agents_app/network_pool.py,
+rpc.ensure_session_network); the agent makes, holds and removes them as it is asked
+(AgentNetworks, behind the agent.*_network tasks) and sets one up for each kernel it
+starts (ClusterNetwork, a provisioner of runner.KernelRunner).
+"""
+
+import contextlib
+import ipaddress
+import logging
+import threading
+import time
+import uuid
+
+from django.conf import settings
+from docker.errors import APIError, DockerException, NotFound
+from docker.types import EndpointConfig, IPAMConfig, IPAMPool
+
+from agents_app.runtime.docker_backend import SESSION_ID
+
+log = logging.getLogger(__name__)
+
+
+def session_subnets(session_id):
+    """Candidate subnets of KERNEL_NETWORK_POOL for a session's network, starting at one
+    its id picks: Docker's own default pools give an engine about 30 bridge networks,
+    this project's pool thousands (a /26 each: a cluster of 32 kernels and a gateway)."""
+    pool = ipaddress.ip_network(settings.KERNEL_NETWORK_POOL)
+    count = 2 ** (26 - pool.prefixlen)
+    start = uuid.UUID(str(session_id)).int % count
+    for i in range(min(count, 256)):
+        yield ipaddress.ip_network((int(pool.network_address) + ((start + i) % count) * 64, 26))
+
+
+def create_session_network(client, name, session_id, *, internal=False):
+    short = uuid.UUID(str(session_id)).hex[:12]
+    for subnet in session_subnets(session_id):
+        ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=str(subnet),
+                                                 gateway=str(subnet.network_address + 1))])
+        try:
+            return client.networks.create(
+                name, driver="bridge", check_duplicate=True, internal=internal, ipam=ipam,
+                # The host side is bai<12 hex>: the firewall's rules match bai+.
+                options={"com.docker.network.bridge.name": f"bai{short}"},
+                labels={SESSION_ID: session_id})
+        except APIError as exc:
+            if "overlap" not in str(exc).lower():
+                raise
+    raise APIError(f"no free subnet for {name} in {settings.KERNEL_NETWORK_POOL}")
+
+
+NETWORK_PREFIX = "bai-session-"
+OVERLAY_PREFIX = "bai-overlay-"
+NETWORK_DRIVER = "ai.backend.network-driver"
+
+
+def session_network_name(session_id):
+    """The session's bridge on one engine."""
+    return f"{NETWORK_PREFIX}{session_id}"
+
+
+def overlay_network_name(session_id):
+    """The session's overlay across hosts (unless it claimed a warm one). A name of its own:
+    a session placed across hosts and then rescheduled onto one agent keeps its overlay
+    until it ends, and a bridge of the same name on a swarm manager would find that overlay
+    instead (its kernels then fail at the bridge path's disconnect, issue 30)."""
+    return f"{OVERLAY_PREFIX}{session_id}"
+
+
+def network_not_there_yet(exc):
+    """Docker's answer to attaching a container to a network it does not know (yet): a 404
+    from an engine out of a swarm, a 500 with the swarm's `rpc error: code = NotFound` from
+    one in a swarm with another node (it asks the swarm's managers)."""
+    if isinstance(exc, NotFound):
+        return True
+    text = str(getattr(exc, "explanation", None) or "")
+    return isinstance(exc, APIError) and "rpc error: code = NotFound" in text and \
+        "network" in text
+
+
+def start_attached(container, wait):
+    """Start a container whose network may not be made yet (a warm network asked for with
+    its holders) or not known yet to the swarm manager this engine asks: up to `wait`
+    seconds for it; Docker's error after that."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            container.start()
+            return
+        except APIError as exc:
+            if not network_not_there_yet(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def swarm_state(client):
+    """This engine's place in a Docker swarm, for the heartbeat: the scheduler spreads a
+    multi-node session only over agents of one swarm, and only a manager node can make or
+    remove its overlay network. Two engines are in one swarm when they know a manager in
+    common (a worker does not see the cluster's id)."""
+    swarm = client.info().get("Swarm") or {}
+    return {
+        "state": swarm.get("LocalNodeState") or "inactive",
+        "node_id": swarm.get("NodeID") or "",
+        "addr": swarm.get("NodeAddr") or "",
+        "manager": bool(swarm.get("ControlAvailable")),
+        "managers": sorted(m["NodeID"] for m in swarm.get("RemoteManagers") or []),
+        "error": (swarm.get("Error") or "")[:200],
+    }
+
+
+def init_swarm(client, advertise_addr=None):
+    """This engine the first manager of a new swarm (kept when it is one already); the
+    lines to show: what the other agent hosts run to join."""
+    state = swarm_state(client)
+    if state["state"] != "active":
+        client.swarm.init(advertise_addr=advertise_addr)
+        state = swarm_state(client)
+    elif not state["manager"]:
+        raise APIError("this engine is a swarm worker already: run --init on a manager")
+    client.swarm.reload()
+    token = client.swarm.attrs["JoinTokens"]["Worker"]
+    manager = (state["addr"] or advertise_addr or "MANAGER_ADDR") + ":2377"
+    return [f"this engine is a swarm manager (node {state['node_id']})",
+            "on each other agent host run:",
+            f"  python manage.py swarm_join --manager {manager} --token {token} "
+            "--advertise-addr THAT_HOSTS_ADDR"]
+
+
+def join_swarm(client, manager, token, advertise_addr=None):
+    """Join the swarm of `manager` with `token`; an engine already in it stays."""
+    state = swarm_state(client)
+    if state["state"] == "active":
+        return [f"already in a swarm (node {state['node_id']}, managers "
+                f"{', '.join(state['managers'])}): `docker swarm leave` first to change"]
+    client.swarm.join(remote_addrs=[manager], join_token=token,
+                      advertise_addr=advertise_addr)
+    state = swarm_state(client)
+    return [f"joined the swarm of {manager} as node {state['node_id']} "
+            f"({'manager' if state['manager'] else 'worker'})"]
+
+
+def session_networks(client, agent_id=None):
+    """This engine's session networks (bridges; on a swarm manager also the overlays):
+    name, session id, driver. Warm overlay networks (no session yet: `warm`) are listed
+    too, `held` when this agent's holder container is attached to one here."""
+    found = []
+    for network in client.networks.list(filters={"label": SESSION_ID}):
+        found.append({"name": network.name, "session_id": network.attrs["Labels"][SESSION_ID],
+                      "driver": network.attrs.get("Driver", ""),
+                      "scope": network.attrs.get("Scope", "")})
+    held = set(holders(client, agent_id)) if agent_id else set()
+    for network in client.networks.list(filters={"label": WARM_NETWORK}):
+        found.append({"name": network.name, "session_id": "", "warm": True,
+                      "driver": network.attrs.get("Driver", ""),
+                      "scope": network.attrs.get("Scope", ""),
+                      "held": network.name in held})
+    return found
+
+
+def create_overlay_network(client, session_id=None, *, name=None, internal=False):
+    """The attachable overlay network of a session whose kernels are on several hosts,
+    or (`name` without `session_id`) a warm one made ahead for the next such session;
+    called on a swarm manager. Swarm allocates its subnet from the swarm's address pool.
+    Idempotent: an existing one is kept (swarm allows two of one name: look first)."""
+    name = name or overlay_network_name(session_id)
+    existing = [n for n in client.networks.list(names=[name], filters={"driver": "overlay"})
+                if n.name == name]
+    if existing:
+        return existing[0]
+    labels = {SESSION_ID: str(session_id)} if session_id else {WARM_NETWORK: "1"}
+    return client.networks.create(
+        name, driver="overlay", attachable=True, internal=internal, check_duplicate=True,
+        labels={**labels, NETWORK_DRIVER: "overlay"})
+
+
+# A warm overlay network is attached on an engine as long as a container of this engine
+# is attached to it: a holder (the kernel image's `sleep`, no capabilities, no slots).
+WARM_NETWORK = "ai.backend.warm-network"
+HOLDER = "ai.backend.network-holder"
+HOLDER_AGENT = "ai.backend.holder-agent"
+
+
+def hold_network(client, agent_id, name, image, wait=15):
+    """This engine's holder of warm network `name` for `agent_id`, started if missing;
+    up to `wait` seconds for the network to be made."""
+    if name in holders(client, agent_id):
+        return
+    container_name = f"bai-hold-{agent_id}-{name}"[:200]
+    with contextlib.suppress(NotFound):
+        client.containers.get(container_name).remove(force=True)  # an exited one
+    container = client.containers.create(
+        image, ["sleep", "2147483647"], name=container_name, network=name, detach=True,
+        labels={HOLDER: name, HOLDER_AGENT: agent_id}, cap_drop=["ALL"],
+        security_opt=["no-new-privileges"], mem_limit="16m", pids_limit=4)
+    try:
+        start_attached(container, wait)  # asked for with the network: it may not be made yet
+    except BaseException:
+        with contextlib.suppress(DockerException):
+            container.remove(force=True)
+        raise
+
+
+def holders(client, agent_id):
+    """{network name: container} of `agent_id`'s running holders on this engine."""
+    return {c.labels[HOLDER]: c for c in client.containers.list(
+        filters={"label": [HOLDER, f"{HOLDER_AGENT}={agent_id}"]})}
+
+
+def release_network(client, agent_id, name=None):
+    """Remove `agent_id`'s holders (of network `name`, or all of them) on this engine."""
+    labels = [f"{HOLDER}={name}" if name else HOLDER, f"{HOLDER_AGENT}={agent_id}"]
+    for container in client.containers.list(all=True, filters={"label": labels}):
+        with contextlib.suppress(NotFound):
+            container.remove(force=True)
+
+
+def remove_session_network(client, session_id, departed_nodes=(), name=None):
+    """Remove a session's network, once the session has ended: True when it is gone. A
+    bridge still used by a container here is kept (its kernel's teardown removes it).
+    An overlay is removed on a swarm manager.
+    A host that left the swarm while one of its containers was attached leaves a network
+    attachment task on its node that holds the network until the node is removed; the
+    manager side names such nodes (`departed_nodes`: engines that report another node id
+    or no swarm any more), and only those, once Down, are removed here. `name`: the
+    network's (a bridge's, a warm network the session claimed, or a warm one no longer
+    wanted: no session); by default the session's overlay."""
+    name = name or overlay_network_name(session_id)
+    for network in client.networks.list(names=[name]):
+        if network.name != name:
+            continue  # names=[…] matches a prefix too
+        if network.attrs.get("Driver") == "bridge":
+            network.reload()
+            if network.attrs.get("Containers"):
+                log.info("bridge network %s kept: a container still uses it", name)
+                return False
+        try:
+            network.remove()
+        except NotFound:
+            pass
+        except APIError as exc:
+            if "in use by task" not in str(exc) or not _remove_departed(client, departed_nodes):
+                log.info("overlay network %s kept: %s", name, exc)
+                return False
+            try:
+                network.remove()
+            except APIError as again:
+                log.info("overlay network %s kept: %s", name, again)
+                return False
+    return True
+
+
+def _remove_departed(client, node_ids):
+    removed = False
+    for node_id in node_ids:
+        try:
+            node = client.nodes.get(node_id)
+        except (NotFound, APIError):
+            continue
+        if node.attrs.get("Status", {}).get("State") == "down":
+            log.warning("removing swarm node %s: its engine left the swarm", node_id)
+            node.remove(force=True)
+            removed = True
+    return removed
+
+
+class ClusterNetwork:
+    """A bridge network of the session's own (every session, one kernel or a cluster),
+    shared by its kernels on this agent; the last kernel to go removes it. Docker keeps
+    bridges apart, so kernels of different sessions cannot reach each other; the host
+    interface is named bai…, which the agent's firewall (firewall.py) closes to the host's
+    own services. Without outbound access it is an internal network."""
+
+    name = "session-network"
+
+    def __init__(self, client):
+        self.client = client
+
+    # Sibling kernels start at the same time; Docker may accept two networks of one name.
+    _creating = threading.Lock()
+
+    def setup(self, session_id, cluster_size, allow_outbound=True, driver="bridge",
+              overlay_name=None):
+        if driver == "overlay":
+            # Swarm-scoped: a manager agent made it before any kernel was sent (the
+            # manager side asks it, rpc.ensure_session_network), or ahead of time as a warm
+            # network the session claimed, and removes it when the session has ended; a
+            # worker engine sees it once a container attaches.
+            return overlay_name or overlay_network_name(session_id)
+        name = session_network_name(session_id)
+        with self._creating:
+            if self.client.networks.list(names=[name]):
+                return name
+            try:
+                create_session_network(self.client, name, session_id,
+                                               internal=not allow_outbound)
+            except APIError as exc:  # made by another agent process meanwhile
+                if exc.status_code != 409:
+                    raise
+        return name
+
+    def teardown(self, name):
+        if not name:
+            return
+        try:
+            network = self.client.networks.get(name)
+            network.reload()
+            if network.attrs.get("Driver") == "overlay":
+                return  # the session's, across hosts: removed once the session has ended
+            if not network.attrs.get("Containers"):
+                network.remove()
+        except NotFound:
+            pass
+        except APIError as exc:  # still in use by a sibling: it removes it
+            log.info("network %s kept: %s", name, exc)
+
+
+def leave_networks(client, container):
+    """Disconnect a stopped container from every network it names, even one removed
+    meanwhile (Docker would not start it while it names a network that is gone)."""
+    container.reload()
+    for name in container.attrs.get("NetworkSettings", {}).get("Networks") or {}:
+        with contextlib.suppress(NotFound):
+            client.api.disconnect_container_from_network(container.id, name, force=True)
+
+
+def overlay_endpoint(spec, network, api_version):
+    """The alias of a kernel on its session's overlay network, given at creation in one
+    call (the swarm attaches it as it starts), instead of the bridge path's disconnect and
+    connect."""
+    if spec.get("network_driver") != "overlay" or not network:
+        return {}
+    return {"networking_config": {network: EndpointConfig(
+        version=api_version, aliases=[spec["cluster_hostname"]])}}
+
+
+class AgentNetworks:
+    """What the manager side asks of this agent's engine: a multi-host session's overlay
+    made and removed by a swarm manager agent (rpc.ensure_session_network,
+    rpc.send_remove_network), warm networks held and released
+    (agents_app/network_pool.py)."""
+
+    # The kernels of one session ask at the same time; asks for one holder may come twice.
+    _overlay_lock = threading.Lock()
+    _hold_lock = threading.Lock()
+
+    def __init__(self, agent):
+        self.agent = agent
+
+    def create(self, session_id=None, internal=False, name=None):
+        """{"name"} of the session's overlay network (or of warm network `name`), made if
+        missing; {"error"} when Docker refuses (this engine not a swarm manager, for one)."""
+        try:
+            with self._overlay_lock:
+                network = create_overlay_network(self.agent.docker, session_id, name=name,
+                                                 internal=internal)
+        except (DockerException, OSError) as exc:
+            log.warning("overlay network %s not made: %s", name or session_id, exc)
+            return {"error": str(getattr(exc, "explanation", None) or exc)[:500]}
+        return {"name": network.name}
+
+    def remove(self, session_id=None, departed_nodes=(), name=None):
+        try:
+            with self._overlay_lock:
+                return remove_session_network(self.agent.docker, session_id, departed_nodes,
+                                              name=name)
+        except (DockerException, OSError) as exc:
+            log.warning("overlay network %s not removed: %s", name or session_id, exc)
+            return False
+
+    def hold(self, name, image):
+        """Attach this engine to warm network `name` with a holder container, so that a
+        kernel's start finds the network made here (agents_app/network_pool.py)."""
+        try:
+            with self._hold_lock:
+                hold_network(self.agent.docker, self.agent.id, name, image)
+        except (DockerException, OSError) as exc:
+            log.info("warm network %s not held: %s", name, exc)
+
+    def release(self, name):
+        if not name:
+            return
+        try:
+            release_network(self.agent.docker, self.agent.id, name)
+        except (DockerException, OSError) as exc:
+            log.info("holder of warm network %s not removed: %s", name, exc)
+
+    def drop_orphan_holders(self):
+        """Holders whose warm network this engine no longer has (it left the swarm): they
+        hold nothing, and nobody else would ask for their removal."""
+        client = self.agent.docker
+        held = holders(client, self.agent.id)  # first: a running one's network is on
+        if not held:
+            return
+        warm = {n.name for n in client.networks.list(filters={"label": WARM_NETWORK})}
+        for name, container in held.items():
+            if name not in warm:
+                log.info("removing the holder of warm network %s: the network is gone", name)
+                with contextlib.suppress(DockerException):
+                    container.remove(force=True)
+
+    def release_all(self):
+        """At the agent's stop: no holder outlives it (the manager asks again later)."""
+        with contextlib.suppress(DockerException, OSError):
+            release_network(self.agent.docker, self.agent.id)

@@ -1,0 +1,59 @@
+"""The agent's reports to the manager: Celery tasks on the `manager` queue.
+
+A report the broker cannot take now is kept, in order, and sent when it answers again
+(the heartbeat loop flushes them first); the manager applies each one once (every
+handler is a conditional transition). A heartbeat is not kept: the next one replaces it.
+"""
+
+import collections
+import logging
+import threading
+import time
+
+from backendai_web.celery import app
+
+log = logging.getLogger("agent")
+
+
+class Outbox:
+    def __init__(self, agent):
+        self.agent = agent
+        self._kept = collections.deque()  # reports the broker has not taken yet
+        self._lock = threading.Lock()
+        self._broker_down_since = None
+
+    def put(self, kernel_id, event, data):
+        self._kept.append({"kernel_id": kernel_id, "event": event,
+                           "data": {"agent_id": self.agent.id, **data}})
+        self.flush()
+
+    def flush(self):
+        """Send the kept reports in order; stop at the first the broker refuses."""
+        # A thread that finds the lock taken leaves its report to the sender, which looks
+        # again after letting go of the lock.
+        while self._kept and self._lock.acquire(blocking=False):
+            try:
+                while self._kept:
+                    if not self.send("manager.kernel_event", self._kept[0]):
+                        return
+                    self._kept.popleft()
+            finally:
+                self._lock.release()
+
+    def send(self, task, kwargs):
+        """One message to the manager's queue; False while the broker does not take it
+        (said once when that starts and once when it ends, not at every try)."""
+        try:
+            app.send_task(task, kwargs=kwargs, queue="manager", ignore_result=True,
+                          retry=False)
+        except Exception as exc:  # kombu's OperationalError and the socket errors under it
+            if self._broker_down_since is None:
+                self._broker_down_since = time.monotonic()
+                log.error("broker unreachable (%s): reports are kept and heartbeats resume "
+                          "when it answers", exc)
+            return False
+        if self._broker_down_since is not None:
+            log.warning("broker reachable again after %.0f s; %d kept reports sent",
+                        time.monotonic() - self._broker_down_since, len(self._kept))
+            self._broker_down_since = None
+        return True
