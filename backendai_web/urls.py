@@ -9,6 +9,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from backendai_web import __version__
+from identity_app.models import Domain, KeyPair, Project, ResourcePolicy
 from sessions_app.api import resources as api_resources
 from sessions_app.api.errors import error_body
 from sessions_app.api.metrics import metrics_view
@@ -169,6 +170,11 @@ urlpatterns = [
     # API v6 used /admin/graphql): before the admin site, which owns the rest of /admin/.
     path("admin/gql", GraphQLEndpoint.as_view(), name="graphql"),
     path("admin/graphql", GraphQLEndpoint.as_view()),
+    # The admin pages of the models that moved to identity_app, at their old addresses too.
+    *(path(f"admin/{old}/", include(admin.site.get_model_admin(model).urls))
+      for old, model in (("sessions_app/keypair", KeyPair), ("scheduling_app/domain", Domain),
+                         ("scheduling_app/project", Project),
+                         ("scheduling_app/resourcepolicy", ResourcePolicy))),
     path("admin/", admin.site.urls),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -6,6 +6,5 @@ class SessionsAppConfig(AppConfig):
     verbose_name = "Compute sessions"
 
     def ready(self):
-        # Models are loaded only now: the receivers and the schema extension import them.
-        from sessions_app import signals  # noqa: F401
+        # Models are loaded only now: the schema extension imports them.
         from sessions_app.api import schema  # noqa: F401 (registers its extension)

@@ -5,13 +5,8 @@ import uuid
 
 from django.db import models
 
+from identity_app.roles import is_admin
 from sessions_app.enums import StatusGroup
-
-
-def is_admin(user, keypair=None):
-    """Admins are superusers, staff, or users acting through an admin keypair."""
-    return bool(user and (user.is_superuser or user.is_staff or (keypair and keypair.is_admin)))
-
 
 FORCE_TERMINATE_PERMISSION = "sessions_app.force_terminate_session"
 

@@ -20,7 +20,7 @@ class Folder(models.Model):
     name = models.CharField(max_length=64)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                              on_delete=models.CASCADE, related_name="folders")
-    project = models.ForeignKey("scheduling_app.Project", null=True, blank=True,
+    project = models.ForeignKey("identity_app.Project", null=True, blank=True,
                                 on_delete=models.CASCADE, related_name="folders")
     scaling_group = models.ForeignKey("scheduling_app.ScalingGroup", on_delete=models.PROTECT,
                                       related_name="folders")

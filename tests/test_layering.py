@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ("sessions_app", "agents_app", "scheduling_app", "storage_app")
+APPS = ("sessions_app", "agents_app", "scheduling_app", "storage_app", "identity_app")
 PACKAGES = ("common", "backendai_web", *APPS)
 INTERFACES = ("api", "compat", "web", "realtime")
 RANK = {"common": 0, "project": 1, "domain": 2, "interface": 3, "top": 4}

@@ -12,17 +12,18 @@ from rest_framework.response import Response
 
 from agents_app.models import Agent, Image
 from common.slots import ResourceSlots, SlotError
-from scheduling_app.idle import CHECKERS
-from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
-from scheduling_app.scheduler.predicates import CONFIGURABLE
-from sessions_app.api.errors import RequestFailed
-from sessions_app.api.permissions import (
+from identity_app.api.permissions import (
     AdminReadsSuperadminWrites,
     acting_keypair,
     request_is_admin,
 )
+from identity_app.models import KeyPair, ResourcePolicy
+from scheduling_app.idle import CHECKERS
+from scheduling_app.models import ScalingGroup, default_of
+from scheduling_app.scheduler.predicates import CONFIGURABLE
+from sessions_app.api.errors import RequestFailed
 from sessions_app.api.views import KernelSerializer
-from sessions_app.models import Kernel, KeyPair
+from sessions_app.models import Kernel
 
 
 class KernelViewSet(viewsets.ReadOnlyModelViewSet):

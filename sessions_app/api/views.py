@@ -19,10 +19,10 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from common import clock
+from identity_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
 from scheduling_app.idle import checks_of as idle_checks_of
 from sessions_app import activity
 from sessions_app.api.errors import RequestFailed
-from sessions_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
 from sessions_app.enums import ClusterMode, SessionType
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.create import (

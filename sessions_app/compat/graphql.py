@@ -31,14 +31,16 @@ from rest_framework.views import APIView
 from agents_app.models import Agent, AgentStatus, Image
 from common import clock
 from common.devices import device_ids, kind_of
+from identity_app.acting import actor_of
+from identity_app.api.permissions import acting_keypair, request_is_admin
+from identity_app.models import KeyPair, ResourcePolicy
 from scheduling_app.idle import checks_of as idle_checks_of
-from scheduling_app.models import ResourcePolicy, ResourcePreset
+from scheduling_app.models import ResourcePreset
 from sessions_app import service_ports
 from sessions_app.api.errors import error_body
-from sessions_app.api.permissions import acting_keypair, request_is_admin
 from sessions_app.compat.graphql_mutations import Mutation
 from sessions_app.compat.graphql_relay import CountedConnection, GlobalIDField, uuid_of
-from sessions_app.models import Kernel, KeyPair, Session
+from sessions_app.models import Kernel, Session
 from storage_app.compat.graphql import FolderQueries
 
 MAX_PAGE_SIZE = 100  # the client's own limit (ai.backend.client.pagination)
@@ -1139,7 +1141,7 @@ class GraphQLEndpoint(APIView):
     def post(self, request):
         plain = request._request
         plain.user, plain.auth = request.user, request.auth
-        plain._is_admin = request_is_admin(request)
+        actor_of(request)  # resolved once, kept on the request graphene's resolvers see
         return _execute(plain)
 
     get = post

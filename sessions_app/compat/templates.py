@@ -10,8 +10,8 @@ from rest_framework import status
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.response import Response
 
+from identity_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
 from sessions_app.api.errors import RequestFailed
-from sessions_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
 from sessions_app.api.views import is_true
 from sessions_app.compat.views import (
     CompatView,

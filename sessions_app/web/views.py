@@ -18,9 +18,9 @@ from django.views.decorators.http import require_POST
 from agents_app.models import Agent, AgentStatus
 from common import clock
 from common.slots import ResourceSlots, format_bytes
+from identity_app.acting import actor_of
 from sessions_app import service_ports
 from sessions_app.enums import Status, StatusGroup
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import DestroyRefused, destroy_session
 from sessions_app.lifecycle.heartbeats import is_uuid
 from sessions_app.lifecycle.stop import (
@@ -31,7 +31,7 @@ from sessions_app.lifecycle.stop import (
     stop_session,
 )
 from sessions_app.models import Kernel, Session
-from sessions_app.querysets import is_admin, may_force_terminate
+from sessions_app.querysets import may_force_terminate
 from sessions_app.web import timeline
 from sessions_app.web.forms import SessionForm
 
@@ -41,8 +41,8 @@ LIST_LIMIT = 200
 
 def viewer(request):
     """The keypair a browser request acts through, and whether it sees every session."""
-    keypair = main_keypair(request.user)
-    return keypair, is_admin(request.user, keypair)
+    actor = actor_of(request)
+    return actor.keypair, actor.is_admin
 
 
 def visible_session(request, pk):

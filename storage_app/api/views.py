@@ -22,12 +22,10 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from backendai_web.flow import DIRECT_BODY, direct_chunks
-from scheduling_app.models import Project
+from identity_app.api.permissions import acting_keypair, request_is_admin
+from identity_app.models import Project
 from sessions_app.api.errors import RequestFailed
 from sessions_app.api.schema import ErrorSerializer
-from sessions_app.keypairs import main_keypair
-from sessions_app.models import KeyPair
-from sessions_app.querysets import is_admin
 from storage_app import folders as domain
 from storage_app import uploads
 from storage_app.files import FileError, FolderFiles, read_range
@@ -41,16 +39,6 @@ RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 class FolderRequestFailed(RequestFailed):
     """A refusal of the folders' routes, in Backend.AI's error form."""
-
-
-def acting_keypair(request):
-    if isinstance(request.auth, KeyPair):
-        return request.auth
-    return main_keypair(request.user)
-
-
-def request_is_admin(request):
-    return is_admin(request.user, acting_keypair(request))
 
 
 class FolderSerializer(serializers.ModelSerializer):
