@@ -10,6 +10,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from identity_app.visibility import OwnedQuerySet
 from scheduling_app.models import DEFAULT_NAME, ScalingGroup, SlotsField, default_of
 
 
@@ -127,6 +128,8 @@ class KeyPair(models.Model):
     rate_limit = models.PositiveIntegerField(default=10000, help_text="Requests per 15 minutes.")
     last_used = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = OwnedQuerySet.as_manager()
 
     class Meta:
         db_table = "sessions_app_keypair"  # its table from before identity_app

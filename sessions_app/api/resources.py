@@ -14,9 +14,9 @@ from agents_app.models import Agent, Image
 from common.slots import ResourceSlots, SlotError
 from identity_app.api.permissions import (
     AdminReadsSuperadminWrites,
-    acting_keypair,
     request_is_admin,
 )
+from identity_app.api.viewsets import RestrictedViewSet
 from identity_app.models import KeyPair, ResourcePolicy
 from scheduling_app.idle import CHECKERS
 from scheduling_app.models import ScalingGroup, default_of
@@ -26,15 +26,14 @@ from sessions_app.api.views import KernelSerializer
 from sessions_app.models import Kernel
 
 
-class KernelViewSet(viewsets.ReadOnlyModelViewSet):
+class KernelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, RestrictedViewSet):
     """Kernels of the sessions you may see; `?session=ID` for one session's."""
 
-    queryset = Kernel.objects.all()  # narrowed in get_queryset
+    queryset = Kernel.objects.all()
     serializer_class = KernelSerializer
     lookup_value_regex = "[0-9a-fA-F-]{32,36}"
 
-    def get_queryset(self):
-        kernels = Kernel.objects.visible_to(self.request.user, acting_keypair(self.request))
+    def narrow(self, kernels):
         kernels = kernels.order_by("-created_at", "cluster_role", "cluster_idx")
         session = self.request.query_params.get("session")
         if session:
@@ -128,20 +127,15 @@ class KeyPairPermission(permissions.BasePermission):
 
 
 class KeyPairViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
-                     mixins.DestroyModelMixin, viewsets.ReadOnlyModelViewSet):
+                     mixins.DestroyModelMixin, mixins.ListModelMixin,
+                     mixins.RetrieveModelMixin, RestrictedViewSet):
     """Keypairs: yours; admins see, create, change and delete anyone's. The secret key is
     shown once, in the answer to the create."""
 
-    queryset = KeyPair.objects.all()  # narrowed in get_queryset
+    queryset = KeyPair.objects.select_related("user", "resource_policy").order_by(
+        "created_at", "access_key")
     permission_classes = [permissions.IsAuthenticated, KeyPairPermission]
     lookup_value_regex = "[A-Za-z0-9]{1,20}"
-
-    def get_queryset(self):
-        keypairs = KeyPair.objects.select_related("user", "resource_policy").order_by(
-            "created_at", "access_key")
-        if not request_is_admin(self.request):
-            keypairs = keypairs.filter(user=self.request.user)
-        return keypairs
 
     def get_serializer_class(self):
         if self.action in ("update", "partial_update"):

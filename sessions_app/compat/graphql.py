@@ -370,8 +370,7 @@ class ComputeSession(DjangoObjectType):
 
     def resolve_dependencies(session, info):
         # Only those the asker may see: a dependency is another session of the same owner.
-        return list(session.dependencies.visible_to(
-            _request(info).user, acting_keypair(_request(info))))
+        return list(session.dependencies.restrict(actor_of(_request(info))))
 
 
 ComputeSessionList = page_of("ComputeSessionList", ComputeSession)
@@ -925,14 +924,12 @@ def visible_sessions(info):
     return (Session.objects.select_related("domain", "project", "user", "keypair",
                                            "scaling_group")
             .prefetch_related("kernels__agent")
-            .visible_to(request.user, acting_keypair(request)))
+            .restrict(actor_of(request)))
 
 
 def visible_keypairs(info):
-    keypairs = KeyPair.objects.select_related("user", "resource_policy")
-    if not _is_admin(info):
-        keypairs = keypairs.filter(user=_request(info).user)
-    return keypairs
+    return KeyPair.objects.select_related("user", "resource_policy").restrict(
+        actor_of(_request(info)))
 
 
 def _by_email(keypairs, email):

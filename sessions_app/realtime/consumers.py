@@ -57,8 +57,7 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         if self.user is None or not self.user.is_authenticated:
             await self.close(code=4401)
             return
-        actor = await database_sync_to_async(actor_for)(self.user)
-        self.keypair = actor.keypair
+        self.actor = actor = await database_sync_to_async(actor_for)(self.user)
         self.session_id = None
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.mine_only = (not actor.is_admin
@@ -106,7 +105,7 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
     async def narrow(self, value):
         session_id = parse_session_id(value)
         found = session_id and await database_sync_to_async(
-            Session.objects.visible_to(self.user, self.keypair).filter(pk=session_id).exists)()
+            Session.objects.restrict(self.actor).filter(pk=session_id).exists)()
         if not found:  # another user's session is not there at all, as in the API
             await self.refuse("Session not found.")
             return
@@ -129,12 +128,11 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
 
     def events_since(self, since):
         if self.session_id:
-            sessions = Session.objects.visible_to(self.user, self.keypair).filter(
-                pk=self.session_id)
+            sessions = Session.objects.restrict(self.actor).filter(pk=self.session_id)
         elif self.mine_only:
             sessions = Session.objects.filter(user=self.user)
         else:
-            sessions = Session.objects.visible_to(self.user, self.keypair)
+            sessions = Session.objects.restrict(self.actor)
         rows = SessionEvent.objects.filter(session__in=sessions,
                                            created_at__gte=since - CATCH_UP_OVERLAP)
         if self.session_events_only:

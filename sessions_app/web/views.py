@@ -46,9 +46,8 @@ def viewer(request):
 
 
 def visible_session(request, pk):
-    keypair, _ = viewer(request)
-    sessions = Session.objects.select_related("user", "scaling_group").visible_to(
-        request.user, keypair)
+    sessions = Session.objects.select_related("user", "scaling_group").restrict(
+        actor_of(request))
     try:
         return sessions.prefetch_related("kernels__agent").get(pk=pk)
     except (Session.DoesNotExist, ValidationError):  # another user's session is not there
@@ -62,8 +61,8 @@ def session_list(request):
     tab = request.GET.get("tab") if request.GET.get("tab") in ("finished", "stopped") \
         else "live"
     sessions = Session.objects.select_related("user").prefetch_related("kernels__agent")
-    sessions = sessions.filter(user=request.user) if scope == "mine" else sessions.visible_to(
-        request.user, keypair)
+    sessions = sessions.filter(user=request.user) if scope == "mine" else sessions.restrict(
+        actor_of(request))
     finished, stopped = sessions.finished(), sessions.filter(status=Status.STOPPED)
     live = sessions.live().exclude(status=Status.STOPPED)
     shown = {"finished": finished.order_by("-terminated_at", "-created_at"),
