@@ -4,8 +4,8 @@ Layers, lowest first:
 - common: plumbing with no app (clock, bulk writes, resource slots); imports no app.
 - project: backendai_web's settings, Celery app, metrics counters, logs; imports no app.
 - domain: each app's models, engine, lifecycle, scheduler, agent runtime, tasks.
-- interfaces: sessions_app's api/, compat/, web/, realtime/; the admin (every app's admin.py
-  and the shared admin actions); management commands.
+- interfaces: each app's api/, compat/, web/, realtime/ and backendai_web.metrics_view;
+  the admin (every app's admin.py and the shared admin actions); management commands.
 - top: backendai_web.urls and asgi, which wire the interfaces.
 
 A module may import its own layer and those below; interfaces import one another only along
@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 APPS = ("sessions_app", "agents_app", "scheduling_app", "storage_app", "identity_app")
 PACKAGES = ("common", "backendai_web", *APPS)
 INTERFACES = ("api", "compat", "web", "realtime")
+# The operations code's own interface: the system-wide /metrics (in the API's error form).
+PROJECT_INTERFACES = {"backendai_web.metrics_view": "api"}
 RANK = {"common": 0, "project": 1, "domain": 2, "interface": 3, "top": 4}
 # compat answers in the API's error form and streams with realtime; realtime's SSE errors
 # use the API's error form. Nothing else crosses between interfaces.
@@ -34,6 +36,8 @@ def layer_of(module):
     parts = module.split(".")
     if parts[0] == "common":
         return "common", None
+    if module in PROJECT_INTERFACES:
+        return "interface", PROJECT_INTERFACES[module]
     if parts[0] == "backendai_web":
         return ("top", None) if parts[1:2] in (["urls"], ["asgi"]) else ("project", None)
     if parts[0] in APPS and len(parts) > 1 and parts[1] in INTERFACES:
