@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "django_celery_beat",
     "channels",
     "scheduling_app",
+    "identity_app",
     "agents_app",
     "sessions_app",
     "storage_app",
@@ -173,7 +174,7 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "sessions_app.api.authentication.KeypairSignatureAuthentication",
+        "identity_app.api.authentication.KeypairSignatureAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

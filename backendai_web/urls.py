@@ -8,10 +8,14 @@ from django.urls import Resolver404, include, path, re_path, resolve
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from agents_app.api.views import AgentViewSet, ImageViewSet
 from backendai_web import __version__
-from sessions_app.api import resources as api_resources
+from backendai_web.metrics_view import metrics_view
+from identity_app.api.views import KeyPairViewSet, ResourcePolicyViewSet
+from identity_app.models import Domain, KeyPair, Project, ResourcePolicy
+from scheduling_app.api.views import ScalingGroupViewSet
 from sessions_app.api.errors import error_body
-from sessions_app.api.metrics import metrics_view
+from sessions_app.api.resources import KernelViewSet
 from sessions_app.api.views import SessionViewSet
 from sessions_app.compat import files as session_files
 from sessions_app.compat import manager as compat_manager
@@ -31,13 +35,13 @@ API_VERSION = "v8.20240915"
 
 router = DefaultRouter()
 router.register("sessions", SessionViewSet, basename="session")
-router.register("kernels", api_resources.KernelViewSet, basename="kernel")
-router.register("agents", api_resources.AgentViewSet, basename="agent")
-router.register("images", api_resources.ImageViewSet, basename="image")
-router.register("keypairs", api_resources.KeyPairViewSet, basename="keypair")
-router.register("scaling-groups", api_resources.ScalingGroupViewSet, basename="scaling-group")
+router.register("kernels", KernelViewSet, basename="kernel")
+router.register("agents", AgentViewSet, basename="agent")
+router.register("images", ImageViewSet, basename="image")
+router.register("keypairs", KeyPairViewSet, basename="keypair")
+router.register("scaling-groups", ScalingGroupViewSet, basename="scaling-group")
 router.register("folders", FolderViewSet, basename="folder")
-router.register("resource-policies", api_resources.ResourcePolicyViewSet,
+router.register("resource-policies", ResourcePolicyViewSet,
                 basename="resource-policy")
 
 
@@ -169,6 +173,11 @@ urlpatterns = [
     # API v6 used /admin/graphql): before the admin site, which owns the rest of /admin/.
     path("admin/gql", GraphQLEndpoint.as_view(), name="graphql"),
     path("admin/graphql", GraphQLEndpoint.as_view()),
+    # The admin pages of the models that moved to identity_app, at their old addresses too.
+    *(path(f"admin/{old}/", include(admin.site.get_model_admin(model).urls))
+      for old, model in (("sessions_app/keypair", KeyPair), ("scheduling_app/domain", Domain),
+                         ("scheduling_app/project", Project),
+                         ("scheduling_app/resourcepolicy", ResourcePolicy))),
     path("admin/", admin.site.urls),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

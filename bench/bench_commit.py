@@ -51,8 +51,8 @@ def prepare(env):
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from scheduling_app.models import ensure_defaults
-    from sessions_app.keypairs import main_keypair
+    from identity_app.keypairs import main_keypair
+    from identity_app.models import ensure_defaults
 
     call_command("migrate", verbosity=0)
     ensure_defaults()
@@ -62,7 +62,7 @@ def prepare(env):
 
 def signed(keypair, method, path, host):
     """The headers of a request signed as the Backend.AI SDK signs it."""
-    from sessions_app.api.authentication import sign
+    from identity_app.api.authentication import sign
 
     date = datetime.now(UTC).isoformat()
     signature = sign(keypair.secret_key, method=method, path=path, date=date, host=host,

@@ -74,10 +74,11 @@ def prepare(env, agent_id, agent_port):
 
     from agents_app.models import Agent, Image
     from common import clock
-    from scheduling_app.models import ScalingGroup, ensure_defaults
+    from identity_app.keypairs import main_keypair
+    from identity_app.models import ensure_defaults
+    from scheduling_app.models import ScalingGroup
     from sessions_app import engine
     from sessions_app.enums import Status
-    from sessions_app.keypairs import main_keypair
     from sessions_app.lifecycle.create import create_session
 
     call_command("migrate", verbosity=0)

@@ -177,8 +177,9 @@ class Soak:
     def run(self):
         from django.contrib.auth import get_user_model
 
-        from scheduling_app.models import ResourcePolicy, ScalingGroup
-        from sessions_app.keypairs import main_keypair
+        from identity_app.keypairs import main_keypair
+        from identity_app.models import ResourcePolicy
+        from scheduling_app.models import ScalingGroup
         from tests.support import free_port
 
         self.port = free_port()

@@ -81,8 +81,9 @@ def prepare(env, storage):
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from scheduling_app.models import ScalingGroup, ensure_defaults
-    from sessions_app.keypairs import main_keypair
+    from identity_app.keypairs import main_keypair
+    from identity_app.models import ensure_defaults
+    from scheduling_app.models import ScalingGroup
     from storage_app.folders import create_folder
 
     call_command("migrate", verbosity=0)

@@ -56,7 +56,7 @@ def prepare(env):
     from django.core.management import call_command
     from django.test import Client
 
-    from scheduling_app.models import ensure_defaults
+    from identity_app.models import ensure_defaults
 
     call_command("migrate", verbosity=0)
     ensure_defaults()
@@ -78,10 +78,10 @@ def run_changes(env, changes, interval, prefix, ready, results):
     from django.db import transaction
 
     from agents_app.models import Agent
+    from identity_app.keypairs import main_keypair
     from scheduling_app.models import ScalingGroup, default_of
     from sessions_app import engine, events
     from sessions_app.enums import Status
-    from sessions_app.keypairs import main_keypair
     from sessions_app.lifecycle.create import create_session
 
     owner = get_user_model().objects.get(username="bench-owner")

@@ -15,7 +15,8 @@ Layers, lowest first (a module may import its own layer and those below):
 - the domain core, ranked: the state engine (transitions, events, bulk writes; it calls no
   agent) < the scheduler and its plugins < the lifecycle (decisions into agent calls and
   network claims) < idle culling and the periodic tasks.
-- interfaces: each app's api/, compat/, web/, realtime/; the admin (every app's admin.py and
+- interfaces: each app's api/, compat/, web/, realtime/ and backendai_web.metrics_view;
+  the admin (every app's admin.py and
   the shared admin actions); management commands.
 - top: backendai_web.urls and asgi, which wire the interfaces.
 Interfaces import one another only along INTERFACE_EDGES; no domain module reaches an
@@ -31,9 +32,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ("sessions_app", "agents_app", "scheduling_app", "storage_app")
+APPS = ("sessions_app", "agents_app", "scheduling_app", "storage_app", "identity_app")
 PACKAGES = ("common", "backendai_web", *APPS)
 INTERFACES = ("api", "compat", "web", "realtime")
+# The operations code's own interface: the system-wide /metrics (in the API's error form).
+PROJECT_INTERFACES = {"backendai_web.metrics_view": "api"}
 LONG = 400
 
 # The domain core's ranks: the first prefix a module name starts with decides.
@@ -81,6 +84,8 @@ def layer_of(module):
     parts = module.split(".")
     if parts[0] == "common":
         return "common", None
+    if module in PROJECT_INTERFACES:
+        return "interface", PROJECT_INTERFACES[module]
     if parts[0] == "backendai_web":
         return ("top", None) if parts[1:2] in (["urls"], ["asgi"]) else ("project", None)
     if parts[0] in APPS and len(parts) > 1 and parts[1] in INTERFACES:

@@ -6,8 +6,9 @@ from django.db import transaction
 
 from agents_app.models import Agent
 from common.slots import ResourceSlots
+from identity_app.models import KeyPair
 from sessions_app.enums import StatusGroup
-from sessions_app.models import Kernel, KeyPair
+from sessions_app.models import Kernel
 
 
 def expected_usage():

@@ -8,7 +8,6 @@ from sessions_app.manager_state import set_status
 from sessions_app.models import (
     BackgroundTask,
     Kernel,
-    KeyPair,
     ManagerState,
     Session,
     SessionEvent,
@@ -28,17 +27,6 @@ def colored_status(obj):
                        obj.status)
 
 STATUS_FIELDS = ["status", "status_info", "status_data", "status_history", "status_changed"]
-
-
-@admin.register(KeyPair)
-class KeyPairAdmin(DestroyActionsMixin, admin.ModelAdmin):
-    sessions_of = staticmethod(admin_actions.sessions_of_keypairs)
-    list_display = ["access_key", "user", "is_main", "is_active", "is_admin", "resource_policy",
-                    "concurrency_used", "last_used"]
-    list_filter = ["is_active", "is_admin", "resource_policy"]
-    list_select_related = ["user", "resource_policy"]
-    search_fields = ["access_key", "user__username"]
-    readonly_fields = ["concurrency_used", "last_used"]
 
 
 class KernelInline(admin.TabularInline):

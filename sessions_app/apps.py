@@ -6,8 +6,7 @@ class SessionsAppConfig(AppConfig):
     verbose_name = "Compute sessions"
 
     def ready(self):
-        # Models are loaded only now: the receivers and the schema extension import them.
+        # Models are loaded only now: the schema extension imports them.
         # The lifecycle's receivers answer what the engine and the scheduler announce.
-        from sessions_app import signals  # noqa: F401
         from sessions_app.api import schema  # noqa: F401 (registers its extension)
         from sessions_app.lifecycle import destroy, networks  # noqa: F401

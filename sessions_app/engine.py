@@ -17,9 +17,10 @@ from agents_app.models import Agent
 from common import clock
 from common.bulk import MergedJSON, insert_rows, set_json_key, update_rows
 from common.slots import ResourceSlots, SlotsCache
+from identity_app.models import KeyPair
 from sessions_app import events as events_module
 from sessions_app.enums import ClusterMode, Status, StatusGroup
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
+from sessions_app.models import Kernel, Session, SessionEvent
 from sessions_app.status_data import Key
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,3 @@
-import secrets
-import string
 import uuid
 
 from django.conf import settings
@@ -8,7 +6,8 @@ from django.db.models import Q
 
 from agents_app.models import AgentStatus
 from common import clock
-from scheduling_app.models import Domain, Project, ResourcePolicy, ScalingGroup, SlotsField
+from identity_app.models import Domain, KeyPair, Project
+from scheduling_app.models import ScalingGroup, SlotsField
 from sessions_app.enums import ClusterMode, SessionResult, SessionType, Status, StatusGroup
 from sessions_app.querysets import KernelQuerySet, OwnedQuerySet, SessionQuerySet
 from sessions_app.status_data import Key, StatusData
@@ -16,44 +15,6 @@ from sessions_app.status_data import Key, StatusData
 # The statuses in which a kernel's stage may wait for a retry, and the stage's name.
 RETRYING = {Status.PREPARING: "preparing", Status.PULLING: "preparing",
             Status.CREATING: "creating"}
-
-
-def generate_access_key():
-    alphabet = string.ascii_uppercase + string.digits
-    return "AKIA" + "".join(secrets.choice(alphabet) for _ in range(16))
-
-
-def generate_secret_key():
-    alphabet = string.ascii_letters + string.digits
-    return "".join(secrets.choice(alphabet) for _ in range(40))
-
-
-class KeyPair(models.Model):
-    access_key = models.CharField(max_length=20, primary_key=True, default=generate_access_key)
-    secret_key = models.CharField(max_length=40, default=generate_secret_key)
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="keypairs"
-    )
-    is_main = models.BooleanField(
-        default=False, help_text="The keypair that browser sessions of this user act through."
-    )
-    is_active = models.BooleanField(default=True)
-    is_admin = models.BooleanField(default=False)
-    resource_policy = models.ForeignKey(ResourcePolicy, on_delete=models.PROTECT)
-    concurrency_used = models.PositiveIntegerField(default=0)
-    rate_limit = models.PositiveIntegerField(default=10000, help_text="Requests per 15 minutes.")
-    last_used = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["user"], condition=Q(is_main=True), name="one_main_keypair_per_user"
-            )
-        ]
-
-    def __str__(self):
-        return self.access_key
 
 
 class StatusFields(models.Model):

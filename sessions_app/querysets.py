@@ -3,15 +3,8 @@ interface (API, Backend.AI routes, dashboard, websockets, admin) asks."""
 
 import uuid
 
-from django.db import models
-
+from identity_app.visibility import OwnedQuerySet
 from sessions_app.enums import StatusGroup
-
-
-def is_admin(user, keypair=None):
-    """Admins are superusers, staff, or users acting through an admin keypair."""
-    return bool(user and (user.is_superuser or user.is_staff or (keypair and keypair.is_admin)))
-
 
 FORCE_TERMINATE_PERMISSION = "sessions_app.force_terminate_session"
 
@@ -29,22 +22,6 @@ def as_uuid(ref):
         return uuid.UUID(str(ref))
     except ValueError:
         return None
-
-
-class OwnedQuerySet(models.QuerySet):
-    """visible_to() of what users own (sessions, kernels, session templates); `owner` is
-    the lookup of the user a row belongs to."""
-
-    owner = "user"
-
-    def visible_to(self, user, keypair=None):
-        """Every row for admins (`keypair` is the one the request acts through); a user's
-        own otherwise; none for an anonymous user."""
-        if is_admin(user, keypair):
-            return self
-        if user is None or not user.is_authenticated:
-            return self.none()
-        return self.filter(**{self.owner: user})
 
 
 class StatusQuerySet(OwnedQuerySet):

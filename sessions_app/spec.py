@@ -24,7 +24,8 @@ from common.devices import (
     kind_of,
 )
 from common.slots import ResourceSlots, SlotError, format_bytes, humanize
-from scheduling_app.models import Project, ScalingGroup, default_project
+from identity_app.models import Project, default_project
+from scheduling_app.models import ScalingGroup
 from sessions_app.enums import ClusterMode, SessionType
 from storage_app.folders import FolderError, resolve_mounts
 

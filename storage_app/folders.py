@@ -10,7 +10,6 @@ from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 
 from common import clock
 from scheduling_app.models import ScalingGroup
@@ -48,13 +47,9 @@ def uploads_dir(folder) -> Path:
 
 
 def visible_folders(user, *, admin=False):
-    """A user's own folders, their projects', and the users' folders shared with them (an
-    accepted invitation); every folder for admins."""
-    folders = Folder.objects.select_related("user", "project", "scaling_group")
-    if admin:
-        return folders
-    return folders.filter(Q(user=user) | Q(project__members=user)
-                          | Q(user__isnull=False, grants__user=user)).distinct()
+    """The folders `user` may see (FolderQuerySet.seen_by), with what the answers read."""
+    return Folder.objects.select_related("user", "project", "scaling_group").seen_by(
+        user, admin=admin)
 
 
 def access_of(folder, user, *, admin=False):
@@ -95,7 +90,11 @@ def find_folder(user, ref, *, admin=False):
     """The visible folder `ref` names (id, or name among the user's own first, then their
     projects', then the folders shared with them); None when there is none, so that
     another user's folder is a 404."""
-    folders = visible_folders(user, admin=admin)
+    return find_among(visible_folders(user, admin=admin), user, ref)
+
+
+def find_among(folders, user, ref):
+    """find_folder() among `folders`, those `user` may see."""
     try:
         return folders.filter(pk=uuid.UUID(str(ref))).first()
     except ValueError:  # not an id: a name

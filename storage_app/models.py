@@ -7,6 +7,24 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from identity_app.roles import is_admin
+from identity_app.visibility import RestrictedQuerySet
+
+
+class FolderQuerySet(RestrictedQuerySet):
+    def visible_to(self, user, keypair=None):
+        return self.seen_by(user, admin=is_admin(user, keypair))
+
+    def seen_by(self, user, *, admin=False):
+        """A user's own folders, their projects', and the users' folders shared with them
+        (an accepted invitation); every folder for admins; none for an anonymous user."""
+        if admin:
+            return self
+        if user is None or not user.is_authenticated:
+            return self.none()
+        return self.filter(Q(user=user) | Q(project__members=user)
+                           | Q(user__isnull=False, grants__user=user)).distinct()
+
 
 class Folder(models.Model):
     """A user's folder, or a project's (shared with its members). Its files live in
@@ -20,7 +38,7 @@ class Folder(models.Model):
     name = models.CharField(max_length=64)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                              on_delete=models.CASCADE, related_name="folders")
-    project = models.ForeignKey("scheduling_app.Project", null=True, blank=True,
+    project = models.ForeignKey("identity_app.Project", null=True, blank=True,
                                 on_delete=models.CASCADE, related_name="folders")
     scaling_group = models.ForeignKey("scheduling_app.ScalingGroup", on_delete=models.PROTECT,
                                       related_name="folders")
@@ -31,6 +49,8 @@ class Folder(models.Model):
         max_length=2, choices=Permission, default=Permission.READ_WRITE,
         help_text="How a project's members may use a project folder.")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = FolderQuerySet.as_manager()
 
     class Meta:
         constraints = [

@@ -12,8 +12,8 @@ from django.core.management import CommandError
 from django.core.management.commands import flush
 from django.db import connection
 
-from scheduling_app.models import ensure_defaults
-from sessions_app.keypairs import main_keypair
+from identity_app.keypairs import main_keypair
+from identity_app.models import ensure_defaults
 from tests.support import need, redis_problem
 
 

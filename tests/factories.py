@@ -2,10 +2,10 @@
 
 from agents_app.models import Agent, Image
 from common import clock
+from identity_app.keypairs import main_keypair
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle.create import create_session
 
 S = Status

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 
 import requests
 
-from sessions_app.api.authentication import sign
+from identity_app.api.authentication import sign
 
 API_VERSION = "v7.20230615"
 

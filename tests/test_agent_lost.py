@@ -10,13 +10,14 @@ from django.core.management import CommandError, call_command
 
 from agents_app.models import Agent, AgentStatus, HeartbeatWatch
 from common import clock
+from identity_app.models import KeyPair
 from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler import schedule
 from sessions_app.enums import Status
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.heartbeats import handle_heartbeat
 from sessions_app.lifecycle.invariants import check_invariants
-from sessions_app.models import KeyPair, SessionEvent
+from sessions_app.models import SessionEvent
 from tests.factories import make_agent, make_session
 
 S = Status

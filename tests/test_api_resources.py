@@ -8,11 +8,12 @@ import pytest
 from django.test import Client
 
 import sessions_app.api.ratelimit as ratelimit
-from scheduling_app.models import ResourcePolicy, ScalingGroup
+from identity_app.keypairs import main_keypair
+from identity_app.models import KeyPair, ResourcePolicy
+from scheduling_app.models import ScalingGroup
 from sessions_app.api.ratelimit import WINDOW_SECONDS, hit
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
-from sessions_app.models import KeyPair, Session, SessionEvent
+from sessions_app.models import Session, SessionEvent
 from tests.factories import make_agent, make_session
 from tests.signing import signed_call, signed_headers
 

@@ -8,7 +8,7 @@ from django.db.backends.signals import connection_created
 
 from agents_app.management.commands.build_kernel_image import _is_static
 from agents_app.management.commands.run_agent import DatabaseForbidden, forbid_database, parse_slots
-from sessions_app.models import KeyPair
+from identity_app.models import KeyPair
 
 
 def run(*args):

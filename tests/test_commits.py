@@ -11,9 +11,9 @@ from asgiref.sync import async_to_sync
 
 from agents_app.models import OWNER_LABEL, Image
 from common import clock
+from identity_app.keypairs import main_keypair
 from sessions_app import commits
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.models import BackgroundTask, SessionEvent
 from sessions_app.spec import SessionRequestError, SessionSpec

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from agents_app.models import Image
 from agents_app.runtime import python_query
 from common import clock
+from identity_app.keypairs import main_keypair
+from identity_app.models import KeyPair
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, SessionEvent
 from tests.factories import make_agent, make_session
 from tests.signing import signed_call
@@ -262,6 +263,23 @@ def test_execute_answers_in_the_sdk_result_format(client, kp, alice, agent_steps
     unknown = signed_call(client, kp, "POST", "/session/s1", {"mode": "input", "code": "x"})
     assert unknown.status_code == 400
     assert "Unsupported execution mode 'input'" in unknown.json()["msg"]
+
+
+def test_a_command_has_the_rights_of_the_signed_keypair_not_the_main_one(
+        client, alice, bob, agent_steps):
+    """bob signing with an admin keypair of his runs a command in alice's session (the
+    grant of the kernel's stream checked his main keypair, and refused it, before); his
+    main keypair, no admin's, finds no session there."""
+    session = make_session(alice, Status.RUNNING, name="s1")
+    admin_key = KeyPair.objects.create(user=bob, is_admin=True,
+                                       resource_policy=main_keypair(bob).resource_policy)
+    agent_steps.answers += [FINISHED]
+    body = {"mode": "query", "code": "id", "runId": None}
+    ran = signed_call(client, admin_key, "POST", f"/session/{session.pk}", body)
+    assert ran.status_code == 200, ran.content
+    assert ran.json()["result"]["exitCode"] == 3
+    refused = signed_call(client, main_keypair(bob), "POST", f"/session/{session.pk}", body)
+    assert refused.status_code == 404
 
 
 def test_a_long_run_is_continued_by_its_run_id(client, kp, alice, agent_steps):

@@ -16,11 +16,12 @@ from django.test.utils import CaptureQueriesContext
 
 from agents_app.runtime.session_files import _list
 from common import clock
-from scheduling_app.models import ResourcePolicy, ResourcePreset, ScalingGroup, default_of
+from identity_app.keypairs import main_keypair
+from identity_app.models import ResourcePolicy
+from scheduling_app.models import ResourcePreset, ScalingGroup, default_of
 from scheduling_app.scheduler import schedule
 from scheduling_app.scheduler.snapshot import load_pending
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import progress
 from sessions_app.models import Kernel, ManagerState, Session, SessionTemplate
 from storage_app.files import FileError

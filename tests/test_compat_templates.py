@@ -13,10 +13,10 @@ from django.test import RequestFactory
 
 from agents_app import rpc
 from agents_app.runtime.docker_backend import BOOTSTRAP_MARK, kernel_command, kernel_environment
-from scheduling_app.models import default_project
+from identity_app.keypairs import main_keypair
+from identity_app.models import default_project
 from sessions_app.api.handlers import as_json_error
 from sessions_app.enums import SessionResult, SessionType, Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.models import Kernel, Session, SessionEvent, SessionTemplate

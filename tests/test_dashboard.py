@@ -8,11 +8,12 @@ import time_machine
 from django.utils import timezone
 
 from agents_app.models import AgentStatus, Image
+from identity_app.models import KeyPair, ResourcePolicy
 from scheduling_app import idle
-from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
+from scheduling_app.models import ScalingGroup, default_of
 from sessions_app import engine
 from sessions_app.enums import Status
-from sessions_app.models import KeyPair, Session, SessionEvent
+from sessions_app.models import Session, SessionEvent
 from sessions_app.web import timeline
 from tests.factories import make_agent, make_session
 

@@ -7,11 +7,12 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 
+from identity_app.keypairs import main_keypair
+from identity_app.models import KeyPair
 from sessions_app.admin_actions import destroy_sessions
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import destroy_session
-from sessions_app.models import KeyPair, Session, SessionEvent
+from sessions_app.models import Session, SessionEvent
 from sessions_app.querysets import may_force_terminate
 from sessions_app.spec import DestroyRefused
 from tests.factories import make_session

@@ -6,10 +6,11 @@ from django.contrib.auth.models import Permission
 
 from agents_app.models import Agent
 from common import clock
+from identity_app.models import KeyPair
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine
 from sessions_app.enums import Status
-from sessions_app.models import KeyPair, Session, SessionEvent
+from sessions_app.models import Session, SessionEvent
 from tests.factories import make_agent, make_session
 
 S = Status

@@ -8,12 +8,13 @@ import pytest
 
 from agents_app.models import Agent, Image
 from common import clock
-from scheduling_app.models import ResourcePolicy, ScalingGroup
+from identity_app.keypairs import main_keypair
+from identity_app.models import ResourcePolicy
+from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler import schedule
 from scheduling_app.scheduler.core import dry_run
 from sessions_app import engine
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.heartbeats import handle_heartbeat
 from sessions_app.models import Kernel, Session

@@ -3,10 +3,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from agents_app.models import Agent
+from identity_app.models import KeyPair
 from sessions_app import engine
 from sessions_app.enums import Status
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
-from sessions_app.models import Kernel, KeyPair, SessionEvent
+from sessions_app.models import Kernel, SessionEvent
 from tests.factories import make_agent, make_session
 
 S = Status

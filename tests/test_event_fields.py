@@ -8,8 +8,8 @@ from asgiref.sync import async_to_sync
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from identity_app.keypairs import main_keypair
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from tests.factories import make_session
 from tests.signing import signed_call

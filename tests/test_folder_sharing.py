@@ -4,7 +4,7 @@ folder, shares of a project folder, and what each permission lets the other user
 
 import pytest
 
-from sessions_app.keypairs import main_keypair
+from identity_app.keypairs import main_keypair
 from storage_app.models import Folder, FolderGrant, FolderInvitation
 from tests.conftest import make_user
 from tests.signing import signed_call

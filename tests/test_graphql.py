@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from identity_app.keypairs import main_keypair
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from tests.factories import make_agent, make_session
 from tests.signing import signed_call
 

@@ -9,10 +9,11 @@ import json
 
 import pytest
 
-from scheduling_app.models import ResourcePolicy, ResourcePreset, default_of
+from identity_app.keypairs import main_keypair
+from identity_app.models import KeyPair, ResourcePolicy
+from scheduling_app.models import ResourcePreset, default_of
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
-from sessions_app.models import KeyPair, Session
+from sessions_app.models import Session
 from storage_app.models import Folder, Mount
 from tests.factories import make_agent, make_session
 from tests.signing import signed_call

@@ -8,8 +8,9 @@ import pytest
 import time_machine
 
 from common import clock
+from identity_app.models import ResourcePolicy
 from scheduling_app import idle
-from scheduling_app.models import ResourcePolicy, default_of
+from scheduling_app.models import default_of
 from sessions_app import activity, utilization
 from sessions_app.enums import Status
 from sessions_app.models import Session, SessionEvent

@@ -10,7 +10,7 @@ import pytest
 
 from agents_app.management.commands.build_kernel_image import DOCKERFILE_HUB, DOCKERFILE_STATIC
 from agents_app.models import Agent, Image, resource_limits
-from sessions_app.keypairs import main_keypair
+from identity_app.keypairs import main_keypair
 from sessions_app.lifecycle.heartbeats import handle_heartbeat
 from sessions_app.models import Session
 from sessions_app.spec import SessionRequestError, SessionSpec

@@ -14,12 +14,12 @@ from hypothesis.extra.django import TestCase
 
 from agents_app.models import Agent
 from common.slots import ResourceSlots
-from scheduling_app.models import ensure_defaults
+from identity_app.models import KeyPair, ensure_defaults
 from sessions_app import engine
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
+from sessions_app.models import Kernel, Session, SessionEvent
 from sessions_app.spec import DestroyRefused
 from tests.factories import make_agent, make_session
 

@@ -6,10 +6,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backendai_web import metrics
+from backendai_web.metrics_view import exposition
+from identity_app.keypairs import main_keypair
 from scheduling_app.scheduler.core import schedule
-from sessions_app.api.metrics import exposition
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle.destroy import destroy_session
 from sessions_app.models import Session
 from sessions_app.spec import DestroyRefused

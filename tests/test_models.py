@@ -1,10 +1,11 @@
 import pytest
 from django.db import IntegrityError, transaction
 
-from scheduling_app.models import ResourcePolicy, default_of
+from identity_app.keypairs import main_keypair
+from identity_app.models import KeyPair, ResourcePolicy
+from scheduling_app.models import default_of
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
-from sessions_app.models import KeyPair, Session
+from sessions_app.models import Session
 from tests.factories import make_session
 
 

@@ -15,12 +15,12 @@ from agents_app.runtime import networks
 from agents_app.runtime.docker_backend import kernel_environment
 from common import clock
 from common.slots import ResourceSlots
+from identity_app.keypairs import main_keypair
 from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler.core import run_pass
 from scheduling_app.scheduler.selectors import AgentIndex, cross_host_problem, select
 from scheduling_app.scheduler.state import AgentState, PendingKernel, PendingSession, Snapshot
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.create import create_session
 from sessions_app.lifecycle.heartbeats import handle_heartbeat, left_swarm, swarm_record

@@ -2,8 +2,8 @@
 
 from django.contrib.auth.models import AnonymousUser
 
+from identity_app.keypairs import main_keypair
 from sessions_app.enums import Status, StatusGroup
-from sessions_app.keypairs import main_keypair
 from sessions_app.models import Kernel, Session
 from tests.factories import make_session
 

@@ -4,10 +4,13 @@ headers and cookies, and who is granted what (sessions_app/realtime)."""
 import channels.consumer
 import pytest
 from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
 from multidict import CIMultiDict
 
 from agents_app import stream_tokens
 from agents_app.models import Image
+from identity_app.keypairs import main_keypair
+from identity_app.models import KeyPair
 from sessions_app.compat import views as compat
 from sessions_app.enums import Status
 from sessions_app.realtime import access
@@ -72,6 +75,27 @@ def test_grants_owner_and_admin_only_running_only_declared_services_only(alice, 
     with pytest.raises(access.Refusal) as refused:
         access.grant(alice, pending.pk, "pty:t1")
     assert refused.value.status == 409
+
+
+@pytest.mark.django_db
+def test_a_grant_has_the_rights_of_the_acting_keypair(alice, bob):
+    """Admin rights come with the keypair a user acts through, not with their main one:
+    bob's admin keypair opens alice's terminal, his plain main keypair does not; and dave,
+    whose main keypair is an admin's, acting through a plain one of his, does not either."""
+    session = make_session(alice, S.RUNNING, agent=make_agent(stream_addr="127.0.0.1:7000"))
+    policy = main_keypair(bob).resource_policy
+    admin_key = KeyPair.objects.create(user=bob, is_admin=True, resource_policy=policy)
+    assert access.grant(bob, session.pk, "pty:t1", admin_key).owner_id == alice.pk
+    with pytest.raises(access.Refusal) as refused:
+        access.grant(bob, session.pk, "pty:t1")
+    assert refused.value.status == 404
+    dave = User.objects.create_user("dave")
+    KeyPair.objects.filter(user=dave, is_main=True).update(is_admin=True)
+    assert access.grant(dave, session.pk, "pty:t1").owner_id == alice.pk
+    plain_key = KeyPair.objects.create(user=dave, resource_policy=policy)
+    with pytest.raises(access.Refusal) as refused:
+        access.grant(dave, session.pk, "pty:t1", plain_key)
+    assert refused.value.status == 404
 
 
 @pytest.mark.asyncio

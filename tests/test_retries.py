@@ -9,14 +9,15 @@ import pytest
 import time_machine
 
 from common import clock
-from scheduling_app.models import Domain, Project, ResourcePolicy, ScalingGroup
+from identity_app.keypairs import main_keypair
+from identity_app.models import Domain, KeyPair, Project, ResourcePolicy
+from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler import schedule
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.create import create_session
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
+from sessions_app.models import Kernel, Session, SessionEvent
 from tests.factories import make_agent, make_session, walk
 
 S = Status

@@ -9,14 +9,15 @@ import time_machine
 
 from agents_app.models import Agent
 from common import clock
+from identity_app.keypairs import main_keypair
+from identity_app.models import KeyPair, ResourcePolicy
 from scheduling_app import tasks
-from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
+from scheduling_app.models import ScalingGroup, default_of
 from scheduling_app.scheduler import schedule
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
+from sessions_app.models import Kernel, Session, SessionEvent
 from sessions_app.spec import SessionRequestError
 from tests.factories import make_agent, make_session
 

@@ -9,11 +9,12 @@ import pytest
 import time_machine
 from django.core.management import call_command
 
-from scheduling_app.models import ResourcePolicy, ScalingGroup
+from identity_app.keypairs import main_keypair
+from identity_app.models import ResourcePolicy
+from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler import schedule
 from sessions_app.engine import mark_kernel_running, mark_kernel_terminated, transition_kernel
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.models import Session, SessionEvent
 from sessions_app.web.templatetags import ordinal

@@ -24,7 +24,8 @@ from agents_app.runtime.session_streams import (
     aggregate_console,
 )
 from backendai_web.asgi import application
-from sessions_app.api.authentication import sign
+from identity_app.api.authentication import sign
+from identity_app.keypairs import main_keypair
 from sessions_app.compat.streams import (
     execution_message,
     execution_request,
@@ -32,7 +33,6 @@ from sessions_app.compat.streams import (
     pty_output,
 )
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from storage_app.files import FileError
 from tests.factories import make_agent, make_session
 from tests.signing import API_VERSION, signed_call

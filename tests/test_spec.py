@@ -2,8 +2,8 @@
 
 import pytest
 
-from scheduling_app.models import ResourcePolicy
-from sessions_app.keypairs import main_keypair
+from identity_app.keypairs import main_keypair
+from identity_app.models import ResourcePolicy
 from sessions_app.models import Session
 from sessions_app.spec import DestroyRefused, DomainError, SessionRequestError, SessionSpec
 from tests.signing import signed_call

@@ -10,11 +10,12 @@ import time_machine
 
 from agents_app.models import Agent
 from common import clock
+from identity_app.keypairs import main_keypair
+from identity_app.models import ResourcePolicy
 from scheduling_app import idle
-from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
+from scheduling_app.models import ScalingGroup, default_of
 from scheduling_app.scheduler import schedule
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import stop
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.heartbeats import handle_heartbeat

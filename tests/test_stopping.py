@@ -12,6 +12,7 @@ from agents_app.models import Agent
 from agents_app.runtime.lanes import LifecycleLane, PullLane
 from agents_app.runtime.provisioners import MIN_GRACE, grace_after_hook, runs_hook
 from common import clock
+from identity_app.models import KeyPair
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine
 from sessions_app.accounting import reconcile_usage
@@ -19,7 +20,7 @@ from sessions_app.enums import Status
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.invariants import check_invariants
-from sessions_app.models import KeyPair, SessionEvent
+from sessions_app.models import SessionEvent
 from tests.factories import make_session
 from tests.support import wait_for
 

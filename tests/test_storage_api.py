@@ -8,9 +8,9 @@ import time_machine
 from asgiref.sync import async_to_sync
 from django.test import Client
 
-from scheduling_app.models import ResourcePolicy
+from identity_app.keypairs import main_keypair
+from identity_app.models import ResourcePolicy
 from sessions_app.compat.views import creation_fields
-from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, Status
 from storage_app.models import Folder, Mount, Upload
 from tests.factories import make_session

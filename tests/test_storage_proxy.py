@@ -11,7 +11,7 @@ import time_machine
 from asgiref.sync import async_to_sync
 from django.test import Client
 
-from sessions_app.keypairs import main_keypair
+from identity_app.keypairs import main_keypair
 from storage_app import uploads
 from storage_app.files import FileError
 from storage_app.models import Folder, Upload

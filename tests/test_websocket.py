@@ -13,10 +13,10 @@ from django.utils import timezone
 from agents_app.models import Agent, Image
 from backendai_web import metrics
 from backendai_web.asgi import application
+from backendai_web.metrics_view import exposition
+from identity_app.keypairs import main_keypair
 from scheduling_app.models import ScalingGroup
-from sessions_app.api.metrics import exposition
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import destroy_session
 from sessions_app.models import Session, SessionEvent
 from tests.factories import make_agent, make_session

@@ -6,7 +6,7 @@ from agents_app.models import Agent, AgentStatus, Image, swarm_key
 from common import clock
 from common.devices import device_key, planned_of
 from common.slots import ResourceSlots, SlotsCache
-from scheduling_app.models import Domain, Project
+from identity_app.models import Domain, KeyPair, Project
 from scheduling_app.scheduler.state import (
     AgentState,
     DependencyState,
@@ -16,7 +16,7 @@ from scheduling_app.scheduler.state import (
     Snapshot,
 )
 from sessions_app.enums import Status, StatusGroup
-from sessions_app.models import Kernel, KeyPair, Session
+from sessions_app.models import Kernel, Session
 from sessions_app.status_data import StatusData
 
 

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.utils.deprecation import MiddlewareMixin
 from rest_framework.throttling import BaseThrottle
 
-from sessions_app.api.permissions import acting_keypair
+from identity_app.api.permissions import acting_keypair
 
 log = logging.getLogger(__name__)
 WINDOW_SECONDS = 15 * 60

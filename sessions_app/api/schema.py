@@ -33,7 +33,7 @@ class AutoSchema(BaseAutoSchema):
 
 
 class KeypairSignatureScheme(OpenApiAuthenticationExtension):
-    target_class = "sessions_app.api.authentication.KeypairSignatureAuthentication"
+    target_class = "identity_app.api.authentication.KeypairSignatureAuthentication"
     name = "keypairSignature"
 
     def get_security_definition(self, auto_schema):

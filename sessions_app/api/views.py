@@ -13,16 +13,18 @@ from drf_spectacular.utils import (
     extend_schema_field,
     inline_serializer,
 )
-from rest_framework import mixins, serializers, status, viewsets
+from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from common import clock
+from identity_app.acting import actor_of
+from identity_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
+from identity_app.api.viewsets import RestrictedViewSet
 from scheduling_app.idle import checks_of as idle_checks_of
 from sessions_app import activity
 from sessions_app.api.errors import RequestFailed
-from sessions_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
 from sessions_app.enums import ClusterMode, SessionType
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.create import (
@@ -48,8 +50,8 @@ def is_true(value):
 
 def visible_sessions(request):
     """The sessions a request may see (Session.objects.visible_to), with what the answers read."""
-    return Session.objects.select_related("scaling_group", "user", "keypair").visible_to(
-        request.user, acting_keypair(request))
+    return Session.objects.select_related("scaling_group", "user", "keypair").restrict(
+        actor_of(request))
 
 
 def create_for(request, owner, **fields):
@@ -281,12 +283,12 @@ LIST_FILTERS = [
 ]
 
 
-class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    queryset = Session.objects.all()  # narrowed to what the request may see in get_queryset
+class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, RestrictedViewSet):
+    queryset = Session.objects.select_related("scaling_group", "user", "keypair")
     serializer_class = SessionSerializer
 
-    def get_queryset(self):
-        sessions = visible_sessions(self.request).prefetch_related("kernels__agent")
+    def narrow(self, sessions):
+        sessions = sessions.prefetch_related("kernels__agent")
         if self.action != "list":
             return sessions
         params = self.request.query_params

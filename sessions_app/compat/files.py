@@ -23,6 +23,7 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from agents_app import stream_io
 from agents_app.stream_tokens import TOKEN_HEADER
 from backendai_web.flow import DIRECT_BODY
+from identity_app.api.permissions import acting_keypair
 from sessions_app.api.errors import RequestFailed, error_body
 from sessions_app.compat.views import CompatView
 from sessions_app.realtime import access
@@ -35,7 +36,8 @@ MAX_DOWNLOAD_FILES = 100
 
 def file_grant(request, session):
     try:
-        return access.grant(request.user, session.pk, access.FILES_TARGET)
+        return access.grant(request.user, session.pk, access.FILES_TARGET,
+                            acting_keypair(request))
     except access.Refusal as refusal:
         raise RequestFailed(refusal.message, refusal.status) from None
 

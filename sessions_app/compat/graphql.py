@@ -17,7 +17,6 @@ answered only to its own holder (who signed the request with it), never to anyon
 """
 
 import graphene
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import Q
 from drf_spectacular.utils import extend_schema
@@ -28,17 +27,22 @@ from graphql import GraphQLError
 from rest_framework import exceptions
 from rest_framework.views import APIView
 
+from agents_app.compat.graphql import ImageType
 from agents_app.models import Agent, AgentStatus, Image
 from common import clock
-from common.devices import device_ids, kind_of
+from common.devices import device_ids
+from identity_app.acting import actor_of
+from identity_app.api.permissions import acting_keypair, request_is_admin
+from identity_app.compat.graphql import KeyPairResourcePolicyType, KeyPairType, email_of
+from identity_app.models import KeyPair, ResourcePolicy
+from scheduling_app.compat.graphql import ResourcePresetType
 from scheduling_app.idle import checks_of as idle_checks_of
-from scheduling_app.models import ResourcePolicy, ResourcePreset
+from scheduling_app.models import ResourcePreset
 from sessions_app import service_ports
 from sessions_app.api.errors import error_body
-from sessions_app.api.permissions import acting_keypair, request_is_admin
 from sessions_app.compat.graphql_mutations import Mutation
 from sessions_app.compat.graphql_relay import CountedConnection, GlobalIDField, uuid_of
-from sessions_app.models import Kernel, KeyPair, Session
+from sessions_app.models import Kernel, Session
 from storage_app.compat.graphql import FolderQueries
 
 MAX_PAGE_SIZE = 100  # the client's own limit (ai.backend.client.pagination)
@@ -46,14 +50,6 @@ MAX_PAGE_SIZE = 100  # the client's own limit (ai.backend.client.pagination)
 
 def _upper(value):
     return value.upper() if value else value
-
-
-def _email(user):
-    return user.email or user.get_username()
-
-
-def _full_name(user):
-    return user.get_full_name() or user.get_username()
 
 
 def _request(info):
@@ -117,11 +113,6 @@ def page_of(name, item_type):
     return type(name, (graphene.ObjectType,), {
         "items": graphene.List(item_type, required=True),
         "total_count": graphene.Int(required=True)})
-
-
-class KVPair(graphene.ObjectType):
-    key = graphene.String()
-    value = graphene.String()
 
 
 class ComputeContainer(DjangoObjectType):
@@ -304,7 +295,7 @@ class ComputeSession(DjangoObjectType):
         return session.project_id
 
     def resolve_user_email(session, info):
-        return _email(session.user)
+        return email_of(session.user)
 
     resolve_created_user_email = resolve_user_email
 
@@ -368,8 +359,7 @@ class ComputeSession(DjangoObjectType):
 
     def resolve_dependencies(session, info):
         # Only those the asker may see: a dependency is another session of the same owner.
-        return list(session.dependencies.visible_to(
-            _request(info).user, acting_keypair(_request(info))))
+        return list(session.dependencies.restrict(actor_of(_request(info))))
 
 
 ComputeSessionList = page_of("ComputeSessionList", ComputeSession)
@@ -460,160 +450,6 @@ class AgentType(DjangoObjectType):
 
 
 AgentList = page_of("AgentList", AgentType)
-
-
-class ImageType(DjangoObjectType):
-    """An image, as the manager's Image: `name` without the tag, which is `tag`."""
-
-    class Meta:
-        model = Image
-        name = "Image"
-        fields = ("id", "architecture")
-
-    name = graphene.String()
-    humanized_name = graphene.String()
-    tag = graphene.String()
-    registry = graphene.String()
-    is_local = graphene.Boolean()
-    digest = graphene.String()
-    labels = graphene.List(KVPair)
-    aliases = graphene.List(graphene.String)
-    size_bytes = graphene.Float()
-    resource_limits = graphene.JSONString()
-    supported_accelerators = graphene.List(graphene.String)
-    installed = graphene.Boolean()
-    installed_agents = graphene.List(graphene.String)
-    hash = graphene.String()
-    last_used_at = graphene.DateTime()
-
-    def resolve_name(image, info):
-        return image.name.rpartition(":")[0] if ":" in _last_part(image) else image.name
-
-    def resolve_humanized_name(image, info):
-        return image.name
-
-    def resolve_tag(image, info):
-        return image.name.rpartition(":")[2] if ":" in _last_part(image) else "latest"
-
-    def resolve_registry(image, info):
-        return image.registry or "local"
-
-    def resolve_is_local(image, info):
-        return not image.registry
-
-    def resolve_digest(image, info):
-        return image.labels.get("digest", "") if isinstance(image.labels, dict) else ""
-
-    resolve_hash = resolve_digest
-
-    def resolve_labels(image, info):
-        labels = image.labels if isinstance(image.labels, dict) else {}
-        return [KVPair(key=key, value=str(value)) for key, value in sorted(labels.items())]
-
-    def resolve_aliases(image, info):
-        return []
-
-    def resolve_size_bytes(image, info):
-        return 0  # agents report no sizes; 23.9.10's formatter cannot print a null
-
-    def resolve_resource_limits(image, info):
-        return image.min_slots
-
-    def resolve_supported_accelerators(image, info):
-        """Its ai.backend.accelerators label, and the kinds of device it needs."""
-        named = (image.labels or {}).get("ai.backend.accelerators") or ""
-        return sorted({kind.strip() for kind in named.split(",") if kind.strip()}
-                      | {kind_of(slot) for slot in image.min_slots or {} if kind_of(slot)})
-
-    def resolve_installed(image, info):
-        return True
-
-    def resolve_installed_agents(image, info):
-        return []
-
-    def resolve_last_used_at(image, info):
-        return None
-
-
-def _last_part(image):
-    return image.name.rsplit("/", 1)[-1]
-
-
-class UserInfo(graphene.ObjectType):
-    email = graphene.String()
-    full_name = graphene.String()
-
-
-class KeyPairType(DjangoObjectType):
-    """A keypair, as the manager's KeyPair; `user_id` is the owner's email, as there."""
-
-    class Meta:
-        model = KeyPair
-        name = "KeyPair"
-        fields = ("access_key", "is_active", "is_admin", "rate_limit", "concurrency_used",
-                  "last_used", "created_at")
-
-    user_id = graphene.String()
-    full_name = graphene.String()
-    user_info = graphene.Field(UserInfo)
-    user = graphene.String()
-    projects = graphene.List(graphene.String)
-    secret_key = graphene.String()
-    resource_policy = graphene.String()
-    modified_at = graphene.DateTime()
-    num_queries = graphene.Int()
-    concurrency_limit = graphene.Int()
-    ssh_public_key = graphene.String()
-    ssh_private_key = graphene.String()
-    dotfiles = graphene.String()
-    bootstrap_script = graphene.String()
-
-    def resolve_user_id(keypair, info):
-        return _email(keypair.user)
-
-    def resolve_full_name(keypair, info):
-        return _full_name(keypair.user)
-
-    def resolve_user_info(keypair, info):
-        return UserInfo(email=_email(keypair.user), full_name=_full_name(keypair.user))
-
-    def resolve_user(keypair, info):
-        return keypair.user_id
-
-    def resolve_projects(keypair, info):
-        """The projects its owner is a member of or has run sessions in."""
-        joined = keypair.user.member_projects.values_list("name", flat=True)
-        used = keypair.sessions.values_list("project__name", flat=True).distinct()
-        return sorted({*joined, *used})
-
-    def resolve_secret_key(keypair, info):
-        # Its holder signed this request with it; nobody else is ever shown it.
-        asking = _request(info).auth
-        return keypair.secret_key if isinstance(asking, KeyPair) and \
-            asking.access_key == keypair.access_key else None
-
-    def resolve_resource_policy(keypair, info):
-        return keypair.resource_policy.name
-
-    def resolve_modified_at(keypair, info):
-        return keypair.created_at
-
-    def resolve_num_queries(keypair, info):
-        return 0
-
-    def resolve_concurrency_limit(keypair, info):
-        return getattr(keypair.resource_policy, "max_concurrent_sessions", None)
-
-    def resolve_ssh_public_key(keypair, info):
-        return None
-
-    resolve_ssh_private_key = resolve_ssh_public_key
-
-    def resolve_dotfiles(keypair, info):
-        return "[]"
-
-    def resolve_bootstrap_script(keypair, info):
-        return ""
 
 
 KeyPairList = page_of("KeyPairList", KeyPairType)
@@ -839,70 +675,6 @@ class ComputeSessionConnection(CountedConnection):
         node = ComputeSessionNode
 
 
-# -- resource policies and presets (API v8) ----------------------------------------------
-
-class KeyPairResourcePolicyType(DjangoObjectType):
-    """A resource policy, as the manager's KeyPairResourcePolicy. Slot totals are JSON
-    strings; what this server has no such setting for answers its fixed value here."""
-
-    class Meta:
-        model = ResourcePolicy
-        name = "KeyPairResourcePolicy"
-        fields = ("name", "max_concurrent_sessions", "max_pending_session_count",
-                  "idle_timeout", "max_session_lifetime")
-
-    created_at = graphene.DateTime()
-    default_for_unspecified = graphene.String()
-    total_resource_slots = graphene.JSONString()
-    max_containers_per_session = graphene.Int()
-    max_concurrent_sftp_sessions = graphene.Int()
-    max_pending_session_resource_slots = graphene.JSONString()
-    allowed_vfolder_hosts = graphene.JSONString()
-
-    def resolve_created_at(policy, info):
-        return None  # not recorded here
-
-    def resolve_default_for_unspecified(policy, info):
-        return "UNLIMITED"  # a slot the total does not name is not limited
-
-    def resolve_total_resource_slots(policy, info):
-        return policy.total_resource_slots
-
-    def resolve_max_containers_per_session(policy, info):
-        return settings.MAX_CLUSTER_SIZE
-
-    def resolve_max_concurrent_sftp_sessions(policy, info):
-        return 0  # no SFTP sessions here
-
-    def resolve_max_pending_session_resource_slots(policy, info):
-        return None
-
-    def resolve_allowed_vfolder_hosts(policy, info):
-        return {}
-
-
-class ResourcePresetType(DjangoObjectType):
-    """A resource preset, as the manager's ResourcePreset."""
-
-    class Meta:
-        model = ResourcePreset
-        name = "ResourcePreset"
-        fields = ("id", "name")
-
-    resource_slots = graphene.JSONString()
-    shared_memory = graphene.String()
-    scaling_group_name = graphene.String()
-
-    def resolve_resource_slots(preset, info):
-        return preset.resource_slots
-
-    def resolve_shared_memory(preset, info):
-        return None if preset.shared_memory is None else str(preset.shared_memory)
-
-    def resolve_scaling_group_name(preset, info):
-        return preset.scaling_group.name if preset.scaling_group_id else None
-
-
 # -- queries -----------------------------------------------------------------------------
 
 SESSION_ORDER = {"created_at": "created_at", "name": "name", "status": "status",
@@ -923,14 +695,12 @@ def visible_sessions(info):
     return (Session.objects.select_related("domain", "project", "user", "keypair",
                                            "scaling_group")
             .prefetch_related("kernels__agent")
-            .visible_to(request.user, acting_keypair(request)))
+            .restrict(actor_of(request)))
 
 
 def visible_keypairs(info):
-    keypairs = KeyPair.objects.select_related("user", "resource_policy")
-    if not _is_admin(info):
-        keypairs = keypairs.filter(user=_request(info).user)
-    return keypairs
+    return KeyPair.objects.select_related("user", "resource_policy").restrict(
+        actor_of(_request(info)))
 
 
 def _by_email(keypairs, email):
@@ -1139,7 +909,7 @@ class GraphQLEndpoint(APIView):
     def post(self, request):
         plain = request._request
         plain.user, plain.auth = request.user, request.auth
-        plain._is_admin = request_is_admin(request)
+        actor_of(request)  # resolved once, kept on the request graphene's resolvers see
         return _execute(plain)
 
     get = post

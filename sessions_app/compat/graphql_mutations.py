@@ -19,11 +19,13 @@ from graphene import relay
 from graphql import GraphQLError
 
 from common.slots import ResourceSlots, SlotError
-from scheduling_app.models import ResourcePolicy, ResourcePreset, ScalingGroup, default_of
-from sessions_app.api.permissions import acting_keypair, is_superadmin, request_is_admin
+from identity_app.acting import actor_of
+from identity_app.api.permissions import request_is_admin, request_is_superadmin
+from identity_app.models import KeyPair, ResourcePolicy
+from scheduling_app.models import ResourcePreset, ScalingGroup, default_of
 from sessions_app.compat.graphql_relay import GlobalIDField, uuid_of
 from sessions_app.lifecycle.create import change_priority, rename_session
-from sessions_app.models import KeyPair, Session
+from sessions_app.models import Session
 from sessions_app.spec import DomainError
 
 TYPES = "sessions_app.compat.graphql."
@@ -35,7 +37,7 @@ def _request(info):
 
 def _require(info, superadmin=False):
     request = _request(info)
-    if superadmin and not is_superadmin(request.user):
+    if superadmin and not request_is_superadmin(request):
         raise GraphQLError("Only superadmins may change this.",
                            extensions={"code": "permission-denied"})
     if not request_is_admin(request):
@@ -86,8 +88,8 @@ class ModifyComputeSession(relay.ClientIDMutation):
     def mutate_and_get_payload(cls, root, info, id, name=None, priority=None, **_relay):
         request = _request(info)
         session_id = uuid_of(id)
-        session = session_id and Session.objects.visible_to(
-            request.user, acting_keypair(request)).filter(pk=session_id).first()
+        session = session_id and Session.objects.restrict(actor_of(request)).filter(
+            pk=session_id).first()
         if not session:
             raise GraphQLError(f"There is no session {id[1]!r}.")
         actor = request.user.get_username()

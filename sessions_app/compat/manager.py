@@ -9,9 +9,9 @@ from rest_framework.response import Response
 
 from agents_app.models import Agent
 from backendai_web import __version__
+from identity_app.api.permissions import request_is_admin
 from sessions_app import manager_state
 from sessions_app.api.errors import RequestFailed
-from sessions_app.api.permissions import request_is_admin
 from sessions_app.api.views import is_true
 from sessions_app.compat.views import CompatView, body_of
 from sessions_app.models import Session

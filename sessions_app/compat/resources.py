@@ -7,10 +7,10 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 
 from agents_app.models import Agent, AgentStatus, Image
+from identity_app.api.permissions import acting_keypair, request_is_admin
 from scheduling_app.presets import UnknownScalingGroup, check_presets, preset_answer, presets_for
 from sessions_app.accounting import reconcile_usage
 from sessions_app.api.errors import RequestFailed
-from sessions_app.api.permissions import acting_keypair, request_is_admin
 from sessions_app.compat.views import CompatView, first_of, project_for, text
 
 FOLDER_TYPES = ["user", "group"]  # a user's folders and a project's (storage_app)

@@ -41,7 +41,8 @@ from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 
 from agents_app.stream_tokens import TOKEN_HEADER
-from sessions_app.api.authentication import KeypairSignatureAuthentication
+from identity_app.acting import actor_of
+from identity_app.api.authentication import KeypairSignatureAuthentication
 from sessions_app.compat.views import EXECUTE_TIMEOUT, STREAM_FLUSH, CompatView, run_command
 from sessions_app.realtime import access
 from sessions_app.realtime.agent_client import client
@@ -60,7 +61,7 @@ def signed_request(scope):
 
 
 def open_session(scope, ref, target):
-    """(Grant, session, user) for the signed request's keypair to open `target` in the
+    """(Grant, session, actor) for the signed request's keypair to open `target` in the
     session it names, or access.Refusal."""
     request = signed_request(scope)
     try:
@@ -72,7 +73,8 @@ def open_session(scope, ref, target):
         raise access.Refusal(exc.status_code, str(exc.detail)) from None
     except DisallowedHost as exc:
         raise access.Refusal(400, str(exc)) from None
-    return access.grant(request.user, session.pk, target), session, request.user
+    actor = actor_of(request)
+    return access.grant(actor.user, session.pk, target, actor.keypair), session, actor
 
 
 def execution_message(status, console=(), exit_code=None):
@@ -131,12 +133,13 @@ class SignedStreamConsumer(RelayConsumer):
         self.upstream = self.pump = self.grant = None
         ref = self.scope["url_route"]["kwargs"]["ref"]
         try:
-            self.grant, self.session, self.user = await database_sync_to_async(open_session)(
+            self.grant, self.session, self.actor = await database_sync_to_async(open_session)(
                 self.scope, ref, f"{self.target_kind}:{uuid.uuid4().hex}")
         except access.Refusal as refusal:
             log.info("%s refused: %s %s", self.scope["path"], refusal.status, refusal.message)
             await self.close()  # before accept: the handshake is answered 403
             return
+        self.user = self.actor.user
         await self.opened()
 
     async def opened(self):
@@ -256,7 +259,7 @@ class PtyConsumer(SignedStreamConsumer):
             await old.close()
         try:
             self.grant = await database_sync_to_async(access.grant)(
-                self.user, self.grant.session_id, f"pty:{uuid.uuid4().hex}")
+                self.user, self.grant.session_id, f"pty:{uuid.uuid4().hex}", self.actor.keypair)
         except access.Refusal:
             await self.close()
             return

@@ -10,8 +10,9 @@ from rest_framework import status
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.response import Response
 
+from identity_app.acting import actor_of
+from identity_app.api.permissions import owner_keypair, request_is_admin
 from sessions_app.api.errors import RequestFailed
-from sessions_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
 from sessions_app.api.views import is_true
 from sessions_app.compat.views import (
     CompatView,
@@ -27,8 +28,8 @@ from sessions_app.session_templates import as_sdk_request, overlay, parse_payloa
 
 
 def visible_templates(request):
-    return SessionTemplate.objects.select_related("user", "project__domain").visible_to(
-        request.user, acting_keypair(request))
+    return SessionTemplate.objects.select_related("user", "project__domain").restrict(
+        actor_of(request))
 
 
 def template_of(request, ref):

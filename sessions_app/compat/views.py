@@ -25,11 +25,11 @@ from agents_app import stream_tokens
 from agents_app.models import Image
 from agents_app.runtime import python_query
 from common import clock
+from identity_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
+from identity_app.models import Domain, Project, default_project
 from scheduling_app.idle import checks_of as idle_checks_of
-from scheduling_app.models import Domain, Project, default_project
 from sessions_app import activity, commits, service_ports
 from sessions_app.api.errors import RequestFailed
-from sessions_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
 from sessions_app.api.views import (
     create_for,
     destroy_for,
@@ -498,7 +498,8 @@ class SessionResource(CompatView):
         command, run_id, marked = run_command(session, data)
         running_main_kernel(session)  # else 409, saying so
         try:
-            grant = access.grant(request.user, session.pk, f"exec:{run_id}")
+            grant = access.grant(request.user, session.pk, f"exec:{run_id}",
+                                 acting_keypair(request))
         except access.Refusal as refusal:
             raise RequestFailed(refusal.message, refusal.status) from None
         body = {"flush": EXECUTE_FLUSH}

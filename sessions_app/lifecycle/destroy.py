@@ -12,12 +12,13 @@ from django.utils.module_loading import import_string
 from agents_app import rpc
 from backendai_web import metrics
 from common import clock
+from identity_app.models import KeyPair
+from identity_app.roles import is_admin
 from scheduling_app.scheduler.preemption import end_preempted
 from sessions_app import engine
 from sessions_app.accounting import reconcile_usage
 from sessions_app.enums import Status, StatusGroup
-from sessions_app.models import KeyPair
-from sessions_app.querysets import is_admin, may_force_terminate
+from sessions_app.querysets import may_force_terminate
 from sessions_app.spec import DestroyRefused
 from sessions_app.status_data import Key
 

@@ -14,11 +14,11 @@ from agents_app import rpc
 from backendai_web.celery import send_task_safely
 from common import clock
 from common.slots import ResourceSlots, total
+from identity_app.roles import is_admin
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine
 from sessions_app.enums import SessionType, Status, StatusGroup
 from sessions_app.models import Kernel, Session
-from sessions_app.querysets import is_admin
 from sessions_app.spec import DomainError
 from sessions_app.status_data import Key, StatusData
 

@@ -2,7 +2,7 @@
 
 import django.db.models.deletion
 import scheduling_app.models
-import sessions_app.models
+import identity_app.models
 import uuid
 from django.conf import settings
 from django.db import migrations, models
@@ -22,8 +22,8 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='KeyPair',
             fields=[
-                ('access_key', models.CharField(default=sessions_app.models.generate_access_key, max_length=20, primary_key=True, serialize=False)),
-                ('secret_key', models.CharField(default=sessions_app.models.generate_secret_key, max_length=40)),
+                ('access_key', models.CharField(default=identity_app.models.generate_access_key, max_length=20, primary_key=True, serialize=False)),
+                ('secret_key', models.CharField(default=identity_app.models.generate_secret_key, max_length=40)),
                 ('is_main', models.BooleanField(default=False, help_text='The keypair that browser sessions of this user act through.')),
                 ('is_active', models.BooleanField(default=True)),
                 ('is_admin', models.BooleanField(default=False)),

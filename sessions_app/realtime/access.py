@@ -15,11 +15,10 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from agents_app import stream_tokens
+from identity_app.acting import actor_for
 from sessions_app import activity, service_ports
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session
-from sessions_app.querysets import is_admin
 
 FILES_TARGET = "files:scratch"  # the main kernel's scratch directory (Backend.AI clients)
 GRANT_CACHE_SECONDS = 2.0  # an app's page asks for many files: one lookup serves a burst
@@ -43,10 +42,11 @@ class Grant:
         return f"http://{self.agent_addr}{path}"
 
 
-def grant(user, session_id, target):
-    """A Grant for `user` to open `target` (`pty:<terminal id>`, `service:<name>`, and for
-    the Backend.AI clients `exec:<run id>` or FILES_TARGET) in the session's main kernel,
-    or Refusal."""
+def grant(user, session_id, target, keypair=None):
+    """A Grant for `user`, acting through `keypair` (a signed request's; by default their
+    main keypair, as a browser acts), to open `target` (`pty:<terminal id>`,
+    `service:<name>`, and for the Backend.AI clients `exec:<run id>` or FILES_TARGET) in the
+    session's main kernel, or Refusal."""
     if user is None or not user.is_authenticated:
         raise Refusal(401, "Log in first.")
     try:
@@ -54,7 +54,7 @@ def grant(user, session_id, target):
     except ValueError:
         raise Refusal(404, "Session not found.") from None
     sessions = Session.objects.filter(pk=session_id).prefetch_related("kernels__agent")
-    if not is_admin(user, main_keypair(user)):
+    if not actor_for(user, keypair).is_admin:
         sessions = sessions.filter(user=user)
     try:
         session = sessions.get()

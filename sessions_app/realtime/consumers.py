@@ -24,10 +24,9 @@ from django.utils.dateparse import parse_datetime
 
 from backendai_web import metrics
 from common import clock
+from identity_app.acting import actor_for
 from sessions_app.events import ADMINS_GROUP, message_of, session_group, user_group
-from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, SessionEvent
-from sessions_app.querysets import is_admin
 from sessions_app.realtime import fanout
 
 # A change is stamped inside its transaction and published after commit, so an event can
@@ -58,10 +57,10 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         if self.user is None or not self.user.is_authenticated:
             await self.close(code=4401)
             return
-        self.keypair = await database_sync_to_async(main_keypair)(self.user)
+        self.actor = actor = await database_sync_to_async(actor_for)(self.user)
         self.session_id = None
         query = parse_qs(self.scope.get("query_string", b"").decode())
-        self.mine_only = (not is_admin(self.user, self.keypair)
+        self.mine_only = (not actor.is_admin
                           or query.get("scope") == ["mine"])
         # A list of sessions needs no kernel events: fewer messages to send to each page.
         self.session_events_only = query.get("events") == ["session"]
@@ -106,7 +105,7 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
     async def narrow(self, value):
         session_id = parse_session_id(value)
         found = session_id and await database_sync_to_async(
-            Session.objects.visible_to(self.user, self.keypair).filter(pk=session_id).exists)()
+            Session.objects.restrict(self.actor).filter(pk=session_id).exists)()
         if not found:  # another user's session is not there at all, as in the API
             await self.refuse("Session not found.")
             return
@@ -129,12 +128,11 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
 
     def events_since(self, since):
         if self.session_id:
-            sessions = Session.objects.visible_to(self.user, self.keypair).filter(
-                pk=self.session_id)
+            sessions = Session.objects.restrict(self.actor).filter(pk=self.session_id)
         elif self.mine_only:
             sessions = Session.objects.filter(user=self.user)
         else:
-            sessions = Session.objects.visible_to(self.user, self.keypair)
+            sessions = Session.objects.restrict(self.actor)
         rows = SessionEvent.objects.filter(session__in=sessions,
                                            created_at__gte=since - CATCH_UP_OVERLAP)
         if self.session_events_only:

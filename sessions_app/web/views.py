@@ -18,9 +18,9 @@ from django.views.decorators.http import require_POST
 from agents_app.models import Agent, AgentStatus
 from common import clock
 from common.slots import ResourceSlots, format_bytes
+from identity_app.acting import actor_of
 from sessions_app import service_ports
 from sessions_app.enums import Status, StatusGroup
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.heartbeats import is_uuid
 from sessions_app.lifecycle.stop import (
@@ -31,7 +31,7 @@ from sessions_app.lifecycle.stop import (
     stop_session,
 )
 from sessions_app.models import Kernel, Session
-from sessions_app.querysets import is_admin, may_force_terminate
+from sessions_app.querysets import may_force_terminate
 from sessions_app.spec import DestroyRefused
 from sessions_app.web import timeline
 from sessions_app.web.forms import SessionForm
@@ -42,14 +42,13 @@ LIST_LIMIT = 200
 
 def viewer(request):
     """The keypair a browser request acts through, and whether it sees every session."""
-    keypair = main_keypair(request.user)
-    return keypair, is_admin(request.user, keypair)
+    actor = actor_of(request)
+    return actor.keypair, actor.is_admin
 
 
 def visible_session(request, pk):
-    keypair, _ = viewer(request)
-    sessions = Session.objects.select_related("user", "scaling_group").visible_to(
-        request.user, keypair)
+    sessions = Session.objects.select_related("user", "scaling_group").restrict(
+        actor_of(request))
     try:
         return sessions.prefetch_related("kernels__agent").get(pk=pk)
     except (Session.DoesNotExist, ValidationError):  # another user's session is not there
@@ -63,8 +62,8 @@ def session_list(request):
     tab = request.GET.get("tab") if request.GET.get("tab") in ("finished", "stopped") \
         else "live"
     sessions = Session.objects.select_related("user").prefetch_related("kernels__agent")
-    sessions = sessions.filter(user=request.user) if scope == "mine" else sessions.visible_to(
-        request.user, keypair)
+    sessions = sessions.filter(user=request.user) if scope == "mine" else sessions.restrict(
+        actor_of(request))
     finished, stopped = sessions.finished(), sessions.filter(status=Status.STOPPED)
     live = sessions.live().exclude(status=Status.STOPPED)
     shown = {"finished": finished.order_by("-terminated_at", "-created_at"),

@@ -17,17 +17,16 @@ from django.http import StreamingHttpResponse
 from django.utils.http import content_disposition_header
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from rest_framework import serializers, status, viewsets
+from rest_framework import serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from backendai_web.flow import DIRECT_BODY, direct_chunks
-from scheduling_app.models import Project
+from identity_app.api.permissions import acting_keypair, request_is_admin
+from identity_app.api.viewsets import RestrictedViewSet
+from identity_app.models import Project
 from sessions_app.api.errors import RequestFailed
 from sessions_app.api.schema import ErrorSerializer
-from sessions_app.keypairs import main_keypair
-from sessions_app.models import KeyPair
-from sessions_app.querysets import is_admin
 from storage_app import folders as domain
 from storage_app import uploads
 from storage_app.files import FileError, FolderFiles, read_range
@@ -41,16 +40,6 @@ RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 class FolderRequestFailed(RequestFailed):
     """A refusal of the folders' routes, in Backend.AI's error form."""
-
-
-def acting_keypair(request):
-    if isinstance(request.auth, KeyPair):
-        return request.auth
-    return main_keypair(request.user)
-
-
-def request_is_admin(request):
-    return is_admin(request.user, acting_keypair(request))
 
 
 class FolderSerializer(serializers.ModelSerializer):
@@ -126,17 +115,14 @@ def file_errors(function):
     return wrapper
 
 
-class FolderViewSet(viewsets.GenericViewSet):
+class FolderViewSet(RestrictedViewSet):
+    queryset = Folder.objects.select_related("user", "project", "scaling_group")
     serializer_class = FolderSerializer
     lookup_value_regex = r"[^/]+"
     pagination_class = None
 
-    def get_queryset(self):
-        return domain.visible_folders(self.request.user, admin=request_is_admin(self.request))
-
     def get_object(self):
-        folder = domain.find_folder(self.request.user, self.kwargs["pk"],
-                                    admin=request_is_admin(self.request))
+        folder = domain.find_among(self.get_queryset(), self.request.user, self.kwargs["pk"])
         if folder is None:
             raise FolderRequestFailed(f"There is no folder {self.kwargs['pk']!r}.", 404)
         return folder

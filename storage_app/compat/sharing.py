@@ -7,8 +7,9 @@ from django.contrib.auth import get_user_model
 from rest_framework import status
 from rest_framework.response import Response
 
+from identity_app.api.permissions import request_is_admin, request_is_superadmin
 from storage_app import sharing
-from storage_app.api.views import FolderRequestFailed, file_errors, request_is_admin
+from storage_app.api.views import FolderRequestFailed, file_errors
 from storage_app.compat.views import FolderView, argument
 
 GRANT_STATUS = "ready"  # Backend.AI's folder status; folders here have no other
@@ -94,7 +95,7 @@ class Leave(FolderView):
         folder = self.folder(request, name)
         other = argument(request, "shared_user_uuid")
         sharing.leave(folder, request.user, on_behalf_of=one_user(other) if other else None,
-                      superuser=request.user.is_superuser)
+                      superuser=request_is_superadmin(request))
         return Response({"msg": "left the shared vfolder"})
 
 
@@ -155,7 +156,7 @@ class ChangeOwnership(FolderView):
 
     @file_errors
     def post(self, request):
-        if not request.user.is_superuser:
+        if not request_is_superadmin(request):
             raise FolderRequestFailed("Only superusers change a folder's owner.", 403)
         folder = self.folder(request, str(argument(request, "vfolder") or ""))
         sharing.change_owner(folder, sharing.users_named([argument(request, "user_email")])[0])

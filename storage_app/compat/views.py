@@ -13,15 +13,12 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from scheduling_app.models import Project, ScalingGroup
+from identity_app.api.permissions import acting_keypair, request_is_admin
+from identity_app.models import Project
+from scheduling_app.models import ScalingGroup
 from storage_app import folders as domain
 from storage_app import sharing, transfer_tokens, uploads
-from storage_app.api.views import (
-    FolderRequestFailed,
-    acting_keypair,
-    file_errors,
-    request_is_admin,
-)
+from storage_app.api.views import FolderRequestFailed, file_errors
 from storage_app.compat import proxy
 from storage_app.files import FileError, FolderFiles, split_path
 from storage_app.models import Folder

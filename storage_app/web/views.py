@@ -8,14 +8,13 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from sessions_app.keypairs import main_keypair
-from sessions_app.querysets import is_admin
+from identity_app.acting import actor_of
 from storage_app import folders as domain
 
 
 def viewer(request):
-    keypair = main_keypair(request.user)
-    return keypair, is_admin(request.user, keypair)
+    actor = actor_of(request)
+    return actor.keypair, actor.is_admin
 
 
 def found(request, ref):

@@ -19,7 +19,7 @@ import requests
 from django.conf import settings
 
 from backendai_web import serve
-from scheduling_app.models import ensure_defaults
+from identity_app.models import ensure_defaults
 from tests.support import (
     IMAGE,
     ROOT,

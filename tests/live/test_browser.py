@@ -18,11 +18,12 @@ from playwright.sync_api import expect, sync_playwright
 
 from agents_app.models import Agent, Image
 from backendai_web import serve
+from identity_app.keypairs import main_keypair
+from identity_app.models import ResourcePolicy
 from scheduling_app import idle
-from scheduling_app.models import ResourcePolicy, default_of
+from scheduling_app.models import default_of
 from sessions_app import engine
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.create import create_session
 from sessions_app.models import Session

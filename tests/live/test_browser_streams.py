@@ -14,8 +14,8 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from agents_app.models import Image
+from identity_app.keypairs import main_keypair
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle.create import create_session
 from sessions_app.models import Session
 from tests.live.test_browser import (  # noqa: F401 (fixtures)

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
+from identity_app.keypairs import main_keypair
 from scheduling_app import idle
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, SessionEvent, SessionTemplate
 from tests.signing import SignedClient
 from tests.support import IMAGE, wait_for

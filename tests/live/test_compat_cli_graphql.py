@@ -7,8 +7,8 @@ are in tests/test_graphql.py."""
 
 import pytest
 
+from identity_app.keypairs import main_keypair
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session
 from tests.support import IMAGE, wait_for
 

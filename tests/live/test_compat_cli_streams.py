@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from bench.common import PeakMemory
+from identity_app.keypairs import main_keypair
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session
 
 pytestmark = pytest.mark.docker

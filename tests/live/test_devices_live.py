@@ -6,12 +6,13 @@ import pytest
 from django.db import transaction
 
 from agents_app.models import Agent
-from scheduling_app.models import ResourcePolicy, ScalingGroup
+from identity_app.keypairs import main_keypair
+from identity_app.models import KeyPair, ResourcePolicy
+from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status, StatusGroup
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.create import create_session
-from sessions_app.models import KeyPair, Session
+from sessions_app.models import Session
 from tests.support import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker

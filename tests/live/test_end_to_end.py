@@ -7,8 +7,9 @@ agent-event handlers and the agent run as the separate processes of ARCHITECTURE
 import pytest
 
 from agents_app.models import Agent
+from identity_app.models import KeyPair
 from sessions_app.enums import Status
-from sessions_app.models import KeyPair, Session, SessionEvent
+from sessions_app.models import Session, SessionEvent
 from tests.signing import signed_headers
 from tests.support import IMAGE, wait_for
 

@@ -15,9 +15,9 @@ from django.db import connection
 from agents_app.models import Agent, AgentStatus
 from backendai_web.service_control import RedisServer, postgres_cluster
 from common import clock
+from identity_app.keypairs import main_keypair
 from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import Kernel, Session, SessionEvent

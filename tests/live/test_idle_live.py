@@ -11,8 +11,9 @@ import aiohttp
 import pytest
 
 from agents_app.models import Agent, Image
+from identity_app.models import ResourcePolicy
 from scheduling_app import idle
-from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
+from scheduling_app.models import ScalingGroup, default_of
 from sessions_app.enums import Status
 from sessions_app.models import Kernel, Session, SessionEvent
 from tests.support import IMAGE, wait_for

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from agents_app.models import Image
+from identity_app.keypairs import main_keypair
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session
 from tests.support import IMAGE, ROOT, wait_for
 

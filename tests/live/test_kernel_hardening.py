@@ -5,8 +5,8 @@ import pytest
 
 from agents_app.models import Agent, AgentStatus
 from agents_app.runtime.docker_backend import KERNEL_CAPABILITIES
-from scheduling_app.models import ResourcePolicy
-from sessions_app.api.metrics import exposition
+from backendai_web.metrics_view import exposition
+from identity_app.models import ResourcePolicy
 from sessions_app.models import Kernel
 from tests.live.test_agent_docker import S, create, wait_status
 

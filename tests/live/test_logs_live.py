@@ -14,9 +14,9 @@ from django.conf import settings
 
 from agents_app.models import Agent
 from backendai_web.embedded_redis import answers, command
-from scheduling_app.models import ensure_defaults
+from identity_app.keypairs import main_keypair
+from identity_app.models import ensure_defaults
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle.create import create_session
 from sessions_app.models import Session
 from tests.support import (

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from sessions_app.keypairs import main_keypair
+from identity_app.keypairs import main_keypair
 from tests.factories import make_agent, make_session
 
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"

@@ -15,12 +15,13 @@ import pytest
 import time_machine
 
 from agents_app.models import Image
+from identity_app.keypairs import main_keypair
+from identity_app.models import KeyPair, ResourcePolicy
 from scheduling_app import idle, tasks
-from scheduling_app.models import ResourcePolicy, ResourcePreset
+from scheduling_app.models import ResourcePreset
 from scheduling_app.scheduler import schedule
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
-from sessions_app.models import KeyPair, ManagerState, Session, SessionTemplate
+from sessions_app.models import ManagerState, Session, SessionTemplate
 from tests.live.conftest import install_client
 from tests.support import IMAGE, wait_for
 

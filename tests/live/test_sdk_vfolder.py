@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduling_app.models import Project, ScalingGroup
-from sessions_app.keypairs import main_keypair
+from identity_app.keypairs import main_keypair
+from identity_app.models import Project
+from scheduling_app.models import ScalingGroup
 from storage_app.models import Folder, FolderGrant
 from tests.live.conftest import install_client
 

@@ -11,8 +11,8 @@ import pytest
 from docker.errors import DockerException
 
 from agents_app.models import OWNER_LABEL, Image
+from identity_app.keypairs import main_keypair
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.models import BackgroundTask, Session
 from tests.support import IMAGE, wait_for
 

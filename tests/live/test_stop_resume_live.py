@@ -11,9 +11,10 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from playwright.sync_api import expect
 
 from agents_app.models import Agent
+from identity_app.keypairs import main_keypair
+from identity_app.models import ResourcePolicy
 from scheduling_app import idle
-from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
-from sessions_app.keypairs import main_keypair
+from scheduling_app.models import ScalingGroup, default_of
 from sessions_app.lifecycle import destroy_session, stop
 from sessions_app.lifecycle.create import create_session
 from sessions_app.lifecycle.invariants import check_invariants

@@ -2,8 +2,8 @@
 
 import pytest
 
+from identity_app.keypairs import main_keypair
 from scheduling_app.models import ScalingGroup
-from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session, Status
 from storage_app.models import Mount
 from tests.support import IMAGE, wait_for

@@ -5,8 +5,9 @@ import time
 
 import pytest
 
+from identity_app.models import ResourcePolicy
 from scheduling_app import idle
-from scheduling_app.models import ResourcePolicy, ScalingGroup, default_of
+from scheduling_app.models import ScalingGroup, default_of
 from sessions_app.models import Session, Status
 from storage_app.models import Folder
 from tests.support import IMAGE, wait_for

@@ -8,8 +8,8 @@ import pytest
 import requests
 
 from bench.common import PeakMemory
+from identity_app.keypairs import main_keypair
 from scheduling_app.models import ScalingGroup
-from sessions_app.keypairs import main_keypair
 from storage_app import client as transfer
 from storage_app.models import Folder
 from tests.signing import signed_headers

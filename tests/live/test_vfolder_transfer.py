@@ -13,8 +13,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from bench.common import PeakMemory
-from scheduling_app.models import Project, ScalingGroup
-from sessions_app.keypairs import main_keypair
+from identity_app.keypairs import main_keypair
+from identity_app.models import Project
+from scheduling_app.models import ScalingGroup
 from storage_app import client as transfer
 from storage_app.models import Folder, FolderGrant
 from tests.signing import SignedClient

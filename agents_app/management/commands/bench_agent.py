@@ -23,9 +23,9 @@ from django.core.management.base import BaseCommand, CommandError
 
 from agents_app.models import Agent, AgentStatus
 from agents_app.runtime.docker_backend import KEEPALIVE
+from identity_app.keypairs import main_keypair
 from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.create import create_session
 from sessions_app.models import Session

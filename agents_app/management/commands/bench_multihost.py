@@ -30,9 +30,9 @@ from django.core.management.base import BaseCommand, CommandError
 from agents_app import rpc
 from agents_app.management.commands.bench_agent import session_status, since, wait_until
 from agents_app.models import Agent, WarmNetwork
+from identity_app.keypairs import main_keypair
 from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.create import create_session
 from sessions_app.models import Kernel, Session

@@ -16,10 +16,11 @@ from django.test.utils import CaptureQueriesContext
 
 from agents_app.models import Agent
 from common import clock
+from identity_app.models import KeyPair, ResourcePolicy, default_project
 from scheduling_app.idle import CHECKERS, check_idle
-from scheduling_app.models import ResourcePolicy, ScalingGroup, default_project
+from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
+from sessions_app.models import Kernel, Session, SessionEvent
 from sessions_app.utilization import summarize
 
 

@@ -32,11 +32,12 @@ from agents_app.models import Agent, Image
 from common import clock
 from common.bulk import update_rows
 from common.slots import ResourceSlots
-from scheduling_app.models import ResourcePolicy, ScalingGroup, default_project
+from identity_app.models import KeyPair, ResourcePolicy, default_project
+from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler import core, schedule
 from sessions_app import events
 from sessions_app.enums import Status
-from sessions_app.models import Kernel, KeyPair, Session, SessionEvent
+from sessions_app.models import Kernel, Session, SessionEvent
 
 SIZES = [{"cpu": "1", "mem": "1g"}, {"cpu": "2", "mem": "2g"}, {"cpu": "2", "mem": "4g"},
          {"cpu": "4", "mem": "8g"}, {"cpu": "0.5", "mem": "512m"}]

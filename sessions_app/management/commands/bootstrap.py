@@ -4,9 +4,9 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from identity_app.keypairs import main_keypair
+from identity_app.models import ensure_defaults
 from scheduling_app.beat import apply_idle_check_interval
-from scheduling_app.models import ensure_defaults
-from sessions_app.keypairs import main_keypair
 
 
 class Command(BaseCommand):

@@ -3,9 +3,9 @@ from django.contrib.auth.models import Permission
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from scheduling_app.models import ResourcePolicy, default_of
-from sessions_app.keypairs import main_keypair
-from sessions_app.models import KeyPair
+from identity_app.keypairs import main_keypair
+from identity_app.models import KeyPair, ResourcePolicy
+from scheduling_app.models import default_of
 
 
 class Command(BaseCommand):

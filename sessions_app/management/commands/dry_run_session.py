@@ -3,8 +3,8 @@ import json
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from identity_app.acting import actor_for
 from sessions_app.enums import SessionType
-from sessions_app.keypairs import main_keypair
 from sessions_app.lifecycle.create import dry_run_session
 from sessions_app.spec import SessionRequestError
 
@@ -30,7 +30,8 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=options["user"]).first()
         if user is None:
             raise CommandError(f"There is no user {options['user']!r}.")
-        keypair = main_keypair(user)
+        acting = actor_for(user)
+        keypair = acting.keypair
         try:
             answer = dry_run_session(
                 keypair=keypair, user=user, name=options["name"], image=options["image"],
@@ -39,7 +40,7 @@ class Command(BaseCommand):
                 session_type=options["session_type"],
                 startup_command=options["startup_command"],
                 scaling_group=options["scaling_group"], priority=options["priority"],
-                may_raise_priority=keypair.is_admin or user.is_staff, actor="dry_run_session")
+                may_raise_priority=acting.is_admin, actor="dry_run_session")
         except SessionRequestError as exc:
             raise CommandError(exc.message) from None
         self.stdout.write(json.dumps(answer, indent=2))

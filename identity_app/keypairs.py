@@ -1,7 +1,7 @@
 from django.db import transaction
 
-from scheduling_app.models import ResourcePolicy, default_of
-from sessions_app.models import KeyPair
+from identity_app.models import KeyPair, ResourcePolicy
+from scheduling_app.models import default_of
 
 
 @transaction.atomic

@@ -2,7 +2,7 @@ from django.conf import settings
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
-from sessions_app.keypairs import main_keypair
+from identity_app.keypairs import main_keypair
 
 
 @receiver(post_save, sender=settings.AUTH_USER_MODEL)

@@ -9,7 +9,7 @@ from django.utils.http import parse_http_date_safe
 from rest_framework import authentication, exceptions
 
 from common import clock
-from sessions_app.models import KeyPair
+from identity_app.models import KeyPair
 
 MAX_CLOCK_SKEW = timedelta(minutes=15)
 HASH_TYPES = {"sha256", "sha384", "sha512", "sha224", "sha1", "md5"}

@@ -20,12 +20,11 @@ from agents_app.models import Agent
 from backendai_web.metrics import PREFIX, START_BUCKETS, redis_metrics
 from common import clock
 from common.slots import ResourceSlots
-from sessions_app.api.authentication import KeypairSignatureAuthentication
+from identity_app.acting import actor_for
+from identity_app.api.authentication import KeypairSignatureAuthentication
 from sessions_app.api.errors import error_body
 from sessions_app.enums import Status
-from sessions_app.keypairs import main_keypair
 from sessions_app.models import Session
-from sessions_app.querysets import is_admin
 
 
 def _histogram(name, text, label_names, samples, buckets):
@@ -176,7 +175,7 @@ def _refusal(request):
     if not user.is_authenticated:
         return 401, ("Send the metrics token (Authorization: Bearer METRICS_TOKEN) or "
                      "authenticate as an administrator.")
-    if not is_admin(user, keypair or main_keypair(user)):
+    if not actor_for(user, keypair).is_admin:
         return 403, "Only administrators and the metrics token may read the metrics."
     return None
 
