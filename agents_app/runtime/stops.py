@@ -117,12 +117,9 @@ class KernelStops:
             if stop.keep:
                 self._stop_keeping(kernel_id, stop, runner, container, forced, reason)
                 return
-            exit_code, logs = runner.teardown(
-                forced=forced, escalated=stop.escalated,
-                on_hook_failure=lambda code, output: agent.report(
-                    kernel_id, "pre_stop_failed", exit_code=code, output=output))
-            if runner.failure:  # Docker refused: the container may still run
-                agent.report(kernel_id, "teardown_failed", error=runner.failure)
+            exit_code, logs = runner.teardown(forced=forced, escalated=stop.escalated,
+                                              on_hook_failure=self._hook_failed(kernel_id))
+            if self._refused(kernel_id, runner):
                 return
             agent.report(kernel_id, "kernel_terminated", exit_code=exit_code, reason=reason,
                          log_tail=logs)
@@ -132,16 +129,24 @@ class KernelStops:
                 self._stops.pop(kernel_id, None)
             agent.container_events.reaping.discard(kernel_id)
 
+    def _hook_failed(self, kernel_id):
+        """The report of a pre-stop hook that failed (the stop goes on)."""
+        return lambda code, output: self.agent.report(
+            kernel_id, "pre_stop_failed", exit_code=code, output=output)
+
+    def _refused(self, kernel_id, runner):
+        """Whether Docker refused the stop (the container may still run), reported so."""
+        if runner.failure:
+            self.agent.report(kernel_id, "teardown_failed", error=runner.failure)
+        return bool(runner.failure)
+
     def _stop_keeping(self, kernel_id, stop, runner, container, forced, reason):
         """The stop of stop_kernel: the container stopped, then kept with its volume,
         unless a destroy came meanwhile (then removed, as that destroy asks)."""
         agent = self.agent
-        exit_code, logs = runner.stop(
-            forced=forced, escalated=stop.escalated,
-            on_hook_failure=lambda code, output: agent.report(
-                kernel_id, "pre_stop_failed", exit_code=code, output=output))
-        if runner.failure:  # Docker refused: the container may still run
-            agent.report(kernel_id, "teardown_failed", error=runner.failure)
+        exit_code, logs = runner.stop(forced=forced, escalated=stop.escalated,
+                                      on_hook_failure=self._hook_failed(kernel_id))
+        if self._refused(kernel_id, runner):
             return
         kept_bytes = None
         try:
