@@ -101,3 +101,14 @@ def as_alice(client, alice):
 @pytest.fixture
 def alice_keypair(alice):
     return main_keypair(alice)
+
+
+@pytest.fixture
+def bob_keypair(bob):
+    return main_keypair(bob)
+
+
+@pytest.fixture
+def admin_keypair(carol):
+    """carol's main keypair: carol is a superadmin."""
+    return main_keypair(carol)

@@ -31,11 +31,6 @@ def kp(alice):
     return main_keypair(alice)
 
 
-@pytest.fixture
-def admin_kp(carol):
-    return main_keypair(carol)
-
-
 def create(client, keypair, **body):
     body = {"image": IMAGE, "enqueueOnly": True, **body}
     return signed_call(client, keypair, "POST", "/session", body)
@@ -153,7 +148,7 @@ def test_lookup_by_name_prefers_the_live_session_then_the_latest_finished(client
     assert by_id["sessionId"] == str(newer_finished.pk)
 
 
-def test_destroy_by_name_follows_the_lifecycle_rules(client, kp, admin_kp, alice):
+def test_destroy_by_name_follows_the_lifecycle_rules(client, kp, admin_keypair, alice):
     make_session(alice, Status.PREPARING, name="busy")
     refused = signed_call(client, kp, "DELETE", "/session/busy")
     # Backend.AI's GenericForbidden (the REST API answers 409: test_destroy_rules.py).
@@ -166,7 +161,7 @@ def test_destroy_by_name_follows_the_lifecycle_rules(client, kp, admin_kp, alice
     assert forced.status_code == 403
     assert forced.json()["msg"] == "You are not allowed to force-terminate"
     # An admin names the owner, as `backend.ai rm -f -o ACCESS_KEY NAME` does.
-    done = signed_call(client, admin_kp, "DELETE",
+    done = signed_call(client, admin_keypair, "DELETE",
                        f"/session/busy?forced=true&owner_access_key={kp.access_key}")
     assert done.status_code == 200, done.content
     assert done.json()["status"] == "terminated"
@@ -343,9 +338,9 @@ def test_events_of_a_finished_session_replay_its_history_and_close(client, kp, a
         "event: kernel_cancelled", "event: server_close"]
 
 
-def test_an_admin_follows_another_users_session_by_id(client, admin_kp, alice):
+def test_an_admin_follows_another_users_session_by_id(client, admin_keypair, alice):
     session = make_session(alice, Status.CANCELLED, name="s1")
-    response = signed_call(client, admin_kp, "GET", f"/events/session?sessionId={session.pk}")
+    response = signed_call(client, admin_keypair, "GET", f"/events/session?sessionId={session.pk}")
     events = [line for line in read_stream(response).splitlines() if line.startswith("event:")]
     assert events == ["event: session_enqueued", "event: kernel_cancelled",
                       "event: session_cancelled", "event: server_close"]

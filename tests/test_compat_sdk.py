@@ -38,11 +38,6 @@ def kp(alice):
     return main_keypair(alice)
 
 
-@pytest.fixture
-def admin_kp(carol):
-    return main_keypair(carol)
-
-
 def create(client, keypair, **body):
     body = {"image": IMAGE, "enqueueOnly": True, **body}
     return signed_call(client, keypair, "POST", "/session", body)
@@ -137,15 +132,15 @@ def test_the_pending_timeout_counts_from_the_start_asked_for(alice):
     assert Session.objects.get(name="later").status == S.CANCELLED
 
 
-def test_only_admins_name_agents_and_only_agents_of_the_group(client, kp, admin_kp):
+def test_only_admins_name_agents_and_only_agents_of_the_group(client, kp, admin_keypair):
     make_agent("a1")
     refused = create(client, kp, name="s1", config={"agentList": ["a1"]})
     assert refused.status_code == 403
     assert "Only administrators may place a session on named agents" in refused.json()["msg"]
-    unknown = create(client, admin_kp, name="s1", config={"agentList": ["a1", "nope"]})
+    unknown = create(client, admin_keypair, name="s1", config={"agentList": ["a1", "nope"]})
     assert unknown.status_code == 400
     assert "No such agent in scaling group default: nope" in unknown.json()["msg"]
-    made = create(client, admin_kp, name="s1", config={"agentList": ["a1"]})
+    made = create(client, admin_keypair, name="s1", config={"agentList": ["a1"]})
     assert made.status_code == 201
     assert Session.objects.get(name="s1").designated_agents == ["a1"]
 
@@ -168,11 +163,11 @@ def test_a_session_on_named_agents_is_placed_on_one_of_them_or_waits_saying_so(c
 # The manager's status.
 
 def test_a_frozen_manager_refuses_new_sessions_and_keeps_running_ones(
-        client, kp, admin_kp, alice):
+        client, kp, admin_keypair, alice):
     running = make_session(alice, S.RUNNING, name="running")
     assert signed_call(client, kp, "PUT", "/manager/status",
                        {"status": "frozen"}).status_code == 403
-    assert signed_call(client, admin_kp, "PUT", "/manager/status",
+    assert signed_call(client, admin_keypair, "PUT", "/manager/status",
                        {"status": "frozen", "force_kill": False}).status_code == 204
     status = signed_call(client, kp, "GET", "/manager/status").json()
     assert status["status"] == "frozen" and status["active_sessions"] == 1
@@ -183,42 +178,42 @@ def test_a_frozen_manager_refuses_new_sessions_and_keeps_running_ones(
     assert refused.json()["title"] == ("The server is frozen due to maintenance. Please try "
                                        "again later.")
     assert Session.objects.get(pk=running.pk).status == S.RUNNING
-    assert signed_call(client, admin_kp, "PUT", "/manager/status",
+    assert signed_call(client, admin_keypair, "PUT", "/manager/status",
                        {"status": "running"}).status_code == 204
     assert create(client, kp, name="new").status_code == 201
 
 
-def test_a_freeze_with_force_kill_ends_the_live_sessions(client, admin_kp, alice):
+def test_a_freeze_with_force_kill_ends_the_live_sessions(client, admin_keypair, alice):
     running = make_session(alice, S.RUNNING, name="running")
-    signed_call(client, admin_kp, "PUT", "/manager/status",
+    signed_call(client, admin_keypair, "PUT", "/manager/status",
                 {"status": "frozen", "force_kill": True})
     running.refresh_from_db()
     assert running.status == S.TERMINATING
     assert ManagerState.objects.get().changed_by == "carol"
 
 
-def test_the_announcement_is_shown_and_hidden_by_admins(client, kp, admin_kp):
+def test_the_announcement_is_shown_and_hidden_by_admins(client, kp, admin_keypair):
     assert signed_call(client, kp, "GET", "/manager/announcement").json() == {
         "enabled": False, "message": ""}
     assert signed_call(client, kp, "POST", "/manager/announcement",
                        {"enabled": True, "message": "x"}).status_code == 403
-    signed_call(client, admin_kp, "POST", "/manager/announcement",
+    signed_call(client, admin_keypair, "POST", "/manager/announcement",
                 {"enabled": True, "message": "Maintenance at 18:00"})
     assert signed_call(client, kp, "GET", "/manager/announcement").json() == {
         "enabled": True, "message": "Maintenance at 18:00"}
 
 
-def test_scheduler_operations_exclude_and_include_agents(client, admin_kp):
+def test_scheduler_operations_exclude_and_include_agents(client, admin_keypair):
     agent = make_agent("a1")
-    assert signed_call(client, admin_kp, "POST", "/manager/scheduler/operation",
+    assert signed_call(client, admin_keypair, "POST", "/manager/scheduler/operation",
                        {"op": "exclude-agents", "args": ["a1"]}).status_code == 204
     agent.refresh_from_db()
     assert not agent.schedulable
-    signed_call(client, admin_kp, "POST", "/manager/scheduler/operation",
+    signed_call(client, admin_keypair, "POST", "/manager/scheduler/operation",
                 {"op": "include-agents", "args": ["a1"]})
     agent.refresh_from_db()
     assert agent.schedulable
-    unknown = signed_call(client, admin_kp, "POST", "/manager/scheduler/operation",
+    unknown = signed_call(client, admin_keypair, "POST", "/manager/scheduler/operation",
                           {"op": "include-agents", "args": ["zz"]})
     assert unknown.status_code == 404
 
@@ -268,9 +263,9 @@ def test_resource_slots_folder_types_and_registries(client, kp):
     assert signed_call(client, kp, "GET", "/resource/container-registries").json() == {}
 
 
-def test_recalculating_usage_is_for_admins(client, kp, admin_kp):
+def test_recalculating_usage_is_for_admins(client, kp, admin_keypair):
     assert signed_call(client, kp, "POST", "/resource/recalculate-usage").status_code == 403
-    answer = signed_call(client, admin_kp, "POST", "/resource/recalculate-usage")
+    answer = signed_call(client, admin_keypair, "POST", "/resource/recalculate-usage")
     assert answer.status_code == 200 and answer.json() == {
         "corrected": {"agents": [], "keypairs": []}}
 

@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from identity_app.keypairs import main_keypair
 from sessions_app.enums import Status
 from tests.factories import make_agent, make_session
 from tests.signing import signed_call
@@ -85,21 +84,6 @@ def session_list(client, keypair, status=ACTIVE, fields=SESSION_FIELDS_26, **var
 
 
 @pytest.fixture
-def alice_kp(alice):
-    return main_keypair(alice)
-
-
-@pytest.fixture
-def bob_kp(bob):
-    return main_keypair(bob)
-
-
-@pytest.fixture
-def admin_kp(carol):
-    return main_keypair(carol)
-
-
-@pytest.fixture
 def sessions(alice, bob):
     agent = make_agent()
     return {"running": make_session(alice, Status.RUNNING, agent=agent, name="a-run"),
@@ -110,13 +94,13 @@ def sessions(alice, bob):
 
 @pytest.mark.parametrize("fields", [SESSION_FIELDS_26, SESSION_FIELDS_23])
 def test_session_list_answers_the_clients_query_with_a_users_own_active_sessions(
-        client, alice_kp, sessions, fields):
-    page = session_list(client, alice_kp, fields=fields)
+        client, alice_keypair, sessions, fields):
+    page = session_list(client, alice_keypair, fields=fields)
     assert page["total_count"] == 2
     assert sorted(item["name"] for item in page["items"]) == ["a-run", "a-wait"]
     running = next(item for item in page["items"] if item["name"] == "a-run")
     session = sessions["running"]
-    assert running["id"] == str(session.pk) and running["access_key"] == alice_kp.access_key
+    assert running["id"] == str(session.pk) and running["access_key"] == alice_keypair.access_key
     assert running["status"] == "RUNNING" and running["type"] == "INTERACTIVE"
     assert running["result"] == "UNDEFINED" and running["group_name"] == "default"
     assert running["image"] == "bai-local/busybox:latest"
@@ -124,19 +108,19 @@ def test_session_list_answers_the_clients_query_with_a_users_own_active_sessions
         assert running["main_kernel_id"] == str(session.main_kernel.pk)
 
 
-def test_session_list_status_filters_as_the_cli_sends_them(client, alice_kp, sessions):
-    dead = session_list(client, alice_kp, status="CANCELLED,TERMINATED")
+def test_session_list_status_filters_as_the_cli_sends_them(client, alice_keypair, sessions):
+    dead = session_list(client, alice_keypair, status="CANCELLED,TERMINATED")
     assert [item["name"] for item in dead["items"]] == ["a-gone"]
-    running = session_list(client, alice_kp, status="CREATING,RUNNING,RUNNING_DEGRADED")
+    running = session_list(client, alice_keypair, status="CREATING,RUNNING,RUNNING_DEGRADED")
     assert [item["name"] for item in running["items"]] == ["a-run"]
-    assert session_list(client, alice_kp, status="ALL_UNKNOWN")["total_count"] == 0
+    assert session_list(client, alice_keypair, status="ALL_UNKNOWN")["total_count"] == 0
 
 
-def test_session_list_pages_by_limit_and_offset(client, alice_kp, sessions):
+def test_session_list_pages_by_limit_and_offset(client, alice_keypair, sessions):
     everything = ",".join(Status)
-    first = session_list(client, alice_kp, status=everything, limit=2, offset=0,
+    first = session_list(client, alice_keypair, status=everything, limit=2, offset=0,
                          order="+name")
-    second = session_list(client, alice_kp, status=everything, limit=2, offset=2,
+    second = session_list(client, alice_keypair, status=everything, limit=2, offset=2,
                           order="+name")
     assert first["total_count"] == second["total_count"] == 3
     assert [i["name"] for i in first["items"]] == ["a-gone", "a-run"]
@@ -144,21 +128,21 @@ def test_session_list_pages_by_limit_and_offset(client, alice_kp, sessions):
 
 
 def test_admin_sees_every_users_sessions_and_may_narrow_by_access_key(
-        client, admin_kp, bob_kp, sessions):
-    names = {item["name"] for item in session_list(client, admin_kp)["items"]}
+        client, admin_keypair, bob_keypair, sessions):
+    names = {item["name"] for item in session_list(client, admin_keypair)["items"]}
     assert names == {"a-run", "a-wait", "b-run"}
-    bobs = session_list(client, admin_kp, access_key=bob_kp.access_key)
+    bobs = session_list(client, admin_keypair, access_key=bob_keypair.access_key)
     assert [item["name"] for item in bobs["items"]] == ["b-run"]
 
 
-def test_a_user_naming_another_users_access_key_sees_nothing(client, alice_kp, bob_kp,
+def test_a_user_naming_another_users_access_key_sees_nothing(client, alice_keypair, bob_keypair,
                                                              sessions):
-    assert session_list(client, alice_kp, access_key=bob_kp.access_key)["items"] == []
+    assert session_list(client, alice_keypair, access_key=bob_keypair.access_key)["items"] == []
 
 
-def test_session_info_answers_the_clients_query(client, alice_kp, sessions):
+def test_session_info_answers_the_clients_query(client, alice_keypair, sessions):
     session = sessions["running"]
-    info = data_of(client, alice_kp, INFO_QUERY, {"id": str(session.pk)})["compute_session"]
+    info = data_of(client, alice_keypair, INFO_QUERY, {"id": str(session.pk)})["compute_session"]
     assert info["name"] == "a-run" and info["id"] == str(session.pk)
     assert info["status"] == "RUNNING" and info["dependencies"] == []
     # JSON values are JSON strings, as the client's formatters json.loads them.
@@ -173,83 +157,84 @@ def test_session_info_answers_the_clients_query(client, alice_kp, sessions):
     assert json.loads(container["occupied_slots"]) == kernel.occupied_slots
 
 
-def test_session_info_of_another_users_session_is_null(client, alice_kp, sessions):
+def test_session_info_of_another_users_session_is_null(client, alice_keypair, sessions):
     bobs = sessions["bobs"]
-    assert data_of(client, alice_kp, INFO_QUERY, {"id": str(bobs.pk)}) == \
+    assert data_of(client, alice_keypair, INFO_QUERY, {"id": str(bobs.pk)}) == \
         {"compute_session": None}
 
 
-def test_session_info_lists_dependencies(client, alice, alice_kp, sessions):
+def test_session_info_lists_dependencies(client, alice, alice_keypair, sessions):
     child = make_session(alice, Status.PENDING, name="child",
                          dependencies=[sessions["running"]])
-    info = data_of(client, alice_kp, INFO_QUERY, {"id": str(child.pk)})["compute_session"]
+    info = data_of(client, alice_keypair, INFO_QUERY, {"id": str(child.pk)})["compute_session"]
     assert info["dependencies"] == [{"name": "a-run", "id": str(sessions["running"].pk)}]
 
 
-def test_keypair_info_is_the_callers_with_its_admin_flag(client, alice_kp, admin_kp, db):
-    mine = data_of(client, alice_kp, KEYPAIR_INFO)["keypair"]
-    assert mine == {"user_id": "alice@example.com", "access_key": alice_kp.access_key,
-                    "secret_key": alice_kp.secret_key, "is_active": True, "is_admin": False}
-    assert data_of(client, admin_kp, KEYPAIR_INFO)["keypair"]["is_admin"] is True
+def test_keypair_info_is_the_callers_with_its_admin_flag(client, alice_keypair, admin_keypair, db):
+    mine = data_of(client, alice_keypair, KEYPAIR_INFO)["keypair"]
+    assert mine == {"user_id": "alice@example.com", "access_key": alice_keypair.access_key,
+                    "secret_key": alice_keypair.secret_key, "is_active": True, "is_admin": False}
+    assert data_of(client, admin_keypair, KEYPAIR_INFO)["keypair"]["is_admin"] is True
 
 
-def test_agent_list_for_admins_only(client, alice_kp, admin_kp, sessions):
+def test_agent_list_for_admins_only(client, alice_keypair, admin_keypair, sessions):
     variables = {"status": "ALIVE", "scaling_group": None, "filter": None, "order": None,
                  "limit": 20, "offset": 0}
-    page = data_of(client, admin_kp, AGENT_LIST, variables)["agent_list"]
+    page = data_of(client, admin_keypair, AGENT_LIST, variables)["agent_list"]
     assert page["total_count"] == 1
     [agent] = page["items"]
     assert agent["id"] == "agent-1" and agent["status"] == "ALIVE"
     assert agent["scaling_group"] == "default"
     assert json.loads(agent["available_slots"])["cpu"] == "4"
     assert json.loads(agent["occupied_slots"])  # the running sessions' slots
-    refused = gql(client, alice_kp, AGENT_LIST, variables)
+    refused = gql(client, alice_keypair, AGENT_LIST, variables)
     body = refused.json()
     assert refused.status_code == 200 and body["data"] == {"agent_list": None}
     assert "administrators" in body["errors"][0]["message"]
 
 
-def test_images_for_everyone_with_name_and_tag_apart(client, alice_kp, sessions):
-    images = data_of(client, alice_kp, IMAGES, {"is_operation": False})["images"]
+def test_images_for_everyone_with_name_and_tag_apart(client, alice_keypair, sessions):
+    images = data_of(client, alice_keypair, IMAGES, {"is_operation": False})["images"]
     assert {"name": "bai-local/busybox", "tag": "latest", "registry": "local",
             "architecture": "x86_64", "digest": "", "size_bytes": 0,
             "aliases": []} in images
-    assert data_of(client, alice_kp, IMAGES, {"is_operation": True})["images"] == []
+    assert data_of(client, alice_keypair, IMAGES, {"is_operation": True})["images"] == []
 
 
 def test_keypair_list_users_see_their_own_admins_all_and_secrets_only_their_own(
-        client, alice_kp, bob_kp, admin_kp):
+        client, alice_keypair, bob_keypair, admin_keypair):
     variables = {"is_active": None, "domain_name": None, "filter": None, "order": None,
                  "limit": 20, "offset": 0}
-    own = data_of(client, alice_kp, KEYPAIR_LIST, variables)["keypair_list"]
-    assert [item["access_key"] for item in own["items"]] == [alice_kp.access_key]
-    assert own["items"][0]["secret_key"] == alice_kp.secret_key
-    every = data_of(client, admin_kp, KEYPAIR_LIST, variables)["keypair_list"]
+    own = data_of(client, alice_keypair, KEYPAIR_LIST, variables)["keypair_list"]
+    assert [item["access_key"] for item in own["items"]] == [alice_keypair.access_key]
+    assert own["items"][0]["secret_key"] == alice_keypair.secret_key
+    every = data_of(client, admin_keypair, KEYPAIR_LIST, variables)["keypair_list"]
     by_key = {item["access_key"]: item for item in every["items"]}
-    assert set(by_key) >= {alice_kp.access_key, bob_kp.access_key, admin_kp.access_key}
-    assert by_key[bob_kp.access_key]["secret_key"] is None
-    assert by_key[bob_kp.access_key]["user_id"] == "bob@example.com"
-    assert by_key[bob_kp.access_key]["user_info"] == {"full_name": "bob"}
-    assert by_key[admin_kp.access_key]["secret_key"] == admin_kp.secret_key
+    assert set(by_key) >= {alice_keypair.access_key, bob_keypair.access_key,
+                           admin_keypair.access_key}
+    assert by_key[bob_keypair.access_key]["secret_key"] is None
+    assert by_key[bob_keypair.access_key]["user_id"] == "bob@example.com"
+    assert by_key[bob_keypair.access_key]["user_info"] == {"full_name": "bob"}
+    assert by_key[admin_keypair.access_key]["secret_key"] == admin_keypair.secret_key
 
 
 def test_unsigned_or_badly_signed_requests_are_refused_in_the_graphql_envelope(
-        client, alice_kp):
+        client, alice_keypair):
     response = client.post("/admin/gql", {"query": KEYPAIR_INFO},
                            content_type="application/json")
     assert response.status_code in (401, 403)
     assert response["Content-Type"] == "application/json"
     assert response.json()["errors"][0]["message"]
-    forged = signed_call(client, alice_kp, "POST", "/admin/gql", {"query": KEYPAIR_INFO},
+    forged = signed_call(client, alice_keypair, "POST", "/admin/gql", {"query": KEYPAIR_INFO},
                          secret="x" * 40)
     assert forged.status_code == 401 and forged.json()["errors"]
 
 
 @pytest.mark.parametrize("body", ["{not json", json.dumps([1, 2]), json.dumps({})])
-def test_malformed_bodies_are_answered_in_the_envelope(client, alice_kp, body):
+def test_malformed_bodies_are_answered_in_the_envelope(client, alice_keypair, body):
     from tests.signing import signed_headers
-    headers = signed_headers(alice_kp.access_key, alice_kp.secret_key, "POST", "/admin/gql",
-                             "testserver")
+    headers = signed_headers(alice_keypair.access_key, alice_keypair.secret_key, "POST",
+                             "/admin/gql", "testserver")
     headers.pop("Content-Type")
     response = client.post("/admin/gql", body, content_type="application/json",
                            headers=headers)
@@ -258,16 +243,16 @@ def test_malformed_bodies_are_answered_in_the_envelope(client, alice_kp, body):
     assert response.json()["errors"][0]["message"]
 
 
-def test_query_errors_are_answered_in_the_envelope(client, alice_kp, db):
-    unknown = gql(client, alice_kp, "query { no_such_field }")
+def test_query_errors_are_answered_in_the_envelope(client, alice_keypair, db):
+    unknown = gql(client, alice_keypair, "query { no_such_field }")
     assert unknown.status_code == 400 and "no_such_field" in \
         unknown.json()["errors"][0]["message"]
-    mutation = gql(client, alice_kp, "mutation { anything }")
+    mutation = gql(client, alice_keypair, "mutation { anything }")
     assert mutation.status_code == 400 and mutation.json()["errors"]
-    filtered = gql(client, alice_kp, LIST_QUERY % "name",
+    filtered = gql(client, alice_keypair, LIST_QUERY % "name",
                    {"limit": 20, "offset": 0, "filter": 'name == "x"'})
     assert filtered.json()["errors"][0]["message"].startswith("Filter expressions")
-    too_big = gql(client, alice_kp, LIST_QUERY % "name", {"limit": 1000, "offset": 0})
+    too_big = gql(client, alice_keypair, LIST_QUERY % "name", {"limit": 1000, "offset": 0})
     assert "limit" in too_big.json()["errors"][0]["message"]
 
 
@@ -276,19 +261,19 @@ def test_the_admin_site_keeps_its_place(client, db):
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
 
 
-def test_the_old_graphql_path_answers_the_same(client, alice_kp):
-    response = gql(client, alice_kp, KEYPAIR_INFO, path="/admin/graphql")
-    assert response.json()["data"]["keypair"]["access_key"] == alice_kp.access_key
+def test_the_old_graphql_path_answers_the_same(client, alice_keypair):
+    response = gql(client, alice_keypair, KEYPAIR_INFO, path="/admin/graphql")
+    assert response.json()["data"]["keypair"]["access_key"] == alice_keypair.access_key
 
 
-def test_session_list_narrows_by_domain_and_project(client, alice_kp, sessions):
+def test_session_list_narrows_by_domain_and_project(client, alice_keypair, sessions):
     query = """query($domain_name: String, $group_id: String) {
       compute_session_list(limit: 20, offset: 0, status: "RUNNING,PENDING,TERMINATED",
                            domain_name: $domain_name, group_id: $group_id) { total_count }
     }"""
 
     def count(**variables):
-        return data_of(client, alice_kp, query, variables)["compute_session_list"][
+        return data_of(client, alice_keypair, query, variables)["compute_session_list"][
             "total_count"]
 
     project_id = str(sessions["running"].project_id)
@@ -297,7 +282,7 @@ def test_session_list_narrows_by_domain_and_project(client, alice_kp, sessions):
     assert count(group_id="2b7e5d3c-0000-4000-8000-000000000000") == 0
 
 
-def test_a_page_of_sessions_costs_the_same_queries_for_one_or_many(client, alice, alice_kp):
+def test_a_page_of_sessions_costs_the_same_queries_for_one_or_many(client, alice, alice_keypair):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -305,7 +290,7 @@ def test_a_page_of_sessions_costs_the_same_queries_for_one_or_many(client, alice
 
     def queries():
         with CaptureQueriesContext(connection) as captured:
-            session_list(client, alice_kp, fields=fields)
+            session_list(client, alice_keypair, fields=fields)
         return len(captured)
 
     agent = make_agent()

@@ -36,21 +36,6 @@ POLICY_FIELDS = ("name created_at total_resource_slots max_concurrent_sessions i
 
 
 @pytest.fixture
-def alice_kp(alice):
-    return main_keypair(alice)
-
-
-@pytest.fixture
-def bob_kp(bob):
-    return main_keypair(bob)
-
-
-@pytest.fixture
-def admin_kp(carol):
-    return main_keypair(carol)
-
-
-@pytest.fixture
 def staff_kp(django_user_model, defaults):
     """An admin who is not a superadmin."""
     return main_keypair(django_user_model.objects.create_user("dave", "dave@example.com",
@@ -67,13 +52,13 @@ def global_id(session):
     return base64.b64encode(f"compute_session_node:{session.pk}".encode()).decode()
 
 
-def test_session_detail_answers_the_sdks_relay_query(client, alice, alice_kp):
+def test_session_detail_answers_the_sdks_relay_query(client, alice, alice_keypair):
     make_agent()
     session = make_session(alice, S.RUNNING, name="pair", cluster_size=2, tag="t")
     folder = Folder.objects.create(name="data", user=alice,
                                    scaling_group=session.scaling_group)
     Mount.objects.create(session=session, folder=folder, path="/home/work/data")
-    status, body = gql(client, alice_kp, DETAIL, {"id": global_id(session)})
+    status, body = gql(client, alice_keypair, DETAIL, {"id": global_id(session)})
     assert status == 200 and "errors" not in body, body
     node = body["data"]["compute_session_node"]
     assert (node["row_id"], node["name"], node["type"], node["status"], node["tag"]) == (
@@ -87,33 +72,33 @@ def test_session_detail_answers_the_sdks_relay_query(client, alice, alice_kp):
 
 
 def test_session_detail_takes_a_bare_id_and_hides_another_users_session(
-        client, alice, alice_kp, bob_kp):
+        client, alice, alice_keypair, bob_keypair):
     session = make_session(alice, name="mine")
     query = "query($id: GlobalIDField!) { compute_session_node(id: $id) { row_id " \
             "kernel_nodes { count } dependees { count } graph { edges { node { name } } } } }"
-    _, body = gql(client, alice_kp, query, {"id": str(session.pk)})
+    _, body = gql(client, alice_keypair, query, {"id": str(session.pk)})
     node = body["data"]["compute_session_node"]
     assert node["row_id"] == str(session.pk) and node["kernel_nodes"]["count"] == 1
     assert node["graph"]["edges"] == [{"node": {"name": "mine"}}]
-    _, body = gql(client, bob_kp, query, {"id": global_id(session)})
+    _, body = gql(client, bob_keypair, query, {"id": global_id(session)})
     assert body["data"]["compute_session_node"] is None
-    _, body = gql(client, alice_kp, query, {"id": "not-an-id"})
+    _, body = gql(client, alice_keypair, query, {"id": "not-an-id"})
     assert "Not a session's global id" in body["errors"][0]["message"]
 
 
-def test_keypair_resource_policies_as_the_sdk_asks_them(client, alice_kp, admin_kp):
+def test_keypair_resource_policies_as_the_sdk_asks_them(client, alice_keypair, admin_keypair):
     ResourcePolicy.objects.create(name="gpu", total_resource_slots={"cpu": "8"})
     query = f"query($name: String) {{ keypair_resource_policy(name: $name) {{ {POLICY_FIELDS} }} }}"
-    _, body = gql(client, alice_kp, query, {"name": "default"})
+    _, body = gql(client, alice_keypair, query, {"name": "default"})
     policy = body["data"]["keypair_resource_policy"]
     assert policy["name"] == "default" and policy["max_concurrent_sessions"] == 30
     assert json.loads(policy["total_resource_slots"]) == {}
-    _, body = gql(client, alice_kp, query, {"name": "gpu"})  # not one of hers
+    _, body = gql(client, alice_keypair, query, {"name": "gpu"})  # not one of hers
     assert body["data"]["keypair_resource_policy"] is None
     listing = f"query {{ keypair_resource_policies {{ {POLICY_FIELDS} }} }}"
-    _, body = gql(client, alice_kp, listing)
+    _, body = gql(client, alice_keypair, listing)
     assert [p["name"] for p in body["data"]["keypair_resource_policies"]] == ["default"]
-    _, body = gql(client, admin_kp, listing)
+    _, body = gql(client, admin_keypair, listing)
     assert [p["name"] for p in body["data"]["keypair_resource_policies"]] == ["default", "gpu"]
 
 
@@ -135,42 +120,42 @@ def policy_input(**extra):
 
 
 def test_keypair_resource_policies_are_created_changed_and_deleted_by_superadmins(
-        client, admin_kp, staff_kp):
+        client, admin_keypair, staff_kp):
     _, body = gql(client, staff_kp, CREATE_POLICY, {"name": "p1", "input": policy_input()})
     assert "Only superadmins" in body["errors"][0]["message"]
-    _, body = gql(client, admin_kp, CREATE_POLICY, {"name": "p1", "input": policy_input()})
+    _, body = gql(client, admin_keypair, CREATE_POLICY, {"name": "p1", "input": policy_input()})
     made = body["data"]["create_keypair_resource_policy"]
     assert made["ok"] and made["resource_policy"] == {"name": "p1"}
     assert "not applied here: allowed_vfolder_hosts" in made["msg"]
     assert "max_containers_per_session (the server's MAX_CLUSTER_SIZE" in made["msg"]
     policy = ResourcePolicy.objects.get(name="p1")
     assert (policy.total_resource_slots, policy.idle_timeout) == ({"cpu": "4"}, 1800)
-    _, body = gql(client, admin_kp, CREATE_POLICY, {"name": "p1", "input": policy_input()})
+    _, body = gql(client, admin_keypair, CREATE_POLICY, {"name": "p1", "input": policy_input()})
     assert body["data"]["create_keypair_resource_policy"]["ok"] is False
-    _, body = gql(client, admin_kp, CREATE_POLICY, {
+    _, body = gql(client, admin_keypair, CREATE_POLICY, {
         "name": "p2", "input": policy_input(default_for_unspecified="LIMITED")})
     assert "default_for_unspecified is UNLIMITED here" in \
         body["data"]["create_keypair_resource_policy"]["msg"]
     modify = """mutation($name: String!, $input: ModifyKeyPairResourcePolicyInput!) {
         modify_keypair_resource_policy(name: $name, props: $input) { ok msg } }"""
-    _, body = gql(client, admin_kp, modify, {"name": "p1", "input": {"idle_timeout": 60}})
+    _, body = gql(client, admin_keypair, modify, {"name": "p1", "input": {"idle_timeout": 60}})
     assert body["data"]["modify_keypair_resource_policy"] == {"ok": True, "msg": "success"}
     assert ResourcePolicy.objects.get(name="p1").idle_timeout == 60
     delete = "mutation($name: String!) { delete_keypair_resource_policy(name: $name) { ok msg } }"
-    _, body = gql(client, admin_kp, delete, {"name": "default"})
+    _, body = gql(client, admin_keypair, delete, {"name": "default"})
     assert body["data"]["delete_keypair_resource_policy"]["ok"] is False  # in use
-    _, body = gql(client, admin_kp, delete, {"name": "p1"})
+    _, body = gql(client, admin_keypair, delete, {"name": "p1"})
     assert body["data"]["delete_keypair_resource_policy"]["ok"] is True
 
 
-def test_keypairs_are_created_changed_and_deleted_by_admins(client, alice, alice_kp,
+def test_keypairs_are_created_changed_and_deleted_by_admins(client, alice, alice_keypair,
                                                             staff_kp):
     create = """mutation($user_id: String!, $input: KeyPairInput!) {
         create_keypair(user_id: $user_id, props: $input) {
             ok msg keypair { access_key secret_key } } }"""
     variables = {"user_id": "alice@example.com", "input": {
         "is_active": True, "is_admin": False, "resource_policy": "default", "rate_limit": 500}}
-    _, body = gql(client, alice_kp, create, variables)
+    _, body = gql(client, alice_keypair, create, variables)
     assert "Only administrators" in body["errors"][0]["message"]
     _, body = gql(client, staff_kp, create, variables)
     made = body["data"]["create_keypair"]
@@ -185,7 +170,7 @@ def test_keypairs_are_created_changed_and_deleted_by_admins(client, alice, alice
     assert body["data"]["modify_keypair"]["ok"]
     assert not KeyPair.objects.get(pk=keypair.pk).is_active
     delete = "mutation($access_key: String!) { delete_keypair(access_key: $access_key) { ok msg } }"
-    _, body = gql(client, staff_kp, delete, {"access_key": alice_kp.pk})
+    _, body = gql(client, staff_kp, delete, {"access_key": alice_keypair.pk})
     assert "main keypair cannot be deleted" in body["data"]["delete_keypair"]["msg"]
     _, body = gql(client, staff_kp, delete, {"access_key": keypair.pk})
     assert body["data"]["delete_keypair"]["ok"]
@@ -200,32 +185,32 @@ MODIFY_SESSION = """mutation($input: ModifyComputeSessionInput!) {
 
 
 def test_a_sessions_name_and_priority_change_as_compute_session_update_sends_them(
-        client, alice, alice_kp, bob_kp, admin_kp):
+        client, alice, alice_keypair, bob_keypair, admin_keypair):
     session = make_session(alice, name="old")
-    _, body = gql(client, alice_kp, MODIFY_SESSION, {"input": {
+    _, body = gql(client, alice_keypair, MODIFY_SESSION, {"input": {
         "id": str(session.pk), "clientMutationId": "m1", "name": "new", "priority": 5}})
     assert body["data"]["modify_compute_session"] == {
         "item": {"name": "new", "priority": 5}, "clientMutationId": "m1"}
-    _, body = gql(client, alice_kp, MODIFY_SESSION, {"input": {
+    _, body = gql(client, alice_keypair, MODIFY_SESSION, {"input": {
         "id": str(session.pk), "priority": 50}})
     assert "only an admin may set it higher" in body["errors"][0]["message"]
-    _, body = gql(client, admin_kp, MODIFY_SESSION, {"input": {
+    _, body = gql(client, admin_keypair, MODIFY_SESSION, {"input": {
         "id": global_id(session), "priority": 50}})
     assert body["data"]["modify_compute_session"]["item"]["priority"] == 50
-    _, body = gql(client, bob_kp, MODIFY_SESSION, {"input": {"id": str(session.pk),
+    _, body = gql(client, bob_keypair, MODIFY_SESSION, {"input": {"id": str(session.pk),
                                                             "priority": 1}})
     assert "There is no session" in body["errors"][0]["message"]
     assert Session.objects.get(pk=session.pk).priority == 50
 
 
-def test_resource_presets_through_graphql(client, alice_kp, admin_kp):
+def test_resource_presets_through_graphql(client, alice_keypair, admin_keypair):
     create = """mutation($name: String!, $input: CreateResourcePresetInput!) {
         create_resource_preset(name: $name, props: $input) {
             ok msg resource_preset { name resource_slots shared_memory scaling_group_name } } }"""
-    _, body = gql(client, alice_kp, create, {"name": "s", "input": {
+    _, body = gql(client, alice_keypair, create, {"name": "s", "input": {
         "resource_slots": '{"cpu": "1", "mem": "1g"}'}})
     assert "Only superadmins" in body["errors"][0]["message"]
-    _, body = gql(client, admin_kp, create, {"name": "s", "input": {
+    _, body = gql(client, admin_keypair, create, {"name": "s", "input": {
         "resource_slots": '{"cpu": "1", "mem": "1g"}', "shared_memory": "64m",
         "scaling_group_name": "default"}})
     made = body["data"]["create_resource_preset"]
@@ -233,20 +218,20 @@ def test_resource_presets_through_graphql(client, alice_kp, admin_kp):
     assert json.loads(made["resource_preset"]["resource_slots"]) == {"cpu": "1",
                                                                      "mem": str(2**30)}
     assert made["resource_preset"]["shared_memory"] == str(64 * 2**20)
-    _, body = gql(client, admin_kp, create, {"name": "bad", "input": {
+    _, body = gql(client, admin_keypair, create, {"name": "bad", "input": {
         "resource_slots": '{"cpu": "1"}'}})
     assert body["data"]["create_resource_preset"] == {
         "ok": False, "msg": "resource_slots must give cpu and mem.", "resource_preset": None}
     modify = """mutation($name: String, $input: ModifyResourcePresetInput!) {
         modify_resource_preset(name: $name, props: $input) { ok msg } }"""
-    _, body = gql(client, admin_kp, modify, {"name": "s", "input": {"name": "small"}})
+    _, body = gql(client, admin_keypair, modify, {"name": "s", "input": {"name": "small"}})
     assert body["data"]["modify_resource_preset"]["ok"]
-    _, body = gql(client, alice_kp, "{ resource_presets { name } resource_preset(name: "
+    _, body = gql(client, alice_keypair, "{ resource_presets { name } resource_preset(name: "
                                     "\"small\") { scaling_group_name } }")
     assert body["data"] == {"resource_presets": [{"name": "small"}],
                             "resource_preset": {"scaling_group_name": "default"}}
     delete = "mutation { delete_resource_preset(name: \"small\") { ok } }"
-    _, body = gql(client, admin_kp, delete)
+    _, body = gql(client, admin_keypair, delete)
     assert body["data"]["delete_resource_preset"]["ok"] and not ResourcePreset.objects.exists()
 
 
@@ -261,23 +246,23 @@ def test_resource_presets_through_graphql(client, alice_kp, admin_kp):
     ('alias_image(alias: "py", target: "x") { ok msg }', "named by their reference only"),
     ('dealias_image(alias: "py") { ok msg }', "named by their reference only"),
 ])
-def test_image_mutations_this_server_does_not_do_say_why(client, admin_kp, mutation, words):
-    status, body = gql(client, admin_kp, f"mutation {{ {mutation} }}")
+def test_image_mutations_this_server_does_not_do_say_why(client, admin_keypair, mutation, words):
+    status, body = gql(client, admin_keypair, f"mutation {{ {mutation} }}")
     assert status == 200
     assert "is not supported by this server" in body["errors"][0]["message"]
     assert words in body["errors"][0]["message"]
 
 
-def test_customized_images_are_those_with_an_owner_label(client, alice, alice_kp):
+def test_customized_images_are_those_with_an_owner_label(client, alice, alice_keypair):
     from agents_app.models import Image
     Image.objects.create(name="mine:1", labels={
         "ai.backend.customized-image.owner": f"user:{alice.pk}"})
     Image.objects.create(name="plain:1")
-    _, body = gql(client, alice_kp, "{ customized_images { name tag } }")
+    _, body = gql(client, alice_keypair, "{ customized_images { name tag } }")
     assert body["data"]["customized_images"] == [{"name": "mine", "tag": "1"}]
 
 
-def test_the_policy_info_without_a_name_is_the_callers(client, alice_kp):
+def test_the_policy_info_without_a_name_is_the_callers(client, alice_keypair):
     default_of(ResourcePolicy)
-    _, body = gql(client, alice_kp, "{ keypair_resource_policy { name } }")
+    _, body = gql(client, alice_keypair, "{ keypair_resource_policy { name } }")
     assert body["data"]["keypair_resource_policy"] == {"name": "default"}
