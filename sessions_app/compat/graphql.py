@@ -215,7 +215,54 @@ class ComputeContainer(DjangoObjectType):
         return kernel.exit_code
 
 
-class ComputeSession(DjangoObjectType):
+class SessionFields:
+    """The resolvers both session types of the SDK share: the classic ComputeSession and
+    the Relay node ComputeSessionNode."""
+
+    def resolve_type(session, info):
+        return _upper(session.session_type)
+
+    def resolve_domain_name(session, info):
+        return session.domain.name
+
+    def resolve_user_id(session, info):
+        return session.user_id
+
+    def resolve_access_key(session, info):
+        return session.keypair_id
+
+    def resolve_status_history(session, info):
+        return dict(sorted(session.status_history.items(), key=lambda item: item[1]))
+
+    def resolve_scheduled_at(session, info):
+        return session.status_history.get("SCHEDULED")
+
+    def resolve_result(session, info):
+        return _upper(session.result)
+
+    def resolve_abusing_reports(session, info):
+        return []
+
+    def resolve_idle_checks(session, info):
+        return idle_checks_of(session, clock.now())
+
+    def resolve_agent_ids(session, info):
+        return sorted({k.agent_id for k in session.kernels.all() if k.agent_id})
+
+    def resolve_resource_opts(session, info):
+        return {}
+
+    def resolve_scaling_group(session, info):
+        return session.scaling_group.name
+
+    def resolve_service_ports(session, info):
+        return [port.as_backendai() for port in service_ports.of_image(session.image)]
+
+    def resolve_num_queries(session, info):
+        return 0
+
+
+class ComputeSession(SessionFields, DjangoObjectType):
     """A session, as the manager's ComputeSession."""
 
     class Meta:
@@ -272,9 +319,6 @@ class ComputeSession(DjangoObjectType):
         kernels = session.kernels.all()
         return session.main_kernel.pk if kernels else None
 
-    def resolve_type(session, info):
-        return _upper(session.session_type)
-
     def resolve_main_kernel_role(session, info):
         return "MAIN"
 
@@ -284,9 +328,6 @@ class ComputeSession(DjangoObjectType):
 
     def resolve_registry(session, info):
         return ""
-
-    def resolve_domain_name(session, info):
-        return session.domain.name
 
     def resolve_group_name(session, info):
         return session.project.name
@@ -299,43 +340,10 @@ class ComputeSession(DjangoObjectType):
 
     resolve_created_user_email = resolve_user_email
 
-    def resolve_user_id(session, info):
-        return session.user_id
-
-    resolve_created_user_id = resolve_user_id
-
-    def resolve_access_key(session, info):
-        return session.keypair_id
+    resolve_created_user_id = SessionFields.resolve_user_id
 
     def resolve_status_data(session, info):
         return session.status_data
-
-    def resolve_status_history(session, info):
-        return dict(sorted(session.status_history.items(), key=lambda item: item[1]))
-
-    def resolve_scheduled_at(session, info):
-        return session.status_history.get("SCHEDULED")
-
-    def resolve_result(session, info):
-        return _upper(session.result)
-
-    def resolve_abusing_reports(session, info):
-        return []
-
-    def resolve_idle_checks(session, info):
-        return idle_checks_of(session, clock.now())
-
-    def resolve_agent_ids(session, info):
-        return sorted({k.agent_id for k in session.kernels.all() if k.agent_id})
-
-    def resolve_resource_opts(session, info):
-        return {}
-
-    def resolve_scaling_group(session, info):
-        return session.scaling_group.name
-
-    def resolve_service_ports(session, info):
-        return [port.as_backendai() for port in service_ports.of_image(session.image)]
 
     def resolve_mounts(session, info):
         return []
@@ -349,9 +357,6 @@ class ComputeSession(DjangoObjectType):
 
     def resolve_requested_slots(session, info):
         return session.requested_slots
-
-    def resolve_num_queries(session, info):
-        return 0
 
     def resolve_containers(session, info):
         return sorted(session.kernels.all(), key=lambda k: (k.cluster_role != "main",
@@ -531,7 +536,7 @@ SESSION_PERMISSIONS = ["read_attribute", "update_attribute", "delete_session", "
                        "execute"]
 
 
-class ComputeSessionNode(graphene.ObjectType):
+class ComputeSessionNode(SessionFields, graphene.ObjectType):
     """A session, as the manager's ComputeSessionNode (its `id` is the Relay global id,
     `row_id` the session's own)."""
 
@@ -583,58 +588,19 @@ class ComputeSessionNode(graphene.ObjectType):
     def resolve_row_id(session, info):
         return session.pk
 
-    def resolve_type(session, info):
-        return _upper(session.session_type)
-
-    def resolve_domain_name(session, info):
-        return session.domain.name
-
     def resolve_project_id(session, info):
         return session.project_id
 
-    def resolve_user_id(session, info):
-        return session.user_id
-
-    def resolve_access_key(session, info):
-        return session.keypair_id
-
     def resolve_permissions(session, info):
         return SESSION_PERMISSIONS
-
-    def resolve_status_history(session, info):
-        return dict(sorted(session.status_history.items(), key=lambda item: item[1]))
 
     def resolve_starts_at(session, info):
         # Backend.AI's starts_at is the start asked for; a session asked for none: when
         # it started.
         return session.not_before or session.starts_at
 
-    def resolve_scheduled_at(session, info):
-        return session.status_history.get("SCHEDULED")
-
     def resolve_queue_position(session, info):
         return (session.queue or {}).get("position")
-
-    def resolve_result(session, info):
-        return _upper(session.result)
-
-    def resolve_abusing_reports(session, info):
-        return []
-
-    def resolve_idle_checks(session, info):
-        return idle_checks_of(session, clock.now())
-
-    def resolve_agent_ids(session, info):
-        return sorted({k.agent_id for k in session.kernels.all() if k.agent_id})
-
-    def resolve_resource_opts(session, info):
-        return {}
-
-    def resolve_scaling_group(session, info):
-        return session.scaling_group.name
-
-    def resolve_service_ports(session, info):
-        return [port.as_backendai() for port in service_ports.of_image(session.image)]
 
     def resolve_vfolder_mounts(session, info):
         return [str(mount.folder_id) for mount in session.mounts.all()]
@@ -644,9 +610,6 @@ class ComputeSessionNode(graphene.ObjectType):
 
     def resolve_image_references(session, info):
         return sorted({k.image for k in session.kernels.all()} or {session.image})
-
-    def resolve_num_queries(session, info):
-        return 0
 
     def resolve_kernel_nodes(session, info, **_page):
         return sorted(session.kernels.all(), key=lambda k: (k.cluster_role != "main",
