@@ -4,6 +4,7 @@ The tests call the checker pass every second, as beat does every IDLE_CHECK_INTE
 
 import asyncio
 import json
+import statistics
 import time
 from datetime import timedelta
 
@@ -11,6 +12,7 @@ import aiohttp
 import pytest
 
 from agents_app.models import Agent, Image
+from agents_app.runtime.services import APP_PROBE_DEADLINE
 from identity_app.models import ResourcePolicy
 from scheduling_app import idle
 from scheduling_app.models import ScalingGroup, default_of
@@ -271,9 +273,11 @@ def test_broken_apps_leave_the_heartbeat_on_time_and_the_other_sessions_probed(
             beats.append(beat)
         time.sleep(0.05)
     gaps = [(b - a).total_seconds() for a, b in zip(beats, beats[1:], strict=False)]
-    # Interval 0.5 s (about 1.3 s seen on a machine at load 17); a probe of the hanging
-    # app on the heartbeat's path would add its whole 1 s deadline to every beat.
-    assert len(beats) >= 5 and max(gaps) < 1.6, gaps
+    # Interval 0.5 s (single gaps of up to 1.35 s seen on a machine at load 17); a probe of
+    # the hanging app on the heartbeat's path would add its whole deadline to every beat,
+    # so the median gap would be at least the interval plus that deadline.
+    assert len(beats) >= 5 and max(gaps) < 2.5, gaps
+    assert statistics.median(gaps) < 0.5 + APP_PROBE_DEADLINE - 0.1, gaps
     for session in broken:
         assert app_report(session) is None
         assert Session.objects.get(pk=session.pk).status == S.RUNNING
