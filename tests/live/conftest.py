@@ -296,3 +296,9 @@ def jupyter_image(docker_client):
         subprocess.run([str(ROOT / "scripts" / "build_jupyter_image.sh"), JUPYTER_IMAGE],
                        check=True, timeout=1800)
     return JUPYTER_IMAGE
+
+
+@pytest.fixture
+def fast_heartbeats(settings):
+    """What the live agent does (its interval is 0.5 s), as the manager's sweeps judge it."""
+    settings.AGENT_HEARTBEAT_INTERVAL = 0.5
