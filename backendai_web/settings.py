@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "agents_app",
     "sessions_app",
     "storage_app",
+    "accounting_app",
 ]
 
 MIDDLEWARE = [
@@ -313,6 +314,10 @@ IDLE_UTILIZATION = {
                    "mem": float(env("IDLE_UTILIZATION_MEM", "1"))},
     "combine": env("IDLE_UTILIZATION_COMBINE", "and"),  # "and": every resource idle
 }
+
+# Accounting (accounting_app): usage records older than this are deleted each night, and
+# no usage query may span more.
+USAGE_RETENTION_DAYS = env_int("USAGE_RETENTION_DAYS", 400)
 
 # Sessions: dotted paths of functions called around destroy_session (see sessions_app.hooks).
 PRE_DESTROY_HOOKS = env_list("PRE_DESTROY_HOOKS")
