@@ -70,3 +70,14 @@ class UsageRecord(models.Model):
 
     def __str__(self):
         return f"{self.kernel_id} {self.kind} {self.day}"
+
+
+class DeviceSlotKind(models.Model):
+    """Every device slot a record has held (cuda.device, …): the sums add one column per
+    kind, and reading them here costs nothing, where finding them in a year of records
+    would cost a scan."""
+
+    name = models.CharField(max_length=64, unique=True)
+
+    def __str__(self):
+        return self.name

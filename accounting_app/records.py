@@ -8,7 +8,7 @@ from datetime import datetime, time, timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from accounting_app.models import UsageRecord
+from accounting_app.models import DeviceSlotKind, UsageRecord
 from common import clock
 from common.bulk import update_rows
 from common.slots import ResourceSlots
@@ -59,9 +59,18 @@ def kernel_moved(kernel, session, from_status, to_status, now):
         open_interval(kernel, session, kind, now.timestamp())
 
 
+def know_device_kinds(names):
+    names = sorted(set(names))
+    if names:  # one INSERT … ON CONFLICT DO NOTHING, only for kernels that hold devices
+        DeviceSlotKind.objects.bulk_create([DeviceSlotKind(name=n) for n in names],
+                                           ignore_conflicts=True)
+
+
 def open_interval(kernel, session, kind, start_ts, stored_bytes=None):
     slots = ResourceSlots.parse(kernel.occupied_slots or kernel.requested_slots or {})
     running = kind == UsageRecord.Kind.RUNNING
+    if running:
+        know_device_kinds(k for k, v in slots.items() if k not in ("cpu", "mem") and v)
     if stored_bytes is None:
         stored_bytes = (kernel.kept or {}).get("bytes") or 0
     return UsageRecord.objects.create(

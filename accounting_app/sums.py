@@ -17,7 +17,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Greatest, Least, TruncMonth
 from django.utils import timezone
 
-from accounting_app.models import UsageRecord
+from accounting_app.models import DeviceSlotKind, UsageRecord
 from common import clock
 from identity_app.models import Domain, Project
 from scheduling_app.models import ScalingGroup
@@ -128,12 +128,9 @@ def in_period(records, period):
         Q(end_ts__gt=start_ts) | Q(end_ts__isnull=True))
 
 
-def device_kinds(records):
-    """The device slots the records held (a few distinct allocations)."""
-    kinds = set()
-    for devices in records.exclude(devices={}).values_list("devices", flat=True).distinct():
-        kinds |= set(devices or {})
-    return sorted(kinds)
+def device_kinds():
+    """The device slots any record has held."""
+    return sorted(DeviceSlotKind.objects.values_list("name", flat=True))
 
 
 def sums(records, period, group_by="user", now=None):
@@ -143,7 +140,7 @@ def sums(records, period, group_by="user", now=None):
         raise UsageQueryError("group_by", f"group_by: one of {', '.join(GROUPS)}.")
     now_ts = (now or clock.now()).timestamp()
     records = in_period(records, period)
-    kinds = device_kinds(records)
+    kinds = device_kinds()
     end = Coalesce(F("end_ts"), Value(now_ts))
     overlap = Greatest(Value(0.0), Least(end, Value(period.end.timestamp()))
                        - Greatest(F("start_ts"), Value(period.start.timestamp())))

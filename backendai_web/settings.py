@@ -162,7 +162,8 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # Front-end libraries from npm (package.json; `make npm` installs them): served as
 # static/vendor/<name>/…, never from a CDN.
-for _name, _package in (("xterm", "@xterm/xterm"), ("xterm-addon-fit", "@xterm/addon-fit")):
+for _name, _package in (("xterm", "@xterm/xterm"), ("xterm-addon-fit", "@xterm/addon-fit"),
+                        ("uplot", "uplot")):
     if (BASE_DIR / "node_modules" / _package).is_dir():
         STATICFILES_DIRS.append((f"vendor/{_name}", BASE_DIR / "node_modules" / _package))
 # whitenoise serves static files straight from STATICFILES_DIRS and the apps, so no

@@ -170,6 +170,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", include("sessions_app.web.urls")),
     path("folders/", include("storage_app.web.urls")),
+    path("usage/", include("accounting_app.web.urls")),
     # The Backend.AI client's GraphQL (both releases post to /admin/gql; clients older than
     # API v6 used /admin/graphql): before the admin site, which owns the rest of /admin/.
     path("admin/gql", GraphQLEndpoint.as_view(), name="graphql"),
