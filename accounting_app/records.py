@@ -5,6 +5,7 @@ used; a nightly pass splits the open intervals at midnight."""
 
 from datetime import datetime, time, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -202,3 +203,11 @@ def _apply(record, stat):
     if utilization and span:
         record.device_util_seconds += sum(utilization) / len(utilization) * span
     record.counters = counters
+
+
+def prune(now=None):
+    """Delete the records of days past USAGE_RETENTION_DAYS; how many."""
+    today = timezone.localtime(now or clock.now()).date()
+    cutoff = today - timedelta(days=settings.USAGE_RETENTION_DAYS)
+    deleted, _ = UsageRecord.objects.filter(day__lt=cutoff, end_ts__isnull=False).delete()
+    return deleted

@@ -98,18 +98,21 @@ USAGE_KEYS = ("cpu_allocated", "cpu_used", "mem_allocated", "mem_used", "shared_
 
 def per_month(records, period, now_ts):
     """`/resource/usage/month`: per project, its totals (g_*) and its kernels (c_infos)."""
-    groups = {}
+    groups = defaultdict(list)
     for kernel_id, entry in kernel_entries(records, period, now_ts).items():
         info = container_info(kernel_id, entry)
-        group = groups.setdefault(info["group_id"], {
-            "domain_name": info["domain_name"], "g_id": info["group_id"],
-            "g_name": info["group_name"], **{f"g_{k}": 0 for k in USAGE_KEYS},
-            "g_device_type": [], "c_infos": []})
-        for key in USAGE_KEYS:
-            group[f"g_{key}"] += info[key]
-        group["g_device_type"] = sorted(set(group["g_device_type"]) | set(info["device_type"]))
-        group["c_infos"].append(info)
-    return list(groups.values())
+        groups[info["group_id"]].append(info)
+    return [_group(infos) for infos in groups.values()]
+
+
+def _group(infos):
+    """A project's entry of the per-month answer: its kernels' totals and the kernels."""
+    first = infos[0]
+    return {"domain_name": first["domain_name"], "g_id": first["group_id"],
+            "g_name": first["group_name"],
+            **{f"g_{key}": sum(info[key] for info in infos) for key in USAGE_KEYS},
+            "g_device_type": sorted({d for info in infos for d in info["device_type"]}),
+            "c_infos": infos}
 
 
 def _total_usage(infos):
@@ -122,16 +125,20 @@ def _total_usage(infos):
 
 
 def per_period(records, period, now_ts):
-    """`/resource/usage/period`: per project, its total usage and its sessions'."""
+    """`/resource/usage/period`: per project, its total usage and its sessions'; with the
+    per-month answer's g_* fields and c_infos beside, which older clients print here."""
     projects = defaultdict(list)
-    for kernel_id, entry in kernel_entries(records, period, now_ts).items():
+    entries = kernel_entries(records, period, now_ts)
+    for kernel_id, entry in entries.items():
         projects[entry["row"]["project_id"]].append(container_info(kernel_id, entry))
     answer = []
     for project_id, infos in projects.items():
+        month_shape = _group(infos)
         by_session = defaultdict(list)
         for info in infos:
             by_session[info["session_id"]].append(info)
         answer.append({
+            **month_shape,
             "project_id": str(project_id), "project_name": infos[0]["group_name"],
             "domain_name": infos[0]["domain_name"], "group_unit": "project",
             "agents": sorted({i["agent"] for i in infos if i["agent"]}),

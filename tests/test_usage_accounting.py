@@ -172,3 +172,12 @@ def test_bad_periods_and_names_are_refused_naming_the_field(alice, bob, settings
     with pytest.raises(sums.UsageQueryError) as refused:
         sums.filter_by(UsageRecord.objects.all(), {"user": "bob"}, actor_for(alice))
     assert (refused.value.field, refused.value.status) == ("user", 404)
+
+
+def test_records_past_the_retention_are_pruned(schedule, settings):
+    settings.USAGE_RETENTION_DAYS = 10
+    total = UsageRecord.objects.count()
+    kept = UsageRecord.objects.filter(day__gte="2026-03-22").count()
+    # The stopped session's open interval (from March 20th) stays: it is still counting.
+    assert records.prune(NOW) == total - kept - 1
+    assert UsageRecord.objects.filter(day__lt="2026-03-22", end_ts__isnull=False).count() == 0

@@ -30,9 +30,9 @@ def test_the_table_shows_each_days_hours_by_slot_kind(as_alice, ran):
     assert page.status_code == 200
     html = page.content.decode()
     assert "CPU core-hours" in html and "memory GiB-hours" in html
-    assert "<tr><td>2026-03-10</td><td class=\"number\">6.000</td>" \
-           "<td class=\"number\">3.000</td></tr>" in html
-    assert "<tr><td>2026-03-09</td><td class=\"number\">0.000</td>" in html
+    assert "<tr><td>2026-03-10</td><td class=\"number\">6.0000</td>" \
+           "<td class=\"number\">3.0000</td></tr>" in html
+    assert "<tr><td>2026-03-09</td><td class=\"number\">0.0000</td>" in html
     assert 'id="usage-data"' in html
 
 

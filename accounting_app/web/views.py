@@ -51,8 +51,8 @@ def table(rows, period, by_month):
             values = [(row["storage_byte_seconds"] if kind == "storage"
                        else row["slot_seconds"].get(kind, 0)) / unit_of(kind)[1]
                       for kind in kinds]
-        lines.append((key, [round(v, 3) for v in values]))
-    totals = [round(sum(line[1][i] for line in lines), 3) for i in range(len(kinds))]
+        lines.append((key, values))
+    totals = [sum(line[1][i] for line in lines) for i in range(len(kinds))]
     used = [i for i, total in enumerate(totals) if total]
     return ([(kinds[i], unit_of(kinds[i])[0]) for i in used],
             [(key, [values[i] for i in used]) for key, values in lines],
