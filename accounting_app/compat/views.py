@@ -19,6 +19,27 @@ from identity_app.models import Project
 from sessions_app.api.errors import RequestFailed
 
 
+def params_of(request):
+    """The query's parameters, and a JSON body's (the 23.9.10 client sends its GET's
+    parameters as a body)."""
+    body = request.data if isinstance(request.data, dict) else {}
+    return {**request.query_params.dict(), **body}
+
+
+def refs_text(value):
+    """Comma-separated text of a list or a string of references."""
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return value if isinstance(value, str) else ""
+
+
+def api_major(request):
+    """The major version of the client's API (`v7.20230615` → 7), 0 when not said."""
+    version = request.META.get("HTTP_X_BACKENDAI_VERSION", "")
+    head = version[1:].split(".", 1)[0] if version.startswith("v") else ""
+    return int(head) if head.isdigit() else 0
+
+
 def bad(field, message):
     return RequestFailed(message, 400, data={field: [message]})
 
@@ -64,10 +85,10 @@ class UsagePerMonth(SuperadminView):
     """GET /resource/usage/month?month=YYYYMM&group_ids=a,b"""
 
     def get(self, request):
-        params = request.query_params
+        params = params_of(request)
         start = compact_date(params.get("month"), "month", "%Y%m")
         end = sums.month_start(start + timedelta(days=32))
-        projects = projects_named(params.get("group_ids"), "group_ids")
+        projects = projects_named(refs_text(params.get("group_ids")), "group_ids")
         records = UsageRecord.objects.all()
         if projects:
             records = records.filter(project__in=projects)
@@ -78,18 +99,21 @@ class UsagePerMonth(SuperadminView):
 @extend_schema(exclude=True)
 class UsagePerPeriod(SuperadminView):
     """GET /resource/usage/period?start_date=YYYYMMDD&end_date=YYYYMMDD[&group_id=]; the
-    end date is included."""
+    end date is included. A client of API v7 or older (the 23.9.10 CLI) reads one
+    project's entry, not a list: it gets its group's (or {} when it used nothing)."""
 
     def get(self, request):
-        params = request.query_params
+        params = params_of(request)
         start = compact_date(params.get("start_date"), "start_date", "%Y%m%d")
         end = compact_date(params.get("end_date"), "end_date", "%Y%m%d") + timedelta(days=1)
-        ref = params.get("group_id") or params.get("project_id")
+        ref = refs_text(params.get("group_id") or params.get("project_id"))
         records = UsageRecord.objects.all()
         if ref:
             records = records.filter(project__in=projects_named(ref, "group_id"))
-        return Response(usage_compat.per_period(records, checked(start, end),
-                                                clock.now().timestamp()))
+        answer = usage_compat.per_period(records, checked(start, end), clock.now().timestamp())
+        if ref and 0 < api_major(request) <= 7:
+            return Response(answer[0] if answer else {})
+        return Response(answer)
 
 
 @extend_schema(exclude=True)
