@@ -181,3 +181,38 @@ def test_records_past_the_retention_are_pruned(schedule, settings):
     # The stopped session's open interval (from March 20th) stays: it is still counting.
     assert records.prune(NOW) == total - kept - 1
     assert UsageRecord.objects.filter(day__lt="2026-03-22", end_ts__isnull=False).count() == 0
+
+
+def test_an_agents_sample_carries_dockers_cumulative_counters():
+    from agents_app.runtime.heartbeat import cumulative_counters
+
+    stats = {"cpu_stats": {"cpu_usage": {"total_usage": 5_000_000_000}},
+             "networks": {"eth0": {"rx_bytes": 10, "tx_bytes": 20},
+                          "eth1": {"rx_bytes": 1, "tx_bytes": 2}},
+             "blkio_stats": {"io_service_bytes_recursive": [
+                 {"major": 8, "op": "read", "value": 300}, {"op": "write", "value": 40},
+                 {"op": "Read", "value": 5}]}}
+    assert cumulative_counters(stats) == {"cpu_used_ns": 5_000_000_000, "net_rx": 11,
+                                          "net_tx": 22, "io_read": 305, "io_write": 40}
+    assert cumulative_counters({}) == {"cpu_used_ns": 0, "net_rx": 0, "net_tx": 0,
+                                       "io_read": 0, "io_write": 0}
+
+
+def test_heartbeats_samples_become_the_records_measured_usage(alice):
+    from sessions_app.lifecycle.heartbeats import handle_heartbeat
+
+    agent = make_agent()
+    t0 = datetime(2026, 3, 2, tzinfo=UTC)
+    kernel = run(alice, "measured", t0).kernels.get()
+    for seconds, cpu_ns, mem in ((10, 2e9, 1000), (20, 6e9, 3000)):
+        moment = t0 + timedelta(seconds=seconds)
+        with at(moment):
+            handle_heartbeat({
+                "id": agent.pk, "scaling_group": "default", "images": [],
+                "slots": {"cpu": "4", "mem": "8g"}, "taken_at": moment.timestamp(),
+                "kernels": [{"kernel_id": str(kernel.pk), "container_id": kernel.container_id,
+                             "state": "running",
+                             "stat": {"at": moment.timestamp(), "cpu_used_ns": cpu_ns,
+                                      "mem_bytes": mem, "mem_limit": 8000}}]})
+    record = UsageRecord.objects.get(kernel_id=kernel.pk)
+    assert (record.cpu_used, record.mem_peak, record.sampled_seconds) == (6.0, 3000, 10.0)
