@@ -216,3 +216,17 @@ def test_heartbeats_samples_become_the_records_measured_usage(alice):
                                       "mem_bytes": mem, "mem_limit": 8000}}]})
     record = UsageRecord.objects.get(kernel_id=kernel.pk)
     assert (record.cpu_used, record.mem_peak, record.sampled_seconds) == (6.0, 3000, 10.0)
+
+
+def test_the_records_agree_with_the_records_rebuilt_from_the_events(schedule):
+    from accounting_app.rebuild import rebuild_from_events
+
+    def slots(rows):
+        return {r["name"]: (r["slot_seconds"], r["storage_byte_seconds"], r["kernels"])
+                for r in rows}
+
+    written = sums.sums(UsageRecord.objects.all(), MARCH, "user", now=NOW)
+    UsageRecord.objects.all().delete()
+    assert rebuild_from_events() == 9  # 6 running kernels, one twice; 2 kept intervals
+    assert slots(sums.sums(UsageRecord.objects.all(), MARCH, "user", now=NOW)) == \
+        slots(written)
