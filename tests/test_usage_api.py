@@ -108,3 +108,11 @@ def test_the_managers_usage_routes_answer_in_its_shapes(client, usage, admin_key
     assert {b["cpu_allocated"]["value"] for b in busy} == {1}
     everyone = signed_call(client, admin_keypair, "GET", "/resource/stats/admin/month").json()
     assert {b["cpu_allocated"]["value"] for b in everyone if b["num_sessions"]["value"]} == {3}
+
+
+def test_the_admin_lists_the_records_and_changes_none(client, usage, carol):
+    client.force_login(carol)
+    page = client.get("/admin/accounting_app/usagerecord/", headers={"Accept": "text/html"})
+    assert page.status_code == 200 and "mine" in page.content.decode()
+    assert client.get("/admin/accounting_app/usagerecord/add/",
+                      headers={"Accept": "text/html"}).status_code == 403
