@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "agents_app",
     "sessions_app",
     "storage_app",
+    "accounting_app",
 ]
 
 MIDDLEWARE = [
@@ -161,7 +162,8 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # Front-end libraries from npm (package.json; `make npm` installs them): served as
 # static/vendor/<name>/…, never from a CDN.
-for _name, _package in (("xterm", "@xterm/xterm"), ("xterm-addon-fit", "@xterm/addon-fit")):
+for _name, _package in (("xterm", "@xterm/xterm"), ("xterm-addon-fit", "@xterm/addon-fit"),
+                        ("uplot", "uplot")):
     if (BASE_DIR / "node_modules" / _package).is_dir():
         STATICFILES_DIRS.append((f"vendor/{_name}", BASE_DIR / "node_modules" / _package))
 # whitenoise serves static files straight from STATICFILES_DIRS and the apps, so no
@@ -313,6 +315,10 @@ IDLE_UTILIZATION = {
                    "mem": float(env("IDLE_UTILIZATION_MEM", "1"))},
     "combine": env("IDLE_UTILIZATION_COMBINE", "and"),  # "and": every resource idle
 }
+
+# Accounting (accounting_app): usage records older than this are deleted each night, and
+# no usage query may span more.
+USAGE_RETENTION_DAYS = env_int("USAGE_RETENTION_DAYS", 400)
 
 # Sessions: dotted paths of functions called around destroy_session (see sessions_app.hooks).
 PRE_DESTROY_HOOKS = env_list("PRE_DESTROY_HOOKS")

@@ -8,6 +8,8 @@ from django.urls import Resolver404, include, path, re_path, resolve
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from accounting_app.api.views import UsageViewSet
+from accounting_app.compat import views as compat_usage
 from agents_app.api.views import AgentViewSet, ImageViewSet
 from backendai_web import __version__
 from backendai_web.metrics_view import metrics_view
@@ -43,6 +45,7 @@ router.register("scaling-groups", ScalingGroupViewSet, basename="scaling-group")
 router.register("folders", FolderViewSet, basename="folder")
 router.register("resource-policies", ResourcePolicyViewSet,
                 basename="resource-policy")
+router.register("usage", UsageViewSet, basename="usage")
 
 
 def root(request):
@@ -71,8 +74,6 @@ def not_supported(reason):
 RUNS_ARE_REQUESTS = ("a run here lasts one request (or one stream_execute websocket, which "
                      "ends it when closed); there is no kernel runner to interrupt or to "
                      "complete code")
-NO_USAGE_STATS = ("per-container usage statistics are not collected here; the Prometheus "
-                  "metrics at /metrics count sessions and slots")
 
 # The routes of the Backend.AI manager, where its client SDK and CLI expect them.
 compat_urls = [
@@ -111,10 +112,10 @@ compat_urls = [
     path("resource/check-presets", compat_resources.CheckPresets.as_view()),
     path("resource/container-registries", compat_resources.ContainerRegistries.as_view()),
     path("resource/recalculate-usage", compat_resources.RecalculateUsage.as_view()),
-    path("resource/usage/month", not_supported(NO_USAGE_STATS)),
-    path("resource/usage/period", not_supported(NO_USAGE_STATS)),
-    path("resource/stats/user/month", not_supported(NO_USAGE_STATS)),
-    path("resource/stats/admin/month", not_supported(NO_USAGE_STATS)),
+    path("resource/usage/month", compat_usage.UsagePerMonth.as_view()),
+    path("resource/usage/period", compat_usage.UsagePerPeriod.as_view()),
+    path("resource/stats/user/month", compat_usage.UserMonthStats.as_view()),
+    path("resource/stats/admin/month", compat_usage.AdminMonthStats.as_view()),
     re_path(r"^resource/watcher(?:/.*)?\Z", not_supported(
         "there is no agent watcher: an agent is a process its operator's service manager "
         "runs (python manage.py run_agent)")),
@@ -169,6 +170,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", include("sessions_app.web.urls")),
     path("folders/", include("storage_app.web.urls")),
+    path("usage/", include("accounting_app.web.urls")),
     # The Backend.AI client's GraphQL (both releases post to /admin/gql; clients older than
     # API v6 used /admin/graphql): before the admin site, which owns the rest of /admin/.
     path("admin/gql", GraphQLEndpoint.as_view(), name="graphql"),

@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ("sessions_app", "agents_app", "scheduling_app", "storage_app", "identity_app")
+APPS = ("sessions_app", "agents_app", "scheduling_app", "storage_app", "identity_app",
+        "accounting_app")
 PACKAGES = ("common", "backendai_web", *APPS)
 INTERFACES = ("api", "compat", "web", "realtime")
 # The operations code's own interface: the system-wide /metrics (in the API's error form).

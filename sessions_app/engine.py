@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import F
 from django.dispatch import Signal
 
+from accounting_app import records as usage_records
 from agents_app.models import Agent
 from common import clock
 from common.bulk import MergedJSON, insert_rows, set_json_key, update_rows
@@ -223,6 +224,7 @@ def _transition_kernel(kernel, steps, reason, actor, from_statuses, data, fields
     _account_kernel(current, held_on, from_status, to_status)
     # The session is locked after its kernel, as everywhere, and read once.
     session = current.session = Session.objects.select_for_update().get(pk=current.session_id)
+    usage_records.kernel_moved(current, session, from_status, to_status, now)
     events = _follow(session, current, from_status, steps, data, reason, now)
     _record_many(session, events, reason, actor, now)
     for name, value in values.items():

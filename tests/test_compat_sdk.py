@@ -336,8 +336,6 @@ def test_apps_and_abusing_reports(client, kp, alice):
     ("POST", "/session/s1/interrupt", "there is no kernel runner to interrupt"),
     ("POST", "/session/s1/complete", "there is no kernel runner to interrupt"),
     ("POST", "/session/s1/start-service", "open /sessions/ID/apps/NAME/"),
-    ("GET", "/resource/usage/month?month=202601&group_ids=x", "usage statistics"),
-    ("GET", "/resource/stats/user/month", "usage statistics"),
     ("GET", "/resource/watcher?agent_id=a1", "there is no agent watcher"),
     ("POST", "/resource/watcher/agent/restart", "there is no agent watcher"),
     ("GET", "/v2/resource-presets", "the v2 REST API"),

@@ -9,6 +9,7 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.test import APIRequestFactory
 
+from accounting_app.models import UsageRecord
 from identity_app.api.viewsets import RestrictedViewSet
 from identity_app.models import KeyPair
 from scheduling_app.models import ScalingGroup
@@ -17,7 +18,8 @@ from sessions_app.models import Kernel, Session
 from storage_app.models import Folder
 from tests.factories import make_session
 
-RESTRICTED = {Session: "user", Kernel: "session__user", Folder: "user", KeyPair: "user"}
+RESTRICTED = {Session: "user", Kernel: "session__user", Folder: "user", KeyPair: "user",
+              UsageRecord: "user"}
 
 
 def views_in(patterns, prefix=""):

@@ -105,7 +105,7 @@ class Heartbeat:
         self._cpu_samples[container.id] = (total, system)
         memory = stats.get("memory_stats", {})
         stat = {"mem_bytes": memory.get("usage", 0), "mem_limit": memory.get("limit", 0),
-                "at": time.time()}
+                "at": time.time(), **cumulative_counters(stats)}
         app = self.app_report(container)
         if app is not None:
             stat["app"] = app
@@ -149,6 +149,23 @@ class Heartbeat:
             except Exception:  # nothing may end the heartbeat thread
                 log.exception("heartbeat failed")
             self.agent.stopping.wait(self.agent.heartbeat_interval)
+
+
+def cumulative_counters(stats):
+    """The counters of Docker's stats that grow from the container's start: CPU time (ns),
+    network and block IO bytes. The manager's accounting adds up their increases."""
+    networks = (stats.get("networks") or {}).values()
+    blkio = (stats.get("blkio_stats") or {}).get("io_service_bytes_recursive") or []
+
+    def io(op):
+        return sum(entry.get("value", 0) for entry in blkio
+                   if str(entry.get("op", "")).lower() == op)
+
+    return {"cpu_used_ns": stats.get("cpu_stats", {}).get("cpu_usage", {}).get(
+                "total_usage", 0),
+            "net_rx": sum(n.get("rx_bytes", 0) for n in networks),
+            "net_tx": sum(n.get("tx_bytes", 0) for n in networks),
+            "io_read": io("read"), "io_write": io("write")}
 
 
 def kernel_device_stats(container, devices):

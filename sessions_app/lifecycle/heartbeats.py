@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
+from accounting_app import records as usage_records
 from agents_app import network_pool, rpc
 from agents_app.models import Agent, AgentStatus, Image, resource_limits
 from common import clock
@@ -223,6 +224,7 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
                 stats.append(_sample(kernel, container["stat"], snapshot_at))
     if stats:
         update_rows(Kernel, ["last_stat", "stat_history"], stats)
+        usage_records.add_samples([(kernel_id, stat) for kernel_id, stat, _ in stats])
     kept_by_kernel = {entry["kernel_id"]: entry for entry in kept if entry.get("kernel_id")}
     gone = Kernel.objects.filter(
         agent=agent, status__in=[S.RUNNING, S.TERMINATING],
@@ -273,6 +275,7 @@ def reconcile_kept(agent, kept, taken_at=None):
         transaction.on_commit(lambda k=kernel_id: rpc.send_drop_kept(agent.pk, k))
     if sizes:
         update_rows(Kernel, ["kept"], sizes)
+        usage_records.stored_size_changed({pk: kept["bytes"] for pk, kept in sizes})
 
 
 def _sample(kernel, stat, snapshot_at):

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class AccountingAppConfig(AppConfig):
+    name = "accounting_app"
+    verbose_name = "Accounting"

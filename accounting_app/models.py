@@ -1,0 +1,85 @@
+"""Accounting records: what each kernel held and for how long, one row per kernel per
+RUNNING (or STOPPED, for its kept files) interval per day.
+
+The state engine writes them in the transaction of each transition (accounting_app.records),
+so they agree with the session event rows, which stay the source of truth
+(records.rebuild_from_events recomputes them). An interval is split at the days' edges
+(TIME_ZONE) when it closes, and an open one each night: a period's sum reads only the rows
+of its days (plus the open ones) by index and clips the two edge days, instead of pairing
+the events of the whole history (docs/benchmarks/usage.md has the figures)."""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from identity_app.models import Domain, Project
+from identity_app.visibility import OwnedQuerySet
+from scheduling_app.models import ScalingGroup
+
+
+class UsageRecord(models.Model):
+    class Kind(models.TextChoices):
+        RUNNING = "running"  # the kernel held its slots
+        STORED = "stored"  # its session was stopped: its files kept (stored_bytes)
+
+    kernel_id = models.UUIDField()
+    # Plain ids, no foreign keys: a bill outlives the sessions it counts.
+    session_id = models.UUIDField()
+    session_name = models.CharField(max_length=64, blank=True)
+    # Their lookups use the (user, day) and (project, day) indexes: no index of their own.
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                             related_name="usage_records", db_index=False)
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="+",
+                                db_index=False)
+    domain = models.ForeignKey(Domain, on_delete=models.PROTECT, related_name="+")
+    scaling_group = models.ForeignKey(ScalingGroup, on_delete=models.PROTECT, related_name="+")
+    agent_id = models.CharField(max_length=64, blank=True)
+    kind = models.CharField(max_length=8, choices=Kind, default=Kind.RUNNING)
+    day = models.DateField(help_text="The day (TIME_ZONE) the interval lies in.")
+    # Seconds since the epoch: the sums do arithmetic on them in any database.
+    start_ts = models.FloatField()
+    end_ts = models.FloatField(null=True, blank=True, help_text="Empty while it lasts.")
+    # What it held: cpu (cores) and mem (bytes) as columns, devices {slot: amount}.
+    cpu = models.FloatField(default=0)
+    mem = models.BigIntegerField(default=0)
+    devices = models.JSONField(default=dict, blank=True)
+    stored_bytes = models.BigIntegerField(default=0)
+    # What it used, from its agent's samples (cumulative counters: deltas added up).
+    cpu_used = models.FloatField(default=0, help_text="CPU seconds.")
+    mem_peak = models.BigIntegerField(default=0)
+    mem_byte_seconds = models.FloatField(default=0)
+    sampled_seconds = models.FloatField(default=0, help_text="The span the samples cover.")
+    net_rx = models.BigIntegerField(default=0)
+    net_tx = models.BigIntegerField(default=0)
+    io_read = models.BigIntegerField(default=0)
+    io_write = models.BigIntegerField(default=0)
+    device_util_seconds = models.FloatField(
+        default=0, help_text="Device utilization (%, mean over its devices) × seconds.")
+    counters = models.JSONField(default=dict, blank=True, editable=False,
+                                help_text="The last sample's cumulative counters.")
+
+    objects = OwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["start_ts"]
+        indexes = [
+            models.Index(fields=["day"]),
+            models.Index(fields=["user", "day"]),
+            models.Index(fields=["project", "day"]),
+            models.Index(fields=["kernel_id"], condition=Q(end_ts__isnull=True),
+                         name="usage_open_by_kernel"),
+        ]
+
+    def __str__(self):
+        return f"{self.kernel_id} {self.kind} {self.day}"
+
+
+class DeviceSlotKind(models.Model):
+    """Every device slot a record has held (cuda.device, …): the sums add one column per
+    kind, and reading them here costs nothing, where finding them in a year of records
+    would cost a scan."""
+
+    name = models.CharField(max_length=64, unique=True)
+
+    def __str__(self):
+        return self.name
