@@ -1,6 +1,7 @@
 """On PostgreSQL: two workers race to move the same kernel; exactly one wins."""
 
 import threading
+import time
 
 import pytest
 from django.db import connection
@@ -137,3 +138,28 @@ def test_racing_scheduler_passes_never_over_allocate(postgres, alice, no_broker,
         assert agent.occupied_slots["cpu"] == "5"
         assert Kernel.objects.filter(agent=agent, status=S.SCHEDULED).count() == 5
     assert reconcile_usage() == {"agents": [], "keypairs": []}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_passes_over_one_group_take_turns(postgres, alice, no_broker, monkeypatch):
+    """Beat sends `schedule` and every create sends one too, so with several manager workers
+    passes over a group start at once: the group's row lock makes them run one after the
+    other, never side by side."""
+    make_agent("turns", slots={"cpu": "4", "mem": "8g"}, group="turns")
+    for i in range(4):
+        make_session(alice, name=f"t{i}", resources={"cpu": "1", "mem": "1g"},
+                     scaling_group="turns")
+    spans, run = [], core.run_pass
+
+    def timed(group, **kwargs):
+        start = time.monotonic()
+        time.sleep(0.3)  # long enough that overlapping passes would show
+        result = run(group, **kwargs)
+        spans.append((start, time.monotonic()))
+        return result
+
+    monkeypatch.setattr(core, "run_pass", timed)
+    first, second = race(lambda: schedule("turns"), lambda: schedule("turns"))
+    assert sorted([len(first), len(second)]) == [0, 4]
+    (start1, end1), (start2, end2) = sorted(spans)
+    assert end1 <= start2

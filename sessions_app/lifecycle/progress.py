@@ -14,7 +14,7 @@ from django.db import transaction
 from agents_app import rpc
 from agents_app.models import Agent, AgentStatus, HeartbeatWatch
 from agents_app.runtime import errors
-from backendai_web import metrics
+from backendai_web import metrics, redis_conn
 from backendai_web.celery import send_task_safely
 from common import clock
 from scheduling_app.models import ScalingGroup
@@ -580,7 +580,7 @@ def _listening_since(now):
 
 def broker_answers():
     try:
-        redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2,
+        redis_conn.client(settings.CELERY_BROKER_URL, socket_timeout=2,
                              socket_connect_timeout=2).ping()
     except redis.RedisError:
         return False
