@@ -4,10 +4,11 @@ import threading
 import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler import core, run_pass, schedule
+from sessions_app import accounting, engine
 from sessions_app.accounting import reconcile_usage
 from sessions_app.enums import Status
 from sessions_app.lifecycle import destroy_session
@@ -163,3 +164,35 @@ def test_two_workers_passes_over_one_group_take_turns(postgres, alice, no_broker
     assert sorted([len(first), len(second)]) == [0, 4]
     (start1, end1), (start2, end2) = sorted(spans)
     assert end1 <= start2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reconcile_racing_a_kernel_that_ends_leaves_no_slot_counted(postgres, alice, carol,
+                                                                     no_broker, monkeypatch):
+    """A forced destroy reconciles usage after commit while other kernels end: the kernel
+    that ends between reconcile's read of the kernels and its write of the agents must
+    not be counted again."""
+    agent = make_agent(slots={"cpu": "8", "mem": "8g"}, group="race")
+    ending = make_session(alice, S.RUNNING, agent=agent, name="ending", scaling_group="race")
+    make_session(alice, S.RUNNING, agent=agent, name="stays", scaling_group="race")
+    reading, expected_usage = threading.Event(), accounting.expected_usage
+
+    def slow_read():
+        reading.set()
+        usage = expected_usage()
+        time.sleep(0.5)  # the kernel ends meanwhile (unless reconcile holds the agent)
+        return usage
+
+    monkeypatch.setattr(accounting, "expected_usage", slow_read)
+
+    def end_kernel():
+        reading.wait(10)
+        time.sleep(0.1)
+        with transaction.atomic():
+            kernel = Kernel.objects.select_for_update().get(session=ending)
+            engine.mark_kernel_terminated(kernel, reason="test", actor="test")
+
+    results = race(reconcile_usage, end_kernel)
+    assert not any(isinstance(r, Exception) for r in results), results
+    monkeypatch.setattr(accounting, "expected_usage", expected_usage)
+    assert accounting.usage_drift() == ([], [])
