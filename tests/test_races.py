@@ -196,3 +196,34 @@ def test_reconcile_racing_a_kernel_that_ends_leaves_no_slot_counted(postgres, al
     assert not any(isinstance(r, Exception) for r in results), results
     monkeypatch.setattr(accounting, "expected_usage", expected_usage)
     assert accounting.usage_drift() == ([], [])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_destroy_does_not_wait_for_a_scheduler_pass_over_its_group(postgres, alice,
+                                                                     no_broker):
+    """A pass holds its scaling group's row for its whole transaction. A destroy that
+    locked the group's row too (through its join) waited for the pass while holding the
+    session's kernels, and passes of other workers waiting on those kernels deadlocked."""
+    agent = make_agent(slots={"cpu": "8", "mem": "8g"}, group="race")
+    session = make_session(alice, S.RUNNING, agent=agent, name="ends", scaling_group="race")
+    holding, release = threading.Event(), threading.Event()
+
+    def pass_holding_the_group():
+        with transaction.atomic():
+            ScalingGroup.objects.select_for_update(no_key=True).get(name="race")
+            holding.set()
+            release.wait(10)
+        connection.close()
+
+    holder = threading.Thread(target=pass_holding_the_group)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        started = time.monotonic()
+        result = destroy_session(Session.objects.get(pk=session.pk), actor=alice)
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+        holder.join(15)
+    assert result.status == "terminating"
+    assert waited < 2, waited

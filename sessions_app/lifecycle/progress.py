@@ -384,8 +384,8 @@ def retry_stage(kernel, stage, error, kind=None):
     - agent (this agent cannot run it): back to PENDING at once, this agent excluded;
     - transient: another try on the same agent after a backoff, up to RETRY_LIMIT tries;
       then back to PENDING with this agent excluded (for the group's exclusion_timeout)."""
-    kernel = Kernel.objects.select_for_update().select_related(
-        "session", "session__scaling_group").get(pk=kernel.pk)
+    kernel = Kernel.objects.select_for_update(of=("self", "session")).select_related(
+        "session", "session__scaling_group").get(pk=kernel.pk)  # not the group: see destroy
     if kernel.status not in STAGE_STATUSES[stage]:
         return None  # moved on meanwhile
     kind = kind if kind in errors.KINDS else errors.kind_of(error)
