@@ -336,7 +336,7 @@ def test_standby_beat_never_fires_and_losing_one_of_each_loses_no_session(
     # The standby beat never fires while the active one lives.
     active = system.active_beat()
     assert active in beats
-    time.sleep(2 * LOCK_TTL)
+    time.sleep(LOCK_TTL + 1)  # past a TTL: the standby has tried (and, below, all along)
     sends = system.sends_by_beat()
     assert set(sends) == {active} and sends[active] >= 9, sends
 
@@ -351,14 +351,17 @@ def test_standby_beat_never_fires_and_losing_one_of_each_loses_no_session(
         assert client.caught_up.wait(15)
 
     def load_and_kill(name, what, after_kill=lambda: None):
+        started = time.monotonic()
         load = Load(user, admin, system.tag)
         load.start()
-        wait_for(lambda: len(load.created) >= 5, timeout=30, message="sessions created")
+        wait_for(lambda: len(load.created) >= 4, timeout=30, message="sessions created")
         system.processes[name].kill()
         after_kill()
-        wait_for(lambda: len(load.created) >= 12 or load.errors, timeout=40,
+        wait_for(lambda: len(load.created) >= 10 or load.errors, timeout=40,
                  message=f"creates after {what}")
         assert_clean(system, load, clients, what)
+        print(f"{what}: {len(load.created)} sessions, {len(load.destroyed)} destroyed, "
+              f"clean after {time.monotonic() - started:.1f} s")
 
     load_and_kill("web1", "a web process killed")
     # The client whose web process died reconnected to the other one and caught up.
