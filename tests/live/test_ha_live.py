@@ -1,9 +1,10 @@
 """Several of everything, and losing one of each: two web processes behind HAProxy
 (deploy/haproxy.cfg as it is), two manager workers, two beats and an agent on Docker,
-with a stream of session creates and destroys through the load balancer and two
-websocket clients of /ws/events/. One web process, one worker and the active beat are
-killed with -9 in turn; after each the sessions carry on, no step is done twice, both
-websocket clients have every event, and the invariants hold.
+with a stream of session creates and destroys through the load balancer, two
+websocket clients of /ws/events/ and a terminal through the balancer. One web process,
+one worker and the active beat are killed with -9 in turn; after each the sessions carry
+on, no step is done twice, both websocket clients have every event, and the invariants
+hold.
 
 Its own Redis database (the xdist worker's + 5) and scaling group: the live_system of
 other test files in this worker shares neither, and no shared service is stopped.
@@ -328,6 +329,21 @@ def assert_clean(system, load, clients, what):
                  message=f"a websocket client to have every event after {what}")
 
 
+def terminal_echo(system, cookie, session_id):
+    """A shell of the session through the load balancer, the web process's terminal proxy
+    and the agent's stream endpoint: what `echo` prints comes back."""
+    url = (system.url.replace("http://", "ws://")
+           + f"/ws/sessions/{session_id}/terminals/ha/?cols=80&rows=24")
+    with connect(url, additional_headers={"Cookie": cookie, "Origin": system.url},
+                 open_timeout=10) as ws:
+        ws.send(b"echo ha-$((6*7))\n")
+        seen, ends = b"", time.monotonic() + 15
+        while b"ha-42" not in seen and time.monotonic() < ends:
+            frame = ws.recv(timeout=15)
+            seen += frame if isinstance(frame, bytes) else b""
+        return b"ha-42" in seen
+
+
 def test_standby_beat_never_fires_and_losing_one_of_each_loses_no_session(
         system, alice, carol):
     beats = system.beat_pids()
@@ -366,6 +382,9 @@ def test_standby_beat_never_fires_and_losing_one_of_each_loses_no_session(
     load_and_kill("web1", "a web process killed")
     # The client whose web process died reconnected to the other one and caught up.
     assert sorted(c.connects for c in clients) == [1, 2]
+    # The terminal proxy, through the balancer, to a session left running.
+    running = Session.objects.filter(user=alice, status=Status.RUNNING).first()
+    assert terminal_echo(system, cookie, running.pk)
 
     load_and_kill("worker1", "a manager worker killed")
 
