@@ -176,6 +176,7 @@ class EventsClient(threading.Thread):
         self.ids, self.connects, self.stop = set(), 0, threading.Event()
         self.since = None
         self.caught_up = threading.Event()
+        self.resync = threading.Event()
 
     def run(self):
         ws_url = self.url.replace("http://", "ws://") + "/ws/events/"
@@ -188,6 +189,9 @@ class EventsClient(threading.Thread):
                     ws.send(json.dumps({"since": self.since or time.strftime(
                         "%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() - 60))}))
                     while not self.stop.is_set():
+                        if self.resync.is_set():  # as a reload of the page would
+                            self.resync.clear()
+                            ws.send(json.dumps({"since": self.since}))
                         try:
                             message = json.loads(ws.recv(timeout=0.5))
                         except TimeoutError:
@@ -205,12 +209,13 @@ class EventsClient(threading.Thread):
 class Load(threading.Thread):
     """Creates sessions through the load balancer as a user, and ends each: every third
     at once, forced by an admin (in whatever state it is: PENDING, SCHEDULED, PREPARING,
-    CREATING ...), the others by their owner once RUNNING; the last few are left running."""
+    CREATING ...), every fourth by its batch timeout (a cull), the others by their owner
+    once RUNNING; the last few are left running."""
 
     def __init__(self, user, admin, group):
         super().__init__(daemon=True)
         self.user, self.admin, self.group = user, admin, group
-        self.created, self.destroyed, self.errors = [], set(), []
+        self.created, self.destroyed, self.culled, self.errors = [], set(), set(), []
         self.stop = threading.Event()
 
     def call(self, client, method, path, body=None):
@@ -233,21 +238,28 @@ class Load(threading.Thread):
         try:
             n = 0
             while not self.stop.is_set():
+                # Every fourth a batch session that its batch timeout culls (beat's idle
+                # check, every second here).
+                batch = n % 4 == 1
                 answer = self.call(self.user, "POST", "/api/v1/sessions/", {
                     "name": f"ha{uuid.uuid4().hex[:6]}", "image": IMAGE,
                     "scaling_group": self.group, "resources": {"cpu": "0.1", "mem": "64m"},
-                    "grace_period": 1})
+                    "grace_period": 1,
+                    **({"session_type": "batch", "startup_command": "sleep 600",
+                        "batch_timeout": 2} if batch else {})})
                 if answer is None or answer.status_code != 201:
                     self.errors.append(f"create: {answer and answer.text[:300]}")
                     return
                 self.created.append(answer.json()["id"])
+                if batch:
+                    self.culled.add(self.created[-1])
                 n += 1
                 if n % 3 == 0:
                     self.destroy(self.admin, self.created[-1], "?forced=true")
                 running = Session.objects.filter(pk__in=self.created[:-3],
                                                  status=Status.RUNNING)
                 for session_id in running.values_list("pk", flat=True):
-                    if str(session_id) not in self.destroyed:
+                    if str(session_id) not in self.destroyed | self.culled:
                         self.destroy(self.user, str(session_id))
                 time.sleep(0.2)
         finally:
@@ -255,7 +267,12 @@ class Load(threading.Thread):
 
     def destroy(self, client, session_id, query=""):
         answer = self.call(client, "DELETE", f"/api/v1/sessions/{session_id}/{query}")
-        if answer is None or answer.status_code != 200:
+        # A 409 after a retry: the first try was applied by a web process that died before
+        # it answered (the session is TERMINATING already).
+        ending = Session.objects.filter(pk=session_id, status__in=[
+            Status.TERMINATING, Status.TERMINATED, Status.CANCELLED]).exists()
+        if answer is None or not (answer.status_code == 200 or
+                                  answer.status_code == 409 and ending):
             self.errors.append(f"destroy {session_id}: {answer and answer.text[:200]}")
         self.destroyed.add(session_id)
 
@@ -284,7 +301,8 @@ def settled(load):
     other one RUNNING."""
     ended = {Status.TERMINATED, Status.CANCELLED}
     sessions = dict(Session.objects.filter(pk__in=load.created).values_list("pk", "status"))
-    return all(status in (ended if str(pk) in load.destroyed else {Status.RUNNING})
+    return all(status in (ended if str(pk) in load.destroyed | load.culled
+                          else {Status.RUNNING})
                for pk, status in sessions.items()) and len(sessions) == len(load.created)
 
 
@@ -314,6 +332,9 @@ def assert_clean(system, load, clients, what):
         raise AssertionError(f"sessions not RUNNING or TERMINATED after {what}: {stuck}") \
             from None
     assert_nothing_done_twice(load)
+    # The batch sessions nobody destroyed ended by their batch timeout, once.
+    culled = Session.objects.filter(pk__in=load.culled - load.destroyed)
+    assert {s.status_info for s in culled} <= {"batch-timeout"}, what
 
     def violations():
         return {c.name: c.violations for c in check_invariants() if c.violations}
@@ -322,11 +343,21 @@ def assert_clean(system, load, clients, what):
     with contextlib.suppress(AssertionError):
         wait_for(lambda: not violations(), timeout=5, interval=0.5)
     assert violations() == {}, what
-    expected = set(SessionEvent.objects.filter(session__in=load.created)
-                   .values_list("pk", flat=True))
+    rows = SessionEvent.objects.filter(session__in=load.created)
+    expected = set(rows.values_list("pk", flat=True))
     for client in clients:
-        wait_for(lambda c=client: expected <= c.ids, timeout=15,
-                 message=f"a websocket client to have every event after {what}")
+        try:
+            wait_for(lambda c=client: expected <= c.ids, timeout=10)
+        except AssertionError:
+            # Fan-out is at most once: a manager worker killed after a commit and before
+            # its publish loses that live message; a client has it at its next catch-up.
+            missing = rows.filter(pk__in=expected - client.ids)
+            print(f"{what}: not delivered live, caught up:",
+                  [(e.name, e.created_at.time()) for e in missing])
+            assert what == "a manager worker killed", what
+            client.resync.set()
+            wait_for(lambda c=client: expected <= c.ids, timeout=15,
+                     message=f"a websocket client to catch up after {what}")
 
 
 def terminal_echo(system, cookie, session_id):
@@ -377,6 +408,7 @@ def test_standby_beat_never_fires_and_losing_one_of_each_loses_no_session(
                  message=f"creates after {what}")
         assert_clean(system, load, clients, what)
         print(f"{what}: {len(load.created)} sessions, {len(load.destroyed)} destroyed, "
+              f"{len(load.culled - load.destroyed)} culled, "
               f"clean after {time.monotonic() - started:.1f} s")
 
     load_and_kill("web1", "a web process killed")
