@@ -18,13 +18,13 @@ import time
 from functools import lru_cache
 
 import redis
-from django.conf import settings
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
 
+from backendai_web import redis_conn
 from backendai_web.logs import RepeatedFailure
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ COUNTERS = {
                      ("route", "method", "status")),
     "agent_container_starts": ("Kernel containers an agent started or failed to start.",
                                ("agent", "outcome")),
+    "beat_tasks_sent": ("Periodic tasks sent by each beat process (host:pid); only the "
+                        "active beat's grows.", ("beat",)),
 }
 # Kept in Redis by observe().
 HISTOGRAMS = {
@@ -73,7 +75,7 @@ _redis_failure = RepeatedFailure(log, "metrics not recorded, Redis did not answe
 
 @lru_cache(maxsize=1)
 def _redis():
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+    return redis_conn.client(socket_timeout=1, socket_connect_timeout=1)
 
 
 def _field(labels):

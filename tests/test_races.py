@@ -1,12 +1,14 @@
 """On PostgreSQL: two workers race to move the same kernel; exactly one wins."""
 
 import threading
+import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler import core, run_pass, schedule
+from sessions_app import accounting, engine
 from sessions_app.accounting import reconcile_usage
 from sessions_app.enums import Status
 from sessions_app.lifecycle import destroy_session
@@ -137,3 +139,91 @@ def test_racing_scheduler_passes_never_over_allocate(postgres, alice, no_broker,
         assert agent.occupied_slots["cpu"] == "5"
         assert Kernel.objects.filter(agent=agent, status=S.SCHEDULED).count() == 5
     assert reconcile_usage() == {"agents": [], "keypairs": []}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_passes_over_one_group_take_turns(postgres, alice, no_broker, monkeypatch):
+    """Beat sends `schedule` and every create sends one too, so with several manager workers
+    passes over a group start at once: the group's row lock makes them run one after the
+    other, never side by side."""
+    make_agent("turns", slots={"cpu": "4", "mem": "8g"}, group="turns")
+    for i in range(4):
+        make_session(alice, name=f"t{i}", resources={"cpu": "1", "mem": "1g"},
+                     scaling_group="turns")
+    spans, run = [], core.run_pass
+
+    def timed(group, **kwargs):
+        start = time.monotonic()
+        time.sleep(0.3)  # long enough that overlapping passes would show
+        result = run(group, **kwargs)
+        spans.append((start, time.monotonic()))
+        return result
+
+    monkeypatch.setattr(core, "run_pass", timed)
+    first, second = race(lambda: schedule("turns"), lambda: schedule("turns"))
+    assert sorted([len(first), len(second)]) == [0, 4]
+    (start1, end1), (start2, end2) = sorted(spans)
+    assert end1 <= start2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reconcile_racing_a_kernel_that_ends_leaves_no_slot_counted(postgres, alice, carol,
+                                                                     no_broker, monkeypatch):
+    """A forced destroy reconciles usage after commit while other kernels end: the kernel
+    that ends between reconcile's read of the kernels and its write of the agents must
+    not be counted again."""
+    agent = make_agent(slots={"cpu": "8", "mem": "8g"}, group="race")
+    ending = make_session(alice, S.RUNNING, agent=agent, name="ending", scaling_group="race")
+    make_session(alice, S.RUNNING, agent=agent, name="stays", scaling_group="race")
+    reading, expected_usage = threading.Event(), accounting.expected_usage
+
+    def slow_read():
+        reading.set()
+        usage = expected_usage()
+        time.sleep(0.5)  # the kernel ends meanwhile (unless reconcile holds the agent)
+        return usage
+
+    monkeypatch.setattr(accounting, "expected_usage", slow_read)
+
+    def end_kernel():
+        reading.wait(10)
+        time.sleep(0.1)
+        with transaction.atomic():
+            kernel = Kernel.objects.select_for_update().get(session=ending)
+            engine.mark_kernel_terminated(kernel, reason="test", actor="test")
+
+    results = race(reconcile_usage, end_kernel)
+    assert not any(isinstance(r, Exception) for r in results), results
+    monkeypatch.setattr(accounting, "expected_usage", expected_usage)
+    assert accounting.usage_drift() == ([], [])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_destroy_does_not_wait_for_a_scheduler_pass_over_its_group(postgres, alice,
+                                                                     no_broker):
+    """A pass holds its scaling group's row for its whole transaction. A destroy that
+    locked the group's row too (through its join) waited for the pass while holding the
+    session's kernels, and passes of other workers waiting on those kernels deadlocked."""
+    agent = make_agent(slots={"cpu": "8", "mem": "8g"}, group="race")
+    session = make_session(alice, S.RUNNING, agent=agent, name="ends", scaling_group="race")
+    holding, release = threading.Event(), threading.Event()
+
+    def pass_holding_the_group():
+        with transaction.atomic():
+            ScalingGroup.objects.select_for_update(no_key=True).get(name="race")
+            holding.set()
+            release.wait(10)
+        connection.close()
+
+    holder = threading.Thread(target=pass_holding_the_group)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        started = time.monotonic()
+        result = destroy_session(Session.objects.get(pk=session.pk), actor=alice)
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+        holder.join(15)
+    assert result.status == "terminating"
+    assert waited < 2, waited

@@ -11,10 +11,10 @@ import time
 import uuid
 
 import redis
-from django.conf import settings
 from django.utils.deprecation import MiddlewareMixin
 from rest_framework.throttling import BaseThrottle
 
+from backendai_web import redis_conn
 from identity_app.api.permissions import acting_keypair
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ _script = None
 def _redis_script():
     global _client, _script
     if _script is None:
-        _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5,
+        _client = redis_conn.client(socket_timeout=0.5,
                                        socket_connect_timeout=0.5)
         _script = _client.register_script(_SCRIPT)
     return _script

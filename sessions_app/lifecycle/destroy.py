@@ -143,7 +143,9 @@ def _destroy_session(session, request, *, forced, reason, actor, keypair, requeu
 
     to_notify = []
     with transaction.atomic():
-        kernels = list(session.kernels.select_for_update().select_related(
+        # Not the scaling group's row (`of`): a scheduler pass holds it, and a destroy that
+        # waited for it while holding kernels deadlocked passes of other workers.
+        kernels = list(session.kernels.select_for_update(of=("self", "session")).select_related(
             "session__scaling_group").order_by("cluster_role", "cluster_idx"))
         for kernel in kernels:
             refusal = _refusal(kernel, forced)

@@ -14,7 +14,7 @@ from django.db import transaction
 from agents_app import rpc
 from agents_app.models import Agent, AgentStatus, HeartbeatWatch
 from agents_app.runtime import errors
-from backendai_web import metrics
+from backendai_web import metrics, redis_conn
 from backendai_web.celery import send_task_safely
 from common import clock
 from scheduling_app.models import ScalingGroup
@@ -384,8 +384,8 @@ def retry_stage(kernel, stage, error, kind=None):
     - agent (this agent cannot run it): back to PENDING at once, this agent excluded;
     - transient: another try on the same agent after a backoff, up to RETRY_LIMIT tries;
       then back to PENDING with this agent excluded (for the group's exclusion_timeout)."""
-    kernel = Kernel.objects.select_for_update().select_related(
-        "session", "session__scaling_group").get(pk=kernel.pk)
+    kernel = Kernel.objects.select_for_update(of=("self", "session")).select_related(
+        "session", "session__scaling_group").get(pk=kernel.pk)  # not the group: see destroy
     if kernel.status not in STAGE_STATUSES[stage]:
         return None  # moved on meanwhile
     kind = kind if kind in errors.KINDS else errors.kind_of(error)
@@ -580,7 +580,7 @@ def _listening_since(now):
 
 def broker_answers():
     try:
-        redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2,
+        redis_conn.client(settings.CELERY_BROKER_URL, socket_timeout=2,
                              socket_connect_timeout=2).ping()
     except redis.RedisError:
         return False

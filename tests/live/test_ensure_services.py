@@ -76,7 +76,7 @@ def test_with_ci_it_also_installs_the_test_services(host):
     # npm only where no npm is on the PATH (a nodesource node brings its own).
     assert calls[1] == ("apt-get install -y -qq docker.io busybox-static postgresql "
                         "redis-server docker-registry chromium prometheus iproute2 util-linux "
-                        "debootstrap" + ("" if shutil.which("npm") else " npm"))
+                        "debootstrap haproxy" + ("" if shutil.which("npm") else " npm"))
 
 
 def test_installed_packages_are_not_installed_again(host):
@@ -109,7 +109,7 @@ def test_not_debian_with_the_packages_but_no_engine_says_so(host):
 def test_under_ci_an_engine_that_cannot_be_started_fails(host):
     ci_packages = ["docker.io", "busybox-static", "postgresql", "redis-server",
                    "docker-registry", "chromium", "prometheus", "iproute2", "util-linux",
-                   "debootstrap", "npm"]
+                   "debootstrap", "haproxy", "npm"]
     (host.state / "installed").write_text("\n".join(ci_packages))
     result, _ = host("--ci", FAKE_UID="1000")
     assert result.returncode == 1

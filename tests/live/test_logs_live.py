@@ -67,7 +67,7 @@ def quiet_system(transactional_db, docker_client, tmp_path):
                                      "--without-mingle", "-l", "INFO"],
                           env, tmp_path),
         "beat": Process("beat", [celery, "-A", "backendai_web", "--quiet", "beat", "-S",
-                                 "django_celery_beat.schedulers:DatabaseScheduler", "-l", "INFO",
+                                 "backendai_web.beat:ActiveStandbyScheduler", "-l", "INFO",
                                  "--schedule", str(tmp_path / "beat-schedule")], env, tmp_path),
         "agent": Process("agent", [sys.executable, "manage.py", "run_agent", "--id", agent_id,
                                    "--scaling-group", agent_id, "--slots", "cpu=1,mem=1g"],
