@@ -27,7 +27,7 @@ from storage_app.files import give_back
 log = logging.getLogger(__name__)
 
 SCRATCH_VOLUME = "ai.backend.scratch-volume"
-NETWORK = "ai.backend.network"
+NETWORK = networks.KERNEL_NETWORK
 PRE_STOP = "ai.backend.pre-stop"
 MOUNTS = "ai.backend.mounts"
 OVERLAY_WAIT = 10  # seconds for a kernel's overlay network to be known where it starts

@@ -98,6 +98,7 @@ class KernelStarts:
         try:
             container = self._start(spec, trace)
         finally:
+            agent.networks.warm.done(kernel_id)
             with self._starting_lock:
                 died = self._starting.pop(kernel_id, False)
         if container is not None and (died or container.status != "running"):
@@ -124,7 +125,7 @@ class KernelStarts:
             with metrics.Timer("agent_container_start_seconds", agent=agent.id):
                 runner, container = KernelRunner.start(
                     agent.docker, agent.id, spec, ready_timeout=settings.KERNEL_READY_TIMEOUT,
-                    source=source, devices=agent.devices)
+                    source=source, devices=agent.devices, warm=agent.networks.warm)
         except (ProvisionFailed, errors.RestoreFailed) as exc:
             provisioner = getattr(exc, "provisioner", "kept-source")
             kind = getattr(exc, "kind", errors.RESTORE)
