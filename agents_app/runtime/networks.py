@@ -361,8 +361,9 @@ SWEEP_AFTER = 30.0
 
 class WarmBridges:
     """`size` bridges made ahead for this agent's next single-kernel sessions, refilled in
-    the background after each claim; those of an earlier process of this agent are removed
-    at start, the free ones at stop, and one its kernel no longer uses by the heartbeat."""
+    the background once the kernel that claimed one has started; those of an earlier
+    process of this agent are removed at start, the free ones at stop, and one its kernel
+    no longer uses by the heartbeat."""
 
     def __init__(self, agent, size):
         self.agent, self.size = agent, size
@@ -393,8 +394,6 @@ class WarmBridges:
             name = self._free.popleft() if self._free else None
             if name:
                 self._claimed[name], self._owners[kernel_id] = None, name
-        if name:
-            self.refill()
         return name
 
     def done(self, kernel_id):
@@ -404,6 +403,8 @@ class WarmBridges:
             name = self._owners.pop(kernel_id, None)
             if name in self._claimed:
                 self._claimed[name] = time.monotonic()
+        if name:
+            self.refill()  # after the start, not beside it: Docker serves one at a time
 
     def refill(self):
         with self._lock:

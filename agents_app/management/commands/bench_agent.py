@@ -135,7 +135,8 @@ class Command(BaseCommand):
         for stage, values in stages.items():
             self.stdout.write(f"  {stage:24} p50 {statistics.median(values) * 1000:6.1f} ms")
         self.stdout.write("  CREATING->RUNNING, step by step (p50 / p95):")
-        for step, values in traces.items():
+        for step, values in sorted(traces.items(), key=lambda item: TRACE_ORDER.index(
+                item[0]) if item[0] in TRACE_ORDER else len(TRACE_ORDER)):
             self.stdout.write(f"    {step:30} {statistics.median(values) * 1000:6.1f} / "
                               f"{percentile(values, 0.95) * 1000:6.1f} ms")
         return create, terminate
@@ -155,6 +156,12 @@ class Command(BaseCommand):
             if ids:
                 subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
         return durations
+
+
+TRACE_ORDER = ["manager -> agent (task hop)", "agent: container lookup"] + [
+    f"agent: {step}" for step in ("devices", "folder-mounts", "scratch-volume",
+                                  "session-network", "container", "start", "services",
+                                  "readiness", "the rest")] + ["agent -> manager (report hop)"]
 
 
 def create_trace(session):
