@@ -21,7 +21,7 @@ from django.conf import settings
 from docker.errors import APIError, DockerException, NotFound
 from docker.types import EndpointConfig, IPAMConfig, IPAMPool
 
-from agents_app.runtime.docker_backend import SESSION_ID
+from agents_app.runtime.docker_backend import AGENT_ID, SESSION_ID
 
 log = logging.getLogger(__name__)
 
@@ -376,13 +376,18 @@ class WarmBridges:
 
     def start(self):
         """At the agent's start: the warm bridges an earlier process left (free, or
-        claimed by a kernel that is gone) removed; the pool filled in the background."""
+        claimed by a kernel that is gone) removed; the pool filled in the background.
+        One a container of this agent names (running, or ended and not yet removed) stays
+        its kernel's."""
         if self.size <= 0:
             return
         try:
+            named = {c.labels.get(KERNEL_NETWORK) for c in self.agent.docker.containers.list(
+                all=True, filters={"label": f"{AGENT_ID}={self.agent.id}"})}
             for network in self._listed():
-                with contextlib.suppress(APIError):  # in use: its kernel still runs
-                    network.remove()
+                if network.name not in named:
+                    with contextlib.suppress(APIError):  # in use after all: the sweep
+                        network.remove()
         except (DockerException, OSError) as exc:
             log.info("warm bridges of an earlier process not removed: %s", exc)
         self.refill()

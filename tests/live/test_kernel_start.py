@@ -136,10 +136,15 @@ def test_a_warm_bridge_is_one_kernels_own_network_and_goes_with_it(agent, docker
                                                                    monkeypatch):
     agent.networks = networks.AgentNetworks(agent, warm_bridges=1)
     pool = agent.networks.warm
+    key = uuid.uuid4()  # one an earlier process of this agent left: removed at start
+    leftover = networks.create_session_network(
+        docker_client, f"{networks.WARM_BRIDGE_PREFIX}{key.hex[:12]}", str(key),
+        labels={networks.WARM_BRIDGE: agent.id}).name
     try:
         pool.start()
-        wait_for(lambda: len(warm_bridges_of(docker_client, agent)) == 1, timeout=15,
-                 message="the warm bridge made")
+        wait_for(lambda: len(warm_bridges_of(docker_client, agent)) == 1 and
+                 leftover not in warm_bridges_of(docker_client, agent), timeout=15,
+                 message="the leftover removed and a warm bridge made")
         [warm] = warm_bridges_of(docker_client, agent)
         spec = kernel_spec(agent)
         agent.create_kernel(spec)
