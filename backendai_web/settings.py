@@ -296,6 +296,9 @@ DEFAULT_KERNEL_IMAGE = env("DEFAULT_KERNEL_IMAGE", "bai-local/busybox:latest")
 # Overlay networks kept made and attached on every swarm agent of a scaling group whose
 # agents span hosts, for its next multi-host sessions (agents_app/network_pool.py); 0: none.
 OVERLAY_POOL_SIZE = env_int("OVERLAY_POOL_SIZE", 1)
+# Bridge networks an agent keeps made ahead for its next single-kernel sessions (each then
+# the session's own; agents_app/runtime/networks.py WarmBridges); 0: none.
+AGENT_WARM_BRIDGES = env_int("AGENT_WARM_BRIDGES", 2)
 # Each session's own bridge network takes a /26 of this pool (agents_app.runtime).
 KERNEL_NETWORK_POOL = env("KERNEL_NETWORK_POOL", "10.211.0.0/16")
 # The agent closes its host's own services to kernels with iptables (firewall.py).

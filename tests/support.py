@@ -197,6 +197,11 @@ def remove_kernels_of(docker_client, agent_id):
         for network in docker_client.networks.list(names=[f"bai-session-{session_id}"]):
             with contextlib.suppress(docker.errors.APIError):  # a sibling elsewhere uses it
                 network.remove()
+    # The bridges it made ahead, and those its kernels took (a killed agent removes none).
+    for network in docker_client.networks.list(
+            filters={"label": f"ai.backend.warm-bridge={agent_id}"}):
+        with contextlib.suppress(docker.errors.APIError):
+            network.remove()
 
 
 class Registry:

@@ -246,6 +246,27 @@ def test_the_overlay_of_an_ended_session_is_removed_through_a_manager_and_counte
                     if c.name == "session networks without a live session").violations
 
 
+def test_a_warm_bridge_a_session_took_is_removed_by_its_name_and_counted_once_it_ended(
+        two_hosts, alice, sent, django_capture_on_commit_callbacks):
+    # The agent's heartbeat lists a bridge it made ahead under the session that took it
+    # (runtime/networks.py WarmBridges.report): the manager treats it as that session's.
+    with django_capture_on_commit_callbacks(execute=True):
+        session = spread_session(alice, S.TERMINATED, two_hosts)
+    Session.objects.filter(pk=session.pk).update(
+        terminated_at=clock.now() - timedelta(seconds=60))
+    sent.clear()
+    warm = {"name": "bai-warm-0123456789ab", "session_id": str(session.pk),
+            "driver": "bridge", "scope": "local"}
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("h2", WORKER, networks=[warm])
+    assert [(kw["session_id"], kw["name"]) for name, kw in sent
+            if name == "agent.remove_network"] == [(str(session.pk), warm["name"])]
+    leaked = next(c for c in check_invariants()
+                  if c.name == "session networks without a live session")
+    assert leaked.violations == [f"agent h2: bridge network {warm['name']} of "
+                                 f"{S.TERMINATED} session"]
+
+
 def test_a_pass_shows_why_a_session_too_big_for_one_agent_waits(db, defaults, alice):
     make_agent("h1", slots={"cpu": "2", "mem": "2g"}, swarm=SWARM)
     make_agent("h2", slots={"cpu": "2", "mem": "2g"}, swarm=NO_SWARM)

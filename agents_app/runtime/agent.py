@@ -40,7 +40,8 @@ log = logging.getLogger("agent")
 
 class Agent:
     def __init__(self, agent_id, scaling_group, *, slots=None, heartbeat_interval=5.0,
-                 addr=None, region="", lifecycle_threads=8, pull_threads=4, devices=None):
+                 addr=None, region="", lifecycle_threads=8, pull_threads=4, devices=None,
+                 warm_bridges=0):
         self.id = agent_id
         self.scaling_group = scaling_group
         self.fixed_slots = slots
@@ -71,7 +72,7 @@ class Agent:
         self.starts = KernelStarts(self)
         self.stops = KernelStops(self)
         self.kept = KeptKernels(self)
-        self.networks = AgentNetworks(self)
+        self.networks = AgentNetworks(self, warm_bridges)  # bridges made ahead: networks.py
 
     # Docker connection, re-established after the engine comes back.
     @property

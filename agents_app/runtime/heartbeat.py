@@ -48,7 +48,8 @@ class Heartbeat:
             "kept": agent.kept.report([c for c in containers if backend.is_kept(c)]),
             "stopping": agent.stops.stopping_kernels(),
             "swarm": networks.swarm_state(agent.docker),
-            "networks": networks.session_networks(agent.docker, agent.id),
+            "networks": networks.session_networks(agent.docker, agent.id)
+            + agent.networks.warm.report(containers),
         }
 
     def container_report(self, container, devices=()):

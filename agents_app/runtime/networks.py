@@ -9,6 +9,7 @@ rpc.ensure_session_network); the agent makes, holds and removes them as it is as
 starts (ClusterNetwork, a provisioner of runner.KernelRunner).
 """
 
+import collections
 import contextlib
 import ipaddress
 import logging
@@ -20,7 +21,7 @@ from django.conf import settings
 from docker.errors import APIError, DockerException, NotFound
 from docker.types import EndpointConfig, IPAMConfig, IPAMPool
 
-from agents_app.runtime.docker_backend import SESSION_ID
+from agents_app.runtime.docker_backend import AGENT_ID, SESSION_ID
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def session_subnets(session_id):
         yield ipaddress.ip_network((int(pool.network_address) + ((start + i) % count) * 64, 26))
 
 
-def create_session_network(client, name, session_id, *, internal=False):
+def create_session_network(client, name, session_id, *, internal=False, labels=None):
     short = uuid.UUID(str(session_id)).hex[:12]
     for subnet in session_subnets(session_id):
         ipam = IPAMConfig(pool_configs=[IPAMPool(subnet=str(subnet),
@@ -46,7 +47,7 @@ def create_session_network(client, name, session_id, *, internal=False):
                 name, driver="bridge", check_duplicate=True, internal=internal, ipam=ipam,
                 # The host side is bai<12 hex>: the firewall's rules match bai+.
                 options={"com.docker.network.bridge.name": f"bai{short}"},
-                labels={SESSION_ID: session_id})
+                labels=labels or {SESSION_ID: session_id})
         except APIError as exc:
             if "overlap" not in str(exc).lower():
                 raise
@@ -284,13 +285,19 @@ class ClusterNetwork:
     _creating = threading.Lock()
 
     def setup(self, session_id, cluster_size, allow_outbound=True, driver="bridge",
-              overlay_name=None):
+              overlay_name=None, warm=None, kernel_id=None):
+        """`warm`: the agent's WarmBridges, of which a single-kernel session with outbound
+        access takes a bridge made ahead (no sibling has to find it by name)."""
         if driver == "overlay":
             # Swarm-scoped: a manager agent made it before any kernel was sent (the
             # manager side asks it, rpc.ensure_session_network), or ahead of time as a warm
             # network the session claimed, and removes it when the session has ended; a
             # worker engine sees it once a container attaches.
             return overlay_name or overlay_network_name(session_id)
+        if warm is not None and cluster_size == 1 and allow_outbound:
+            claimed = warm.claim(kernel_id)
+            if claimed:
+                return claimed
         name = session_network_name(session_id)
         with self._creating:
             if self.client.networks.list(names=[name]):
@@ -328,14 +335,151 @@ def leave_networks(client, container):
             client.api.disconnect_container_from_network(container.id, name, force=True)
 
 
-def overlay_endpoint(spec, network, api_version):
-    """The alias of a kernel on its session's overlay network, given at creation in one
-    call (the swarm attaches it as it starts), instead of the bridge path's disconnect and
-    connect."""
-    if spec.get("network_driver") != "overlay" or not network:
+def network_endpoint(spec, network, api_version):
+    """The kernel's endpoint on its session's network (a bridge or an overlay) with its
+    cluster hostname as alias, given at creation in one call: its siblings reach it by
+    that name, and no disconnect and connect after the create (two Docker round trips
+    and two network lookups each start, issue 36)."""
+    if not network:
         return {}
     return {"networking_config": {network: EndpointConfig(
         version=api_version, aliases=[spec["cluster_hostname"]])}}
+
+
+# Bridges made ahead (issue 36): making a bridge (Docker's netlink and iptables work) was
+# a fifth of a kernel's start. A warm bridge is this agent's (label), named bai-warm-<hex>
+# with host interface bai<hex> (the firewall's bai+); a kernel that takes one owns it from
+# then on, its container's network label names it, and it goes with the kernel
+# (ClusterNetwork.teardown) like a session's own bridge: never back to the pool.
+WARM_BRIDGE = "ai.backend.warm-bridge"
+WARM_BRIDGE_PREFIX = "bai-warm-"
+KERNEL_NETWORK = "ai.backend.network"  # the container's label (provisioners.NETWORK)
+# A warm bridge its kernel left is removed by the sweep this long after the claim's start
+# ended (a container made meanwhile is in the next heartbeat's list).
+SWEEP_AFTER = 30.0
+
+
+class WarmBridges:
+    """`size` bridges made ahead for this agent's next single-kernel sessions, refilled in
+    the background once the kernel that claimed one has started; those of an earlier
+    process of this agent are removed at start, the free ones at stop, and one its kernel
+    no longer uses by the heartbeat."""
+
+    def __init__(self, agent, size):
+        self.agent, self.size = agent, size
+        self._free = collections.deque()
+        self._making = set()
+        self._claimed = {}  # name → when its kernel's start ended (None: starting)
+        self._owners = {}  # kernel id → the name it claimed, while it starts
+        self._lock = threading.Lock()
+        self._filling = False
+
+    def start(self):
+        """At the agent's start: the warm bridges an earlier process left (free, or
+        claimed by a kernel that is gone) removed; the pool filled in the background.
+        One a container of this agent names (running, or ended and not yet removed) stays
+        its kernel's."""
+        if self.size <= 0:
+            return
+        try:
+            named = {c.labels.get(KERNEL_NETWORK) for c in self.agent.docker.containers.list(
+                all=True, filters={"label": f"{AGENT_ID}={self.agent.id}"})}
+            for network in self._listed():
+                if network.name not in named:
+                    with contextlib.suppress(APIError):  # in use after all: the sweep
+                        network.remove()
+        except (DockerException, OSError) as exc:
+            log.info("warm bridges of an earlier process not removed: %s", exc)
+        self.refill()
+
+    def claim(self, kernel_id):
+        """A free warm bridge's name, now kernel `kernel_id`'s; None when the pool is
+        empty."""
+        with self._lock:
+            name = self._free.popleft() if self._free else None
+            if name:
+                self._claimed[name], self._owners[kernel_id] = None, name
+        return name
+
+    def done(self, kernel_id):
+        """The start of kernel `kernel_id` has ended (its container made, or its network
+        torn down with the start that failed)."""
+        with self._lock:
+            name = self._owners.pop(kernel_id, None)
+            if name in self._claimed:
+                self._claimed[name] = time.monotonic()
+        if name:
+            self.refill()  # after the start, not beside it: Docker serves one at a time
+
+    def refill(self):
+        with self._lock:
+            if self._filling or self.size <= 0 or self.agent.stopping.is_set():
+                return
+            self._filling = True
+        threading.Thread(target=self._fill, name="warm-bridges", daemon=True).start()
+
+    def _fill(self):
+        try:
+            while not self.agent.stopping.is_set():
+                with self._lock:
+                    if len(self._free) + len(self._making) >= self.size:
+                        return
+                    key = uuid.uuid4()
+                    name = f"{WARM_BRIDGE_PREFIX}{key.hex[:12]}"
+                    self._making.add(name)
+                try:
+                    create_session_network(self.agent.docker, name, str(key),
+                                           labels={WARM_BRIDGE: self.agent.id})
+                    with self._lock:
+                        self._free.append(name)
+                except (DockerException, OSError) as exc:
+                    log.info("warm bridge not made: %s", exc)
+                    return
+                finally:
+                    with self._lock:
+                        self._making.discard(name)
+        finally:
+            with self._lock:
+                self._filling = False
+
+    def _listed(self):
+        return [n for n in self.agent.docker.networks.list(
+            filters={"label": f"{WARM_BRIDGE}={self.agent.id}"})
+            if n.name.startswith(WARM_BRIDGE_PREFIX)]
+
+    def report(self, containers):
+        """For the heartbeat: the warm bridges this agent's kernels took, as their
+        sessions' networks (the manager's reconcile and check_invariants see them as any
+        session bridge). One no container names, neither free nor being claimed, is left
+        from a kernel that is gone: removed here."""
+        if self.size <= 0 and not self._claimed:
+            return []
+        named = {c.labels.get(KERNEL_NETWORK): c.labels.get(SESSION_ID) for c in containers}
+        now, found = time.monotonic(), []
+        for network in self._listed():
+            session_id = named.get(network.name)
+            if session_id:
+                found.append({"name": network.name, "session_id": session_id,
+                              "driver": "bridge", "scope": "local"})
+                continue
+            with self._lock:
+                ended = self._claimed.get(network.name, 0.0)
+                if network.name in self._free or network.name in self._making or \
+                        ended is None or now - ended < SWEEP_AFTER:
+                    continue
+                self._claimed.pop(network.name, None)
+            log.info("removing warm bridge %s: its kernel is gone", network.name)
+            with contextlib.suppress(APIError):  # in use after all: the next sweep
+                network.remove()
+        return found
+
+    def release_all(self):
+        """At the agent's stop: the free ones removed (an agent that comes back makes new)."""
+        with self._lock:
+            free, self._free = list(self._free), collections.deque()
+        for name in free:
+            with contextlib.suppress(DockerException, OSError):
+                self.agent.docker.networks.get(name).remove()
 
 
 class AgentNetworks:
@@ -348,8 +492,9 @@ class AgentNetworks:
     _overlay_lock = threading.Lock()
     _hold_lock = threading.Lock()
 
-    def __init__(self, agent):
+    def __init__(self, agent, warm_bridges=0):
         self.agent = agent
+        self.warm = WarmBridges(agent, warm_bridges)
 
     def create(self, session_id=None, internal=False, name=None):
         """{"name"} of the session's overlay network (or of warm network `name`), made if
@@ -407,3 +552,4 @@ class AgentNetworks:
         """At the agent's stop: no holder outlives it (the manager asks again later)."""
         with contextlib.suppress(DockerException, OSError):
             release_network(self.agent.docker, self.agent.id)
+        self.warm.release_all()

@@ -27,7 +27,7 @@ from storage_app.files import give_back
 log = logging.getLogger(__name__)
 
 SCRATCH_VOLUME = "ai.backend.scratch-volume"
-NETWORK = "ai.backend.network"
+NETWORK = networks.KERNEL_NETWORK
 PRE_STOP = "ai.backend.pre-stop"
 MOUNTS = "ai.backend.mounts"
 OVERLAY_WAIT = 10  # seconds for a kernel's overlay network to be known where it starts
@@ -149,14 +149,6 @@ class KernelContainer:
                         spec["image"], spec["kernel_id"])
             images.pull_image(self.client, spec["image"])
             container = self._create(spec, volume, network, mounts, devices)
-        if network and spec.get("network_driver") != "overlay":
-            try:  # reachable by its cluster hostname from its siblings
-                self.client.networks.get(network).disconnect(container)
-                self.client.networks.get(network).connect(
-                    container, aliases=[spec["cluster_hostname"]])
-            except Exception:
-                container.remove(force=True)
-                raise
         return container
 
     def _create(self, spec, volume, network, mounts, devices=None, image=None):
@@ -179,7 +171,7 @@ class KernelContainer:
                      **device_args.mounts},
             network=network, **backend.resource_limits(spec["slots"]),
             **backend.hardening(spec), **device_args.create_kwargs(),
-            **networks.overlay_endpoint(spec, network, self.client.api.api_version),
+            **networks.network_endpoint(spec, network, self.client.api.api_version),
         )
 
     def teardown(self, container, grace_period=None, *, forced=False, on_hook_failure=None,

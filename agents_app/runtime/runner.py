@@ -119,7 +119,8 @@ class KernelRunner:
         return result
 
     @classmethod
-    def start(cls, client, agent_id, spec, *, ready_timeout=60, source=None, devices=None):
+    def start(cls, client, agent_id, spec, *, ready_timeout=60, source=None, devices=None,
+              warm=None):
         """Set up the kernel's resources in order, start its container and wait until it
         is ready (readiness): (runner, container). On any failure tear down what was made
         (at once: the kernel never ran) and raise ProvisionFailed naming the step.
@@ -129,7 +130,8 @@ class KernelRunner:
         given the `source` (kept_fetch.Source) of another agent, the kept image and volume from
         there; any failure of one is of kind RESTORE, and a kept container stays kept. A
         kept container keeps the devices it was made with: resumed here only when those
-        are free (else kind `agent`: the kernel moves, with devices of its new agent)."""
+        are free (else kind `agent`: the kernel moves, with devices of its new agent).
+        `warm`: the agent's networks.WarmBridges, for a new kernel's network."""
         runner = cls()
         restore = spec.get("restore")
         try:
@@ -161,7 +163,7 @@ class KernelRunner:
                     source.report()
                 else:
                     volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
-                network = runner.setup_network(client, spec)
+                network = runner.setup_network(client, spec, warm)
                 container = runner.setup(KernelContainer(client, agent_id), spec, volume,
                                          network, mounts, device_args or None, image)
                 if spec.get("ssh_keypair"):
@@ -181,10 +183,11 @@ class KernelRunner:
             raise
         return runner, container
 
-    def setup_network(self, client, spec):
+    def setup_network(self, client, spec, warm=None):
         return self.setup(networks.ClusterNetwork(client), spec["session_id"], spec["cluster_size"],
                           spec.get("allow_outbound", True),
-                          spec.get("network_driver") or "bridge", spec.get("network_name"))
+                          spec.get("network_driver") or "bridge", spec.get("network_name"),
+                          warm, spec["kernel_id"])
 
     @classmethod
     def from_container(cls, client, agent_id, container):

@@ -4,6 +4,7 @@ lane: one pull per image, shared), its resources set up and its container starte
 
 import logging
 import threading
+import time
 
 from django.conf import settings
 
@@ -71,8 +72,12 @@ class KernelStarts:
         kernel_id = spec["kernel_id"]
         if kernel_id in self._starting:
             return  # a redelivered task while the first one is still starting it
+        # Wall-clock marks of this create, sent with its report: the manager's side is on
+        # the same clock, so a trace splits CREATING -> RUNNING into its hops and steps.
+        trace = {"received_at": time.time()}
         existing = backend.find_kernel_container(agent.docker, agent.id, kernel_id,
                                                  image=spec["image"])
+        trace["lookup"] = round(time.time() - trace["received_at"], 4)
         if existing is not None and existing.status == "running":
             # A redelivered or retried task: the kernel already has its container.
             agent.report(kernel_id, "kernel_started", container_id=existing.id,
@@ -91,8 +96,9 @@ class KernelStarts:
             self._starting[kernel_id] = False
         container = None
         try:
-            container = self._start(spec)
+            container = self._start(spec, trace)
         finally:
+            agent.networks.warm.done(kernel_id)
             with self._starting_lock:
                 died = self._starting.pop(kernel_id, False)
         if container is not None and (died or container.status != "running"):
@@ -103,7 +109,7 @@ class KernelStarts:
         restore = spec.get("restore")
         return bool(restore) and restore.get("from") in ("local", self.agent.id)
 
-    def _start(self, spec):
+    def _start(self, spec, trace=None):
         """The kernel's container once it is reported started; None when it failed."""
         agent = self.agent
         kernel_id = spec["kernel_id"]
@@ -119,7 +125,7 @@ class KernelStarts:
             with metrics.Timer("agent_container_start_seconds", agent=agent.id):
                 runner, container = KernelRunner.start(
                     agent.docker, agent.id, spec, ready_timeout=settings.KERNEL_READY_TIMEOUT,
-                    source=source, devices=agent.devices)
+                    source=source, devices=agent.devices, warm=agent.networks.warm)
         except (ProvisionFailed, errors.RestoreFailed) as exc:
             provisioner = getattr(exc, "provisioner", "kept-source")
             kind = getattr(exc, "kind", errors.RESTORE)
@@ -131,9 +137,12 @@ class KernelStarts:
             return None
         if source is not None:
             restored["restored_bytes"] = source.done
+        trace = {**(trace or {}), "reported_at": time.time()}
+        log.debug("kernel %s started: lookup %s s, steps %s", kernel_id, trace.get("lookup"),
+                  runner.seconds, extra={"kernel_id": kernel_id, "agent_id": agent.id})
         agent.report(kernel_id, "kernel_started", container_id=container.id,
                      provision_seconds=runner.seconds, device_allocation=runner.allocation,
-                     **restored)
+                     trace=trace, **restored)
         metrics.count("agent_container_starts", agent=agent.id, outcome="started")
         metrics.observe_many("agent_provision_seconds", [
             (seconds, {"agent": agent.id, "provisioner": name})

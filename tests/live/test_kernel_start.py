@@ -127,6 +127,57 @@ def service_image(docker_client):
         docker_client.images.remove("bai-local/start-service:test", force=True)
 
 
+def warm_bridges_of(docker_client, agent):
+    return sorted(n.name for n in docker_client.networks.list(
+        filters={"label": f"{networks.WARM_BRIDGE}={agent.id}"}))
+
+
+def test_a_warm_bridge_is_one_kernels_own_network_and_goes_with_it(agent, docker_client,
+                                                                   monkeypatch):
+    agent.networks = networks.AgentNetworks(agent, warm_bridges=1)
+    pool = agent.networks.warm
+    key = uuid.uuid4()  # one an earlier process of this agent left: removed at start
+    leftover = networks.create_session_network(
+        docker_client, f"{networks.WARM_BRIDGE_PREFIX}{key.hex[:12]}", str(key),
+        labels={networks.WARM_BRIDGE: agent.id}).name
+    try:
+        pool.start()
+        wait_for(lambda: len(warm_bridges_of(docker_client, agent)) == 1 and
+                 leftover not in warm_bridges_of(docker_client, agent), timeout=15,
+                 message="the leftover removed and a warm bridge made")
+        [warm] = warm_bridges_of(docker_client, agent)
+        spec = kernel_spec(agent)
+        agent.create_kernel(spec)
+        assert agent.events() == ["kernel_started"], agent.reports
+        container = docker_client.containers.get(agent.reports[0][1]["container_id"])
+        assert list(container.attrs["NetworkSettings"]["Networks"]) == [warm]
+        assert container.labels["ai.backend.network"] == warm
+        assert agent.reports[0][1]["provision_seconds"]["session-network"] < 0.05
+        # Taken: the pool makes another; the heartbeat lists this one as the session's.
+        wait_for(lambda: len(warm_bridges_of(docker_client, agent)) == 2, timeout=15,
+                 message="the pool refilled")
+        assert pool.report([container]) == [{"name": warm, "session_id": spec["session_id"],
+                                             "driver": "bridge", "scope": "local"}]
+        # A second single-kernel session never gets it: another bridge of its own.
+        other = kernel_spec(agent)
+        agent.create_kernel(other)
+        second = docker_client.containers.get(agent.reports[1][1]["container_id"])
+        assert warm not in second.attrs["NetworkSettings"]["Networks"]
+        agent.destroy_kernel(spec["kernel_id"], container.id, forced=True)
+        wait_for(lambda: warm not in warm_bridges_of(docker_client, agent), timeout=15,
+                 message="the claimed bridge removed with its kernel")
+        # One its kernel left (removed behind the agent's back) is swept by the heartbeat.
+        left = second.labels["ai.backend.network"]
+        second.remove(force=True)
+        monkeypatch.setattr(networks, "SWEEP_AFTER", 0.0)
+        assert pool.report([]) == []
+        assert left not in warm_bridges_of(docker_client, agent)
+    finally:
+        agent.stopping.set()
+        pool.release_all()
+    assert warm_bridges_of(docker_client, agent) == []  # the free one removed at stop
+
+
 def test_a_missing_storage_folder_fails_the_start_at_once_with_kind_agent_and_nothing_left(
         agent, docker_client, tmp_path):
     spec = kernel_spec(agent, mounts=[{"folder": "data", "host_path": str(tmp_path / "gone"),

@@ -28,7 +28,7 @@ from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.create import create_session
-from sessions_app.models import Session
+from sessions_app.models import Session, SessionEvent
 
 ROOT = Path(settings.BASE_DIR)
 
@@ -100,7 +100,7 @@ class Command(BaseCommand):
                           f"p95 {result['create_to_running_p95_ms']} ms")
         self.stdout.write(f"raw docker run -d  p50 {result['raw_docker_run_p50_ms']} ms, "
                           f"p95 {result['raw_docker_run_p95_ms']} ms")
-        self.stdout.write(f"ratio (p50)        {result['ratio_p50']} (goal <= 1.5)")
+        self.stdout.write(f"ratio (p50)        {result['ratio_p50']} (goal <= 1.3, issue 36)")
         self.stdout.write(f"RUNNING -> TERMINATED p50 {result['terminate_p50_ms']} ms, "
                           f"p95 {result['terminate_p95_ms']} ms (goal p50 <= 1000)")
         self.stdout.write(json.dumps(result))
@@ -109,7 +109,7 @@ class Command(BaseCommand):
               Status.CREATING, Status.RUNNING]
 
     def _ours(self, keypair, user, group, count):
-        create, terminate, stages = [], [], {}
+        create, terminate, stages, traces = [], [], {}, {}
 
         for i in range(count):
             session = create_session(keypair=keypair, user=user, name=f"b{i}",
@@ -125,6 +125,8 @@ class Command(BaseCommand):
             for earlier, later in zip(self.STAGES, self.STAGES[1:], strict=False):
                 stages.setdefault(f"{earlier}->{later}", []).append(
                     since(session, later, earlier))
+            for step, seconds in create_trace(session).items():
+                traces.setdefault(step, []).append(seconds)
         for session in Session.objects.filter(scaling_group__name=group):
             destroy_session(session, reason="user-requested")
             wait_until(lambda s=session: session_status(s) == Status.TERMINATED, "TERMINATED")
@@ -132,6 +134,11 @@ class Command(BaseCommand):
             terminate.append(since(session, Status.TERMINATED, Status.TERMINATING))
         for stage, values in stages.items():
             self.stdout.write(f"  {stage:24} p50 {statistics.median(values) * 1000:6.1f} ms")
+        self.stdout.write("  CREATING->RUNNING, step by step (p50 / p95):")
+        for step, values in sorted(traces.items(), key=lambda item: TRACE_ORDER.index(
+                item[0]) if item[0] in TRACE_ORDER else len(TRACE_ORDER)):
+            self.stdout.write(f"    {step:30} {statistics.median(values) * 1000:6.1f} / "
+                              f"{percentile(values, 0.95) * 1000:6.1f} ms")
         return create, terminate
 
     @staticmethod
@@ -149,6 +156,33 @@ class Command(BaseCommand):
             if ids:
                 subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
         return durations
+
+
+TRACE_ORDER = ["manager -> agent (task hop)", "agent: container lookup"] + [
+    f"agent: {step}" for step in ("devices", "folder-mounts", "scratch-volume",
+                                  "session-network", "container", "start", "services",
+                                  "readiness", "the rest")] + ["agent -> manager (report hop)"]
+
+
+def create_trace(session):
+    """CREATING -> RUNNING of the session's kernel split into its hops and the agent's
+    steps, from the marks its kernel_started report carries (starts.KernelStarts.create):
+    one clock, this host's."""
+    event = SessionEvent.objects.filter(session=session, name="kernel_started").first()
+    data = event.data if event else {}
+    trace, steps = data.get("trace") or {}, data.get("provision_seconds") or {}
+    if not trace:
+        return {}
+    creating = datetime.fromisoformat(session.status_history[Status.CREATING]).timestamp()
+    running = datetime.fromisoformat(session.status_history[Status.RUNNING]).timestamp()
+    received, reported = trace["received_at"], trace["reported_at"]
+    result = {"manager -> agent (task hop)": received - creating,
+              "agent: container lookup": trace.get("lookup", 0)}
+    result.update((f"agent: {step}", seconds) for step, seconds in steps.items())
+    result["agent: the rest"] = reported - received - sum(result.values()) + result[
+        "manager -> agent (task hop)"]
+    result["agent -> manager (report hop)"] = running - reported
+    return result
 
 
 def session_status(session):

@@ -60,6 +60,9 @@ class Command(BaseCommand):
                             help="Device plugins to enable, comma-separated (entry points "
                                  "of backendai_web.devices: cuda, mock); default "
                                  "AGENT_DEVICES.")
+        parser.add_argument("--warm-bridges", type=int, default=settings.AGENT_WARM_BRIDGES,
+                            help="Bridge networks kept made ahead for the next single-kernel "
+                                 "sessions (0: none); default AGENT_WARM_BRIDGES.")
         parser.add_argument("--mock-devices", type=int, default=settings.AGENT_MOCK_DEVICES,
                             help="Mock CUDA devices to offer (enables the mock plugin); "
                                  "default AGENT_MOCK_DEVICES.")
@@ -70,14 +73,16 @@ class Command(BaseCommand):
         slots = parse_slots(options["slots"]) if options["slots"] else None
         if options["concurrency"] < 1 or options["pull_concurrency"] < 1:
             raise CommandError("--concurrency and --pull-concurrency must be at least 1")
-        if options["mock_devices"] < 0:
-            raise CommandError("--mock-devices must be 0 or more")
+        if options["mock_devices"] < 0 or options["warm_bridges"] < 0:
+            raise CommandError("--mock-devices and --warm-bridges must be 0 or more")
         agent = install(Agent(options["id"], options["scaling_group"], slots=slots,
                               heartbeat_interval=options["heartbeat_interval"],
                               addr=options["addr"], lifecycle_threads=options["concurrency"],
                               pull_threads=options["pull_concurrency"],
-                              devices=load_devices(options)))
+                              devices=load_devices(options),
+                              warm_bridges=options["warm_bridges"]))
         agent.docker_available()  # says in one line when Docker is unreachable
+        agent.networks.warm.start()
         if settings.KERNEL_FIREWALL:
             firewall.install()
         agent.stream_addr = StreamServer(agent, options["stream_bind"]).start().address
