@@ -105,7 +105,7 @@ class Heartbeat:
         self._cpu_samples[container.id] = (total, system)
         memory = stats.get("memory_stats", {})
         stat = {"mem_bytes": memory.get("usage", 0), "mem_limit": memory.get("limit", 0),
-                "at": time.time()}
+                "cpu_seconds": round(total / 1e9, 3), **io_counters(stats), "at": time.time()}
         app = self.app_report(container)
         if app is not None:
             stat["app"] = app
@@ -149,6 +149,17 @@ class Heartbeat:
             except Exception:  # nothing may end the heartbeat thread
                 log.exception("heartbeat failed")
             self.agent.stopping.wait(self.agent.heartbeat_interval)
+
+
+def io_counters(stats):
+    """Cumulative network and block bytes of a container, from Docker's stats."""
+    networks = (stats.get("networks") or {}).values()
+    blkio = (stats.get("blkio_stats") or {}).get("io_service_bytes_recursive") or []
+    return {"net_rx": sum(n.get("rx_bytes", 0) for n in networks),
+            "net_tx": sum(n.get("tx_bytes", 0) for n in networks),
+            "blk_read": sum(e.get("value", 0) for e in blkio if e.get("op", "").lower() == "read"),
+            "blk_write": sum(e.get("value", 0) for e in blkio
+                             if e.get("op", "").lower() == "write")}
 
 
 def kernel_device_stats(container, devices):
