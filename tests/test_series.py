@@ -12,6 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents_app.runtime.heartbeat import io_counters
 from backendai_web.metrics_view import exposition
+from common import clock
+from identity_app.acting import actor_for
+from scheduling_app.scheduler.core import schedule
+from scheduling_app.scheduler.outlook import queue_outlook
 from sessions_app import series
 from sessions_app.enums import Status
 from sessions_app.lifecycle.heartbeats import handle_heartbeat
@@ -240,3 +244,40 @@ def test_occupancy_samples_split_running_from_reserved_slots_per_group(alice, bo
                                          "reserved": [1.0], "free": [1.0]}
     assert data["groups"]["gpu"]["free"] == [8.0]
     assert data["agents"]["agent-1"]["used"] == [75.0]
+
+
+def test_the_queue_outlook_puts_a_waiting_session_at_the_end_it_waits_for(
+        client, alice, bob, carol):
+    agent = make_agent(slots={"cpu": "2", "mem": "4g"})
+    with time_machine.travel(T0, tick=False):
+        running = make_session(alice, Status.RUNNING, agent=agent, name="long-job",
+                               resources={"cpu": "2", "mem": "1g"}, session_type="batch",
+                               startup_command="sleep 600", batch_timeout=600)
+        waiting = make_session(bob, name="next", resources={"cpu": "2", "mem": "1g"})
+        schedule("default")
+        groups = queue_outlook(actor_for(bob), clock.now())
+    end = running.starts_at.timestamp() + 600
+    group, = groups
+    assert group["running"] == [{"id": str(running.pk), "name": "another user's session",
+                                 "mine": False, "end": end}]
+    first, = group["waiting"]
+    assert (first["id"], first["name"], first["mine"], first["position"]) == (
+        str(waiting.pk), "next", True, 1)
+    assert first["predicted_start"] == end
+    client.force_login(bob)
+    with time_machine.travel(T0, tick=False):
+        page = client.get("/sessions/queue/").content.decode()
+    assert f'id="waiting-{waiting.pk}" data-predicted-start="{end}" class="queue-mine"' in page
+    assert "long-job" not in page  # not bob's
+    client.force_login(carol)
+    assert "long-job" in client.get("/sessions/queue/").content.decode()
+
+
+def test_the_overview_has_the_occupancy_numbers_beside_its_charts(client, carol, alice):
+    agent = make_agent(slots={"cpu": "4", "mem": "8g"})
+    make_session(alice, Status.RUNNING, agent=agent, resources={"cpu": "3", "mem": "1g"})
+    series.record_occupancy()
+    client.force_login(carol)
+    page = client.get("/sessions/overview/").content.decode()
+    assert '<tr data-group="default"><td>default</td><td>3</td><td>0</td><td>1</td></tr>' in page
+    assert 'id="occupancy-data"' in page
