@@ -32,7 +32,7 @@ export function formatBytes(value) {
     n /= 1024;
     unit += 1;
   }
-  return `${(Math.sign(value) * n).toFixed(n < 10 && unit ? 1 : 0)} ${units[unit]}`;
+  return `${(Math.sign(value) * n).toFixed(n < 10 && n % 1 ? 1 : 0)} ${units[unit]}`;
 }
 
 export const formats = {
