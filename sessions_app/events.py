@@ -89,13 +89,13 @@ def publish_many_on_commit(items):
         transaction.on_commit(after_commit)
 
 
-def publish_stats_on_commit(points):
-    """The kernels' samples of a heartbeat ({session id: [point]}), after commit; never
-    stored: a page that missed them reads the series again."""
+def publish_stats_on_commit(points, reported_at=None):
+    """The kernels' samples of a heartbeat ({session id: [point]}) and when the agent sent
+    it, after commit; never stored: a page that missed them reads the series again."""
     if points:
         transaction.on_commit(lambda: publish_batch(
             [("raw", STATS_GROUP, {"type": "session.event", "group": STATS_GROUP,
-                                   "stats": points})]))
+                                   "stats": points, "reported_at": reported_at})]))
 
 
 def publish(groups, msg):

@@ -229,7 +229,7 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
             points.setdefault(str(kernels[str(kernel_id)].session_id), []).append(
                 series.point_of(kernel_id, stat, snapshot_at.timestamp()))
         series.record([p for session_points in points.values() for p in session_points])
-        publish_stats_on_commit(points)
+        publish_stats_on_commit(points, taken_at)
     kept_by_kernel = {entry["kernel_id"]: entry for entry in kept if entry.get("kernel_id")}
     gone = Kernel.objects.filter(
         agent=agent, status__in=[S.RUNNING, S.TERMINATING],

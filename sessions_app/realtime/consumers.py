@@ -12,7 +12,7 @@ sessions_app.events.message. The client may send:
 
 A connection narrowed to one session also gets its kernels' samples as the heartbeats
 bring them: {"event": "kernel_stat", "session_id", "points": [{"kernel_id", "t", "cpu",
-"mem", ...}]} (not stored, not replayed).
+"mem", ...}], "reported_at": when the agent sent them} (not stored, not replayed).
 
 Refusals are {"event": "error", "reason": "..."}.
 """
@@ -156,8 +156,8 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         if event.get("group") == STATS_GROUP:
             points = self.session_id and event["stats"].get(str(self.session_id))
             if points:
-                await self.send_json({"event": "kernel_stat",
-                                      "session_id": str(self.session_id), "points": points})
+                await self.send_json({"event": "kernel_stat", "session_id": str(self.session_id),
+                                      "points": points, "reported_at": event.get("reported_at")})
             return
         if self.session_events_only and event["message"]["event"].startswith("kernel_"):
             return

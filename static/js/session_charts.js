@@ -108,7 +108,12 @@ document.addEventListener("kernel:stat", (event) => {
   for (const point of event.detail.points) {
     if (kernels.has(point.kernel_id)) changed = add(kernels.get(point.kernel_id), point) || changed;
   }
-  if (changed) draw();
+  if (changed) {
+    draw();
+    // For the bench: when the agent sent what was just drawn, and when it was drawn.
+    section.dataset.reportedAt = String(event.detail.reported_at);
+    section.dataset.drawnAt = String(Date.now());
+  }
 });
 
 async function start() {
