@@ -20,7 +20,9 @@ on one manager worker, and the session page's chart lag.
         make bench BENCH=usage_series
 
 Uses DATABASE_URL and REDIS_URL (PostgreSQL for a meaningful figure); its rows are removed
-at the end.
+at the end, and what is left in the manager queue is purged: not against a live system's
+Redis. Before the worker's rounds, one heartbeat's handling is timed in this process, with
+the share of the series' INSERT in it (a figure that load on the machine changes less).
 """
 
 import os
@@ -168,6 +170,11 @@ def ingestion():
 
     tag = f"bench-series-{uuid.uuid4().hex[:6]}"
     group, user, by_agent = make_rows(tag)
+    try:
+        in_process(tag, by_agent)
+    except BaseException:
+        remove_rows(group, user)
+        raise
     log_path = ROOT / "var" / f"{tag}-worker.log"
     log_path.parent.mkdir(exist_ok=True)
     log = open(log_path, "w")  # noqa: SIM115 (open while the worker runs)
@@ -253,7 +260,45 @@ def ingestion():
         except subprocess.TimeoutExpired:
             worker.kill()
         log.close()
+        # What the worker did not handle would hold up the next part's real agent.
+        with app.connection_for_write() as connection:
+            left = connection.default_channel.queue_purge("manager")
+        if left:
+            print(f"  {left} heartbeats left unhandled in the manager queue: purged",
+                  flush=True)
         remove_rows(group, user)
+
+
+def in_process(tag, by_agent, count=20):
+    """One heartbeat's handling (100 kernels), and its series INSERT alone, timed in this
+    process: the share of the series in a heartbeat, and how many heartbeats a second one
+    worker's thread could take (the rounds need KERNELS / PER_AGENT / INTERVAL)."""
+    from django.db import transaction
+
+    from sessions_app import series
+    from sessions_app.lifecycle.heartbeats import handle_heartbeat
+
+    agents = list(by_agent.items())[:count]
+    handling, inserting = [], []
+    for round_index in (1, 2):
+        for agent_id, kernels in agents:
+            info = heartbeat(agent_id, tag, kernels, round_index)
+            started = time.perf_counter()
+            handle_heartbeat(info)
+            handling.append(time.perf_counter() - started)
+            points = [series.point_of(k["kernel_id"], k["stat"], info["taken_at"])
+                      for k in info["kernels"]]
+            with transaction.atomic():
+                started = time.perf_counter()
+                series.record(points)
+                inserting.append(time.perf_counter() - started)
+    handle, insert = statistics.median(handling), statistics.median(inserting)
+    print(f"in process: one heartbeat of {PER_AGENT} kernels handled in p50 "
+          f"{handle * 1000:.0f} ms (p95 {percentile(handling, 0.95) * 1000:.0f} ms), of which "
+          f"the series' INSERT p50 {insert * 1000:.1f} ms ({100 * insert / handle:.0f} %); "
+          f"one thread could take {1 / handle:.0f} heartbeats/s, the rounds need "
+          f"{KERNELS / PER_AGENT / INTERVAL:.0f}/s; load average "
+          f"{Path('/proc/loadavg').read_text().split()[:3]}", flush=True)
 
 
 # 2. The session page's chart lag.

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import requests
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Avg, Max
 from django.db.models.functions import Coalesce, Trunc
 
@@ -59,10 +59,25 @@ def row_of(point):
         **{name: point[name] for name in COUNTERS})
 
 
+# The columns a sample fills, in the order `record` writes them.
+COLUMNS = ("kernel_id", "at", "step", "cpu_percent", "mem_bytes", "device_util", *COUNTERS)
+
+
 def record(points):
-    """The points of one heartbeat, in one INSERT."""
-    if points:
+    """The points of one heartbeat in one statement: on PostgreSQL a COPY (psycopg 3),
+    which spares building a model instance and an INSERT's text per row; elsewhere one
+    bulk INSERT."""
+    if not points:
+        return
+    if connection.vendor != "postgresql":
         KernelStat.objects.bulk_create([row_of(p) for p in points])
+        return
+    table = KernelStat._meta.db_table
+    with connection.cursor() as cursor, cursor.cursor.copy(
+            f"COPY {table} ({', '.join(COLUMNS)}) FROM STDIN") as copy:
+        for p in points:
+            copy.write_row((p["kernel_id"], datetime.fromtimestamp(p["t"], tz=UTC), 0,
+                            p["cpu"], p["mem"], p["device"], *(p[n] for n in COUNTERS)))
 
 
 # Compaction.
@@ -140,7 +155,7 @@ def kernel_series(session, minutes=60, now=None):
     kernels over the last `minutes`."""
     now = now or clock.now()
     since = now - timedelta(minutes=minutes)
-    kernels = list(session.kernels.order_by("cluster_idx", "id"))
+    kernels = list(session.kernels.order_by("cluster_role", "cluster_idx"))  # main first
     if settings.STATS_PROMETHEUS_URL:
         source = "prometheus"
         by_kernel = prometheus_points(settings.STATS_PROMETHEUS_URL, session.pk, since, now)
