@@ -21,7 +21,7 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP) $(NPM_STAMP)
 
-# The dashboard's front-end libraries (xterm.js), from the npm registry at the versions
+# The dashboard's front-end libraries (xterm.js, uPlot), from the npm registry at the versions
 # package-lock.json pins; Django's staticfiles serves them from node_modules.
 $(NPM_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error

@@ -21,8 +21,8 @@ ADDITIVE = ("cpu_used", "mem_byte_seconds", "sampled_seconds", "net_rx", "net_tx
             "io_write", "device_util_seconds")
 INTEGERS = {"net_rx", "net_tx", "io_read", "io_write"}
 # Cumulative counters an agent's sample carries (since the container started).
-COUNTERS = {"cpu_used_ns": ("cpu_used", 1e-9), "net_rx": ("net_rx", 1),
-            "net_tx": ("net_tx", 1), "io_read": ("io_read", 1), "io_write": ("io_write", 1)}
+COUNTERS = {"cpu_seconds": ("cpu_used", 1), "net_rx": ("net_rx", 1),
+            "net_tx": ("net_tx", 1), "blk_read": ("io_read", 1), "blk_write": ("io_write", 1)}
 
 
 def local_day(ts):

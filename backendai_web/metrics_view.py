@@ -11,7 +11,11 @@ from django.conf import settings
 from django.db.models import Count, Min
 from django.http import HttpResponse, JsonResponse
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
@@ -24,7 +28,8 @@ from identity_app.acting import actor_for
 from identity_app.api.authentication import KeypairSignatureAuthentication
 from sessions_app.api.errors import error_body
 from sessions_app.enums import Status
-from sessions_app.models import Session
+from sessions_app.models import Kernel, Session
+from sessions_app.series import device_utilization
 
 
 def _histogram(name, text, label_names, samples, buckets):
@@ -115,6 +120,7 @@ def database_metrics():
                 family.add_metric([row[0], row[2], row[1], slot], float(value))
         yield family
     yield from device_metrics()
+    yield from kernel_metrics()
 
 
 # Each device's last measures, as its agent's heartbeat reported them: (name, key, help).
@@ -141,6 +147,38 @@ def device_metrics():
                         Decimal(str(h.get("amount", 0))) for h in device.get("held") or [])))
                 elif device.get(key) is not None:
                     family.add_metric(labels, float(device[key]))
+        yield family
+
+
+# Each RUNNING kernel's last sample (only running ones: a series per kernel that ever ran
+# would grow without end): (name, key in the sample, counter?, help).
+KERNEL_SERIES = (
+    ("kernel_cpu_percent", "cpu_percent", False, "A kernel's CPU use, percent of one core."),
+    ("kernel_cpu_seconds_total", "cpu_seconds", True, "A kernel's CPU time, seconds."),
+    ("kernel_memory_bytes", "mem_bytes", False, "A kernel's memory use, bytes."),
+    ("kernel_network_rx_bytes_total", "net_rx", True, "Bytes a kernel received."),
+    ("kernel_network_tx_bytes_total", "net_tx", True, "Bytes a kernel sent."),
+    ("kernel_block_read_bytes_total", "blk_read", True, "Bytes a kernel read from disks."),
+    ("kernel_block_write_bytes_total", "blk_write", True, "Bytes a kernel wrote to disks."),
+    ("kernel_device_utilization_percent", None, False,
+     "Mean utilization of the devices a kernel holds, percent."),
+)
+KERNEL_LABELS = ("session_id", "kernel_id", "access_key", "user", "project",
+                 "scaling_group", "agent")
+
+
+def kernel_metrics():
+    rows = list(Kernel.objects.filter(status=Status.RUNNING).exclude(last_stat={}).values_list(
+        "session_id", "id", "session__keypair_id", "session__user__username",
+        "session__project__name", "session__scaling_group__name", "agent_id", "last_stat"))
+    for name, key, counter, text in KERNEL_SERIES:
+        kind = CounterMetricFamily if counter else GaugeMetricFamily
+        family = kind(f"{PREFIX}_{name.removesuffix('_total') if counter else name}", text,
+                      labels=KERNEL_LABELS)
+        for *labels, stat in rows:
+            value = device_utilization(stat) if key is None else stat.get(key)
+            if value is not None:
+                family.add_metric([str(label or "") for label in labels], float(value))
         yield family
 
 

@@ -369,6 +369,15 @@ POST_DESTROY_HOOKS = env_list("POST_DESTROY_HOOKS")
 
 # /metrics: readable with `Authorization: Bearer METRICS_TOKEN` or by an administrator.
 METRICS_TOKEN = env("METRICS_TOKEN")
+# Kernels' utilization series (sessions_app/series.py): raw samples as the heartbeats bring
+# them for STATS_RAW_SECONDS, then 1-minute averages until STATS_MINUTE_SECONDS, then hourly
+# ones until STATS_RETENTION_SECONDS, when they are deleted.
+STATS_RAW_SECONDS = env_int("STATS_RAW_SECONDS", 86400)
+STATS_MINUTE_SECONDS = env_int("STATS_MINUTE_SECONDS", 7 * 86400)
+STATS_RETENTION_SECONDS = env_int("STATS_RETENTION_SECONDS", 90 * 86400)
+# A Prometheus that scrapes /metrics: the session page's charts read its per-kernel series
+# (query_range) instead of the database's.
+STATS_PROMETHEUS_URL = env("STATS_PROMETHEUS_URL").rstrip("/")
 
 # One line per meaningful event; LOG_FORMAT=json for structured logs (backendai_web.logs).
 LOG_LEVEL = env("LOG_LEVEL", "INFO")

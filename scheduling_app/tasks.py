@@ -4,6 +4,7 @@ from celery import shared_task
 
 from agents_app import rpc
 from scheduling_app import idle, scheduler
+from sessions_app import series
 from sessions_app.lifecycle import progress, stop
 
 
@@ -34,3 +35,5 @@ check_progress = _periodic(progress.check_progress)
 sweep_pending = _periodic(progress.sweep_pending)
 sweep_lost_agents = _periodic(progress.sweep_lost_agents)
 sweep_stopped = _periodic(stop.sweep_stopped)
+compact_stats = _periodic(series.compact_stats)
+record_occupancy = _periodic(series.record_occupancy)

@@ -15,6 +15,10 @@ from django.db import transaction
 log = logging.getLogger(__name__)
 
 ADMINS_GROUP = "admins"
+# One message per heartbeat with the samples of its kernels, {session id: points}: a web
+# process receives it once and each page following one of those sessions takes its part.
+# Not a message per session: 10,000 kernels every 5 s would be 2,000 sends a second.
+STATS_GROUP = "kernel-stats"
 
 
 def session_group(session_id):
@@ -83,6 +87,15 @@ def publish_many_on_commit(items):
             publish_batch(batch)
 
         transaction.on_commit(after_commit)
+
+
+def publish_stats_on_commit(points, reported_at=None):
+    """The kernels' samples of a heartbeat ({session id: [point]}) and when the agent sent
+    it, after commit; never stored: a page that missed them reads the series again."""
+    if points:
+        transaction.on_commit(lambda: publish_batch(
+            [("raw", STATS_GROUP, {"type": "session.event", "group": STATS_GROUP,
+                                   "stats": points, "reported_at": reported_at})]))
 
 
 def publish(groups, msg):
@@ -194,6 +207,11 @@ def flush(timeout=10):
 
 async def _send(layer, batch, concurrency=64):
     """Sends in order per group, up to `concurrency` group_sends in flight at once."""
+    raw = [item for item in batch if item[0] == "raw"]
+    for _, group, payload in raw:
+        await layer.group_send(group, payload)
+    if raw:
+        batch = [item for item in batch if item[0] != "raw"]
     # Each message is serialized once here rather than once per receiving browser.
     payloads = [(groups, {"type": "session.event", "message": msg, "text": json.dumps(msg)})
                 for groups, msg in batch]

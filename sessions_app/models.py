@@ -357,3 +357,46 @@ class ManagerState(models.Model):
 
     def __str__(self):
         return self.status
+
+
+class KernelStat(models.Model):
+    """A kernel's measures at one time, as its agent's heartbeat reported them (`step` 0),
+    or a minute's / an hour's of them (`step` 60 / 3600: averages, with the maxima beside;
+    the counters' last values). sessions_app.series keeps and compacts them."""
+
+    kernel = models.ForeignKey(Kernel, on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField()
+    step = models.PositiveIntegerField(default=0, help_text="0: raw; else the seconds averaged.")
+    cpu_percent = models.FloatField(null=True)
+    cpu_percent_max = models.FloatField(null=True)
+    cpu_seconds = models.FloatField(null=True, help_text="Cumulative CPU time.")
+    mem_bytes = models.BigIntegerField(null=True)
+    mem_bytes_max = models.BigIntegerField(null=True)
+    net_rx = models.BigIntegerField(null=True, help_text="Cumulative bytes received.")
+    net_tx = models.BigIntegerField(null=True)
+    blk_read = models.BigIntegerField(null=True, help_text="Cumulative bytes read.")
+    blk_write = models.BigIntegerField(null=True)
+    device_util = models.FloatField(null=True, help_text="Mean utilization of its devices, %.")
+    device_util_max = models.FloatField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["kernel", "step", "at"]),
+                   models.Index(fields=["step", "at"])]
+
+    def __str__(self):
+        return f"{self.kernel_id} at {self.at}"
+
+
+class OccupancySample(models.Model):
+    """An agent's slots at one time: what RUNNING kernels use, what kernels on their way
+    (SCHEDULED to CREATING) reserve, and what it has; the overview draws a day of them."""
+
+    at = models.DateTimeField(db_index=True)
+    agent = models.ForeignKey("agents_app.Agent", on_delete=models.CASCADE, related_name="+")
+    scaling_group = models.CharField(max_length=64)
+    available = SlotsField()
+    used = SlotsField()
+    reserved = SlotsField()
+
+    def __str__(self):
+        return f"{self.agent_id} at {self.at}"

@@ -138,13 +138,13 @@ def test_measured_usage_adds_counter_increases_and_keeps_the_memory_peak(alice):
     session = run(alice, "busy", t0)
     kernel = session.kernels.get()
     base = t0.timestamp()
-    records.add_samples([(kernel.pk, {"at": base + 5, "cpu_used_ns": 1e9, "mem_bytes": 100,
-                                      "net_rx": 10, "io_write": 7})])
-    records.add_samples([(kernel.pk, {"at": base + 15, "cpu_used_ns": 3e9, "mem_bytes": 300,
-                                      "net_rx": 30, "io_write": 7})])
+    records.add_samples([(kernel.pk, {"at": base + 5, "cpu_seconds": 1.0, "mem_bytes": 100,
+                                      "net_rx": 10, "blk_write": 7})])
+    records.add_samples([(kernel.pk, {"at": base + 15, "cpu_seconds": 3.0, "mem_bytes": 300,
+                                      "net_rx": 30, "blk_write": 7})])
     # The container restarted: its counters begin again from zero.
-    records.add_samples([(kernel.pk, {"at": base + 25, "cpu_used_ns": 0.5e9,
-                                      "mem_bytes": 200, "net_rx": 5, "io_write": 4})])
+    records.add_samples([(kernel.pk, {"at": base + 25, "cpu_seconds": 0.5,
+                                      "mem_bytes": 200, "net_rx": 5, "blk_write": 4})])
     terminate(session, t0 + timedelta(seconds=30))
     [row] = sums.sums(UsageRecord.objects.all(),
                       sums.Period(t0, t0 + timedelta(days=1)), "session")
@@ -192,10 +192,12 @@ def test_an_agents_sample_carries_dockers_cumulative_counters():
              "blkio_stats": {"io_service_bytes_recursive": [
                  {"major": 8, "op": "read", "value": 300}, {"op": "write", "value": 40},
                  {"op": "Read", "value": 5}]}}
-    assert cumulative_counters(stats) == {"cpu_used_ns": 5_000_000_000, "net_rx": 11,
-                                          "net_tx": 22, "io_read": 305, "io_write": 40}
-    assert cumulative_counters({}) == {"cpu_used_ns": 0, "net_rx": 0, "net_tx": 0,
-                                       "io_read": 0, "io_write": 0}
+    assert cumulative_counters(stats) == {"cpu_seconds": 5.0, "net_rx": 11,
+                                          "net_tx": 22, "blk_read": 305, "blk_write": 40}
+    assert cumulative_counters({}) == {"cpu_seconds": 0.0, "net_rx": 0, "net_tx": 0,
+                                       "blk_read": 0, "blk_write": 0}
+    assert cumulative_counters({"blkio_stats": {"io_service_bytes_recursive": None}}) == \
+        cumulative_counters({})
 
 
 def test_heartbeats_samples_become_the_records_measured_usage(alice):
@@ -204,7 +206,7 @@ def test_heartbeats_samples_become_the_records_measured_usage(alice):
     agent = make_agent()
     t0 = datetime(2026, 3, 2, tzinfo=UTC)
     kernel = run(alice, "measured", t0).kernels.get()
-    for seconds, cpu_ns, mem in ((10, 2e9, 1000), (20, 6e9, 3000)):
+    for seconds, cpu, mem in ((10, 2.0, 1000), (20, 6.0, 3000)):
         moment = t0 + timedelta(seconds=seconds)
         with at(moment):
             handle_heartbeat({
@@ -212,7 +214,7 @@ def test_heartbeats_samples_become_the_records_measured_usage(alice):
                 "slots": {"cpu": "4", "mem": "8g"}, "taken_at": moment.timestamp(),
                 "kernels": [{"kernel_id": str(kernel.pk), "container_id": kernel.container_id,
                              "state": "running",
-                             "stat": {"at": moment.timestamp(), "cpu_used_ns": cpu_ns,
+                             "stat": {"at": moment.timestamp(), "cpu_seconds": cpu,
                                       "mem_bytes": mem, "mem_limit": 8000}}]})
     record = UsageRecord.objects.get(kernel_id=kernel.pk)
     assert (record.cpu_used, record.mem_peak, record.sampled_seconds) == (6.0, 3000, 10.0)

@@ -261,3 +261,37 @@ async def test_open_websockets_are_counted_for_metrics(login, alice):
     refused, accepted, code = await connect()  # no login: closed before it is counted
     assert not accepted and code == 4401
     assert await database_sync_to_async(gauge)() == 0
+
+
+def heartbeat_with_samples(kernels, taken_at):
+    from sessions_app.lifecycle.heartbeats import handle_heartbeat
+
+    return handle_heartbeat({
+        "id": "ws-agent", "scaling_group": "default", "images": [], "taken_at": taken_at,
+        "kernels": [{"kernel_id": str(k.pk), "container_id": k.container_id,
+                     "state": "running", "stat": {"at": taken_at - 0.2, "cpu_percent": 12.5,
+                                                  "mem_bytes": 2048, "net_rx": 7}}
+                    for k in kernels]})
+
+
+async def test_a_page_following_a_session_gets_its_kernels_samples_and_no_others(
+        alice, bob, login):
+    mine = await new_session(alice, S.RUNNING, name="mine")
+    bobs = await new_session(bob, S.RUNNING, name="bobs")
+    kernels = await database_sync_to_async(
+        lambda: list(mine.kernels.all()) + list(bobs.kernels.all()))()
+    following, _, _ = await connect(login(alice), path=f"/ws/events/?session={mine.pk}")
+    await following.receive_json_from()  # subscribed
+    listing, _, _ = await connect(login(alice))  # a list page: no samples
+    at = timezone.now().timestamp()
+    await database_sync_to_async(heartbeat_with_samples)(kernels, at)
+    message = await following.receive_json_from(timeout=5)
+    assert message == {"event": "kernel_stat", "session_id": str(mine.pk), "reported_at": at,
+                       "points": [{"kernel_id": str(kernels[0].pk), "t": round(at - 0.2, 3),
+                                   "cpu": 12.5, "mem": 2048, "device": None,
+                                   "cpu_seconds": None, "net_rx": 7, "net_tx": None,
+                                   "blk_read": None, "blk_write": None}]}
+    assert await receive_all(following) == []  # not bob's
+    assert [m["event"] for m in await receive_all(listing)] == []
+    await following.disconnect()
+    await listing.disconnect()

@@ -154,7 +154,8 @@ class Heartbeat:
 
 def cumulative_counters(stats):
     """The counters of Docker's stats that grow from the container's start: CPU time (ns),
-    network and block IO bytes. The manager's accounting adds up their increases."""
+    network and block IO bytes. The manager's accounting adds up their increases; its
+    utilization series keeps them as they are."""
     networks = (stats.get("networks") or {}).values()
     blkio = (stats.get("blkio_stats") or {}).get("io_service_bytes_recursive") or []
 
@@ -162,11 +163,11 @@ def cumulative_counters(stats):
         return sum(entry.get("value", 0) for entry in blkio
                    if str(entry.get("op", "")).lower() == op)
 
-    return {"cpu_used_ns": stats.get("cpu_stats", {}).get("cpu_usage", {}).get(
-                "total_usage", 0),
+    cpu_ns = stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0)
+    return {"cpu_seconds": round(cpu_ns / 1e9, 3),
             "net_rx": sum(n.get("rx_bytes", 0) for n in networks),
             "net_tx": sum(n.get("tx_bytes", 0) for n in networks),
-            "io_read": io("read"), "io_write": io("write")}
+            "blk_read": io("read"), "blk_write": io("write")}
 
 
 def kernel_device_stats(container, devices):

@@ -4,6 +4,7 @@ The helpers at the top (visible sessions, create, destroy) are shared with the
 Backend.AI-compatible routes in `compat`, which only translate request and response shapes.
 """
 
+import requests
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
@@ -23,7 +24,7 @@ from identity_app.acting import actor_of
 from identity_app.api.permissions import acting_keypair, owner_keypair, request_is_admin
 from identity_app.api.viewsets import RestrictedViewSet
 from scheduling_app.idle import checks_of as idle_checks_of
-from sessions_app import activity
+from sessions_app import activity, series
 from sessions_app.api.errors import RequestFailed
 from sessions_app.enums import ClusterMode, SessionType
 from sessions_app.lifecycle import destroy_session
@@ -403,6 +404,23 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Restricte
         body.is_valid(raise_exception=True)
         session = rename_for(request, self.get_object(), body.validated_data["name"])
         return Response(SessionSerializer(self.get_queryset().get(pk=session.pk)).data)
+
+    @extend_schema(responses=OpenApiTypes.OBJECT,
+                   parameters=[OpenApiParameter("minutes", OpenApiTypes.INT)])
+    @action(detail=True, methods=["get"])
+    def stats(self, request, pk=None):
+        """Its kernels' utilization over the last `minutes` (60 unless asked; at most the
+        retention): per kernel, columns of times, cpu %, memory bytes, devices' %, and the
+        cumulative cpu seconds, network and block bytes."""
+        session = self.get_object()
+        try:
+            minutes = series.parse_minutes(request.query_params.get("minutes"))
+        except series.SeriesError as exc:
+            raise RequestFailed(exc.message, data={exc.field: [exc.message]}) from None
+        try:
+            return Response(series.kernel_series(session, minutes))
+        except (requests.RequestException, KeyError, ValueError) as exc:
+            raise RequestFailed(f"Prometheus did not answer: {exc}"[:300], 503) from None
 
     @extend_schema(responses=EventPageSerializer,
                    parameters=[OpenApiParameter("limit", OpenApiTypes.INT),

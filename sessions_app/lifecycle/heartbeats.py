@@ -14,8 +14,9 @@ from agents_app.models import Agent, AgentStatus, Image, resource_limits
 from common import clock
 from common.bulk import update_rows
 from scheduling_app.models import ScalingGroup
-from sessions_app import engine
+from sessions_app import engine, series
 from sessions_app.enums import Status, StatusGroup
+from sessions_app.events import publish_stats_on_commit
 from sessions_app.lifecycle import stop
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.create import kick_scheduler
@@ -225,6 +226,12 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
     if stats:
         update_rows(Kernel, ["last_stat", "stat_history"], stats)
         usage_records.add_samples([(kernel_id, stat) for kernel_id, stat, _ in stats])
+        points = {}  # session id → its kernels' points
+        for kernel_id, stat, _ in stats:
+            points.setdefault(str(kernels[str(kernel_id)].session_id), []).append(
+                series.point_of(kernel_id, stat, snapshot_at.timestamp()))
+        series.record([p for session_points in points.values() for p in session_points])
+        publish_stats_on_commit(points, taken_at)
     kept_by_kernel = {entry["kernel_id"]: entry for entry in kept if entry.get("kernel_id")}
     gone = Kernel.objects.filter(
         agent=agent, status__in=[S.RUNNING, S.TERMINATING],

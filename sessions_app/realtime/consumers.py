@@ -10,6 +10,10 @@ sessions_app.events.message. The client may send:
   network drop loses no status.
 - {"session": "<id>"}: narrow to that one session, answered {"event": "subscribed"}.
 
+A connection narrowed to one session also gets its kernels' samples as the heartbeats
+bring them: {"event": "kernel_stat", "session_id", "points": [{"kernel_id", "t", "cpu",
+"mem", ...}], "reported_at": when the agent sent them} (not stored, not replayed).
+
 Refusals are {"event": "error", "reason": "..."}.
 """
 
@@ -25,7 +29,13 @@ from django.utils.dateparse import parse_datetime
 from backendai_web import metrics
 from common import clock
 from identity_app.acting import actor_for
-from sessions_app.events import ADMINS_GROUP, message_of, session_group, user_group
+from sessions_app.events import (
+    ADMINS_GROUP,
+    STATS_GROUP,
+    message_of,
+    session_group,
+    user_group,
+)
 from sessions_app.models import Session, SessionEvent
 from sessions_app.realtime import fanout
 
@@ -110,7 +120,8 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
             await self.refuse("Session not found.")
             return
         self.session_id = session_id  # following a session is not activity on it
-        await self.join([session_group(session_id)])
+        # Its kernels' samples too ({"event": "kernel_stat"}): the session page's charts.
+        await self.join([session_group(session_id), STATS_GROUP])
         await self.send_json({"event": "subscribed", "session_id": str(session_id)})
 
     async def catch_up(self, value):
@@ -142,6 +153,12 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         return [message_of(row) for row in rows]
 
     async def push(self, event):
+        if event.get("group") == STATS_GROUP:
+            points = self.session_id and event["stats"].get(str(self.session_id))
+            if points:
+                await self.send_json({"event": "kernel_stat", "session_id": str(self.session_id),
+                                      "points": points, "reported_at": event.get("reported_at")})
+            return
         if self.session_events_only and event["message"]["event"].startswith("kernel_"):
             return
         await self.send(text_data=event["text"])

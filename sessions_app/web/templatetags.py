@@ -1,4 +1,4 @@
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django import template
 from django.utils.timezone import localtime
@@ -31,6 +31,15 @@ def devices(kernel):
                 text += f" · {measured['utilization']:g} %"
             shown.append(text)
     return ", ".join(shown) or "—"
+
+
+@register.filter
+def epoch_time(seconds, form="%H:%M:%S"):
+    """A time in epoch seconds as local time (of day, unless `form` says otherwise)."""
+    try:
+        return localtime(datetime.fromtimestamp(float(seconds), tz=UTC)).strftime(form)
+    except (TypeError, ValueError, OverflowError):
+        return "—"
 
 
 @register.filter

@@ -19,7 +19,8 @@ from agents_app.models import Agent, AgentStatus
 from common import clock
 from common.slots import ResourceSlots, format_bytes
 from identity_app.acting import actor_of
-from sessions_app import service_ports
+from scheduling_app.scheduler.outlook import queue_outlook
+from sessions_app import series, service_ports
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.heartbeats import is_uuid
@@ -37,6 +38,10 @@ from sessions_app.web import timeline
 from sessions_app.web.forms import SessionForm
 
 LIST_LIMIT = 200
+# The session page's utilization charts (static/js/session_charts.js draws them).
+CHART_TITLES = (("cpu", "CPU (% of one core)"), ("mem", "Memory"),
+                ("net", "Network (in / out per second)"),
+                ("disk", "Disk (read / write per second)"), ("device", "Devices (utilization %)"))
 # Sent by static/js/live.js's refresher when a page re-reads itself.
 
 
@@ -112,6 +117,7 @@ def session_detail(request, pk):
                             key=lambda c: c.remaining, default=None),
         "idle_check_interval": settings.IDLE_CHECK_INTERVAL,
         "services": service_ports.of_image(session.image),
+        "chart_titles": CHART_TITLES,
         "kept_bytes": sum(int((k.kept or {}).get("bytes") or 0)
                           for k in session.kernels.all()),
     })
@@ -184,12 +190,20 @@ def overview(request):
     agents = sorted(Agent.objects.select_related("scaling_group"),
                     key=lambda a: (a.status != AgentStatus.LOST, a.status, a.id))
     holders = session_names_of(agents)
+    occupancy = series.occupancy_series(hours=24)
     return render(request, "dashboard/overview.html", {
         "admin": admin, "rendered_at": clock.now(),
         "statuses": [(status, by_status.get(status, 0)) for status in Status
                      if status not in StatusGroup.FINISHED],
         "agents": [(agent, slot_bars(agent), device_rows(agent, holders)) for agent in agents],
+        "occupancy": occupancy_table(occupancy), "occupancy_series": occupancy,
     })
+
+
+def occupancy_table(occupancy):
+    """[(group, used, reserved, free)] of each scaling group's latest sample."""
+    return [(group, data["used"][-1], data["reserved"][-1], data["free"][-1])
+            for group, data in sorted(occupancy["groups"].items()) if data["t"]]
 
 
 def session_names_of(agents):
@@ -228,3 +242,15 @@ def slot_bars(agent):
         bars.append({"name": name, "label": f"{show(used)} / {show(capacity)}",
                      "percent": min(round(100 * used / capacity), 100) if capacity else 0})
     return bars
+
+
+@login_required
+def queue(request):
+    """Each scaling group's waiting sessions at their predicted starts, beside the latest
+    ends of the sessions holding slots (a user sees only their own sessions' names)."""
+    _, admin = viewer(request)
+    now = clock.now()
+    groups = queue_outlook(actor_of(request), now)
+    return render(request, "dashboard/queue.html", {
+        "admin": admin, "rendered_at": now, "groups": groups,
+        "queue_data": {"now": now.timestamp(), "groups": groups}})

@@ -16,6 +16,10 @@ setStatus(root.dataset.status);
 new EventStream({
   query: `?session=${sessionId}`,
   onEvent(message) {
+    if (message.event === "kernel_stat") {  // samples for the charts: no re-render
+      document.dispatchEvent(new CustomEvent("kernel:stat", { detail: message }));
+      return;
+    }
     if (message.event === "kernel_pull_progress") {
       showPullProgress(message.data);  // not stored and changes no status: no re-render
       return;
