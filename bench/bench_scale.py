@@ -236,6 +236,66 @@ class Bench:
         return rows
 
     # The measures.
+    def handler(self, agents, per_agent, threads, rounds):
+        """handle_heartbeat alone, in this process: `threads` threads (as a manager
+        worker's) each handling heartbeats of its own agents, `rounds` per agent; no broker.
+        What the handler costs, and whether heartbeats of different agents wait for each
+        other: heartbeats/s, wall time p50/p95, queries each."""
+        from django.db import connection
+
+        from agents_app.runtime.simulated import SimulatedAgent
+        from sessions_app.lifecycle.heartbeats import handle_heartbeat
+
+        class NoClock:
+            def after(self, seconds, function):
+                pass
+
+        self.stop()
+        self.reset()
+        kernels = json.loads(self.seed(agents, per_agent).read_text())
+        fleet = []
+        for agent_id, kernel_ids in kernels.items():
+            agent = SimulatedAgent(agent_id, self.group.name, clock=NoClock(),
+                                   slots={"cpu": "64", "mem": str(256 << 30)})
+            for kernel_id in kernel_ids:
+                agent.adopt(kernel_id)
+            fleet.append(agent)
+        for agent in fleet:  # the first heartbeat of each: rows as in the steady state
+            handle_heartbeat(agent.heartbeat_info())
+        times, queries = [], []
+
+        def run(part):
+            count = [0]
+
+            def counted(execute, *args):
+                count[0] += 1
+                return execute(*args)
+
+            try:
+                with connection.execute_wrapper(counted):
+                    for _ in range(rounds):
+                        for agent in fleet[part::threads]:
+                            count[0] = 0
+                            started = time.perf_counter()
+                            handle_heartbeat(agent.heartbeat_info())
+                            times.append(time.perf_counter() - started)
+                            queries.append(count[0])
+            finally:
+                connection.close()
+
+        workers = [threading.Thread(target=run, args=(n,)) for n in range(threads)]
+        started = time.perf_counter()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        elapsed = time.perf_counter() - started
+        return {"agents": agents, "kernels": agents * per_agent, "threads": threads,
+                "heartbeats_per_s": round(len(times) / elapsed, 1),
+                "p50_ms": round(percentile(times, 0.5) * 1000, 1),
+                "p95_ms": round(percentile(times, 0.95) * 1000, 1),
+                "queries": statistics.median(queries), "loadavg": loadavg()}
+
     def steady(self, agents, per_agent, window):
         self.start(agents, per_agent, 1)
         worker, sim = self.pid("worker-0"), self.pid("agents")
@@ -348,8 +408,15 @@ def main():
     print(f"heartbeat interval {bench.interval} s, {per_agent} RUNNING kernels per agent, "
           f"{window} s windows; logs in {bench.dir}; loadavg {' '.join(loadavg())}",
           flush=True)
-    results = {"steady": [], "burst": []}
+    results = {"handler": None, "steady": [], "burst": []}
     try:
+        if env_int("BENCH_SCALE_HANDLER", 1):
+            result = results["handler"] = bench.handler(
+                env_int("BENCH_SCALE_HANDLER_AGENTS", 100), per_agent, 4, 5)
+            print(f"handler alone, {result['agents']} agents x {per_agent} kernels, 4 threads: "
+                  f"{result['heartbeats_per_s']} heartbeats/s, p50 {result['p50_ms']} ms "
+                  f"p95 {result['p95_ms']} ms, {result['queries']} queries each; "
+                  f"loadavg {' '.join(result['loadavg'])}", flush=True)
         for n in curve:
             result = bench.steady(n, per_agent, window)
             results["steady"].append(result)
