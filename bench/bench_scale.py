@@ -4,12 +4,14 @@ records every task), PostgreSQL.
 
 1. Steady state, for each count of BENCH_SCALE_CURVE (default 100,500,1000,2000) with
    BENCH_SCALE_PER_AGENT RUNNING kernels each (20: 20,000 at 1,000 agents), heartbeats at
-   the default interval: heartbeat and report handling lag (sent → handled) p50/p95 on one
-   manager worker, its CPU per agent, database queries per heartbeat.
+   the default interval: heartbeat lag (sent → handled) p50/p95 on one manager worker,
+   its CPU per agent, database queries per heartbeat.
 2. A burst of BENCH_SCALE_BURST session creates (5,000) on BENCH_SCALE_AGENTS agents
    (1,000) and their kernels, to RUNNING: p50/p95 and sessions/s end to end, with one
-   manager worker and with two (BENCH_SCALE_WORKERS, default "1,2").
+   manager worker and with two (BENCH_SCALE_WORKERS, default "1,2"); the lag (sent →
+   handled) of the agents' reports and heartbeats meanwhile.
 
+Each manager worker runs as the Procfile's (threads pool, 4 threads; BENCH_SCALE_THREADS).
 Shrink it with BENCH_SCALE_CURVE=20,50 BENCH_SCALE_AGENTS=50 BENCH_SCALE_BURST=200
 BENCH_SCALE_WINDOW=15. It uses the database of DATABASE_URL (a scaling group of its own,
 removed afterwards) and FLUSHES the Redis db of REDIS_URL: give it its own of each.
@@ -26,7 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +130,7 @@ class Bench:
         from sessions_app.models import Kernel, Session
 
         now = clock.now()
-        started = now - timedelta(hours=1)
+        started = now
         ids = [f"{self.tag}-{n:04d}" for n in range(agents)]
         slot = {"cpu": "1", "mem": "268435456"}
         Agent.objects.bulk_create([Agent(
@@ -165,7 +167,13 @@ class Bench:
         return path
 
     def start(self, agents, per_agent, workers):
+        import redis
+        from django.conf import settings
+
         self.stop()
+        # What the last phase's agents sent and no worker took: stale heartbeats of the
+        # same agent ids would end this phase's kernels (not in their lists).
+        redis.Redis.from_url(settings.REDIS_URL).flushdb()
         self.reset()
         kernels_file = self.seed(agents, per_agent)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -177,7 +185,8 @@ class Bench:
             self.records.append(record)
             self._spawn(f"worker-{n}", [
                 celery, "-A", "bench.scale_worker", "--quiet", "worker", "-Q", "manager",
-                "--pool", "threads", "-c", "4", "-n", f"{self.tag}-{n}@%h",
+                "--pool", "threads", "-c", os.environ.get("BENCH_SCALE_THREADS", "4"),
+                "-n", f"{self.tag}-{n}@%h",
                 "--without-gossip", "--without-mingle", "-l", "WARNING"],
                 {**env, "BENCH_SCALE_RECORD": str(record)})
         self._spawn("agents", [
@@ -361,6 +370,11 @@ class Bench:
                 break
             time.sleep(1)
         cpu = {n: cpu_seconds(p.pid) - cpu0[n] for n, p in self.processes}
+        rows = self.read_records(started)
+        reports = [r["ended"] - r["sent"] for r in rows
+                   if r["task"] == "manager.kernel_event" and r["sent"]]
+        beats = [r["ended"] - r["sent"] for r in rows
+                 if r["task"] == "manager.heartbeat" and r["sent"]]
         times = []
         for history in burst.filter(status=Status.RUNNING).values_list("status_history",
                                                                         flat=True):
@@ -376,6 +390,9 @@ class Bench:
             "p95_s": round(percentile(latency, 0.95), 2),
             "sessions_per_s": round(len(times) / span, 1) if span else None,
             "worker_cpu_s": round(sum(v for n, v in cpu.items() if n.startswith("worker")), 1),
+            "report_lag_p50_ms": round(percentile(reports, 0.5) * 1000),
+            "report_lag_p95_ms": round(percentile(reports, 0.95) * 1000),
+            "heartbeat_lag_p95_ms": round(percentile(beats, 0.95) * 1000),
             "loadavg": loadavg(),
             **({"first_error": errors[0][:200]} if errors else {}),
         }
@@ -435,7 +452,9 @@ def main():
             print(f"burst of {count} on {agents} agents, {n} worker(s): "
                   f"{result['running']} RUNNING, p50 {result['p50_s']} s p95 "
                   f"{result['p95_s']} s, {result['sessions_per_s']} sessions/s end to end "
-                  f"(created at {result['created_per_s']}/s), worker CPU "
+                  f"(created at {result['created_per_s']}/s), report lag p50 "
+                  f"{result['report_lag_p50_ms']} ms p95 {result['report_lag_p95_ms']} ms, "
+                  f"heartbeat lag p95 {result['heartbeat_lag_p95_ms']} ms, worker CPU "
                   f"{result['worker_cpu_s']} s; loadavg {' '.join(result['loadavg'])}",
                   flush=True)
         rates = [r["sessions_per_s"] for r in results["burst"] if r["sessions_per_s"]]
