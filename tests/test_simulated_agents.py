@@ -7,6 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from agents_app.models import Agent
+from agents_app.runtime.reports import HEARTBEAT_PRIORITY
 from agents_app.runtime.simulated import (
     SIMULATED_IMAGE,
     Clock,
@@ -164,3 +165,27 @@ def test_the_manager_takes_a_simulated_heartbeat_as_any_agents(agent, clock, sen
 def test_the_command_refuses_no_agents():
     with pytest.raises(CommandError, match="--count and --concurrency must be at least 1"):
         call_command("run_simulated_agents", "--count", "0")
+
+
+@pytest.mark.usefixtures("redis_available")
+def test_a_report_sent_after_a_heartbeat_is_taken_first_from_the_real_broker(agent):
+    """Heartbeats go at the manager queue's lowest priority: a worker reading the queue
+    takes a kernel report (or a scheduler kick) before the heartbeats queued earlier."""
+    from backendai_web.celery import app
+
+    queue = f"test-priority-{agent.id}-{id(agent)}"
+    app.send_task("manager.heartbeat", kwargs={"info": {}}, queue=queue,
+                  priority=HEARTBEAT_PRIORITY)
+    app.send_task("manager.kernel_event", kwargs={"kernel_id": "k1", "event": "x"},
+                  queue=queue)
+    with app.connection_for_read() as connection:
+        simple = connection.SimpleQueue(queue)
+        try:
+            taken = [simple.get(timeout=5) for _ in range(2)]
+            for message in taken:
+                message.ack()
+            assert [m.headers["task"] for m in taken] == ["manager.kernel_event",
+                                                           "manager.heartbeat"]
+        finally:
+            simple.queue.delete()
+            simple.close()

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from celery import current_task
 
-from agents_app.runtime.reports import Outbox
+from agents_app.runtime.reports import HEARTBEAT_PRIORITY, Outbox
 from backendai_web import __version__
 from backendai_web.celery import agent_queue
 
@@ -185,7 +185,8 @@ class SimulatedAgent:
 
     def heartbeat(self):
         self.outbox.flush()
-        return self.outbox.send("manager.heartbeat", {"info": self.heartbeat_info()})
+        return self.outbox.send("manager.heartbeat", {"info": self.heartbeat_info()},
+                                priority=HEARTBEAT_PRIORITY)
 
     def heartbeat_loop(self, first_after=0.0):
         """A heartbeat every interval from `first_after` s on, on the clock."""
