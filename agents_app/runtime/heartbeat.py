@@ -12,6 +12,7 @@ from docker.errors import DockerException
 from agents_app.runtime import devices as device_plugins
 from agents_app.runtime import docker_backend as backend
 from agents_app.runtime import images, networks, services
+from agents_app.runtime.reports import HEARTBEAT_PRIORITY
 from backendai_web import __version__
 
 log = logging.getLogger("agent")
@@ -140,7 +141,8 @@ class Heartbeat:
                     "stream_addr": agent.stream_addr, "docker_error": str(exc)[:500],
                     "slots": agent.slots() if agent.fixed_slots else {}, "images": [],
                     "taken_at": time.time()}
-        return agent.outbox.send("manager.heartbeat", {"info": info}) and \
+        return agent.outbox.send("manager.heartbeat", {"info": info},
+                                 priority=HEARTBEAT_PRIORITY) and \
             info.get("docker_error") is None
 
     def loop(self):

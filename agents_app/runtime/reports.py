@@ -13,6 +13,11 @@ import time
 from backendai_web.celery import app
 
 log = logging.getLogger("agent")
+# A heartbeat goes to the lowest priority of the manager queue (kombu's Redis transport
+# keeps each priority in a list of its own and a worker reads the plain queue first): a
+# kernel report or a scheduler kick never waits behind the heartbeats queued before it
+# (docs/benchmarks/scale.md). Workers of `-Q manager` read every priority.
+HEARTBEAT_PRIORITY = 9
 
 
 class Outbox:
@@ -40,12 +45,12 @@ class Outbox:
             finally:
                 self._lock.release()
 
-    def send(self, task, kwargs):
+    def send(self, task, kwargs, priority=None):
         """One message to the manager's queue; False while the broker does not take it
         (said once when that starts and once when it ends, not at every try)."""
         try:
             app.send_task(task, kwargs=kwargs, queue="manager", ignore_result=True,
-                          retry=False)
+                          retry=False, priority=priority)
         except Exception as exc:  # kombu's OperationalError and the socket errors under it
             if self._broker_down_since is None:
                 self._broker_down_since = time.monotonic()

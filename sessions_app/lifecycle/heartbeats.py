@@ -34,8 +34,15 @@ SNAPSHOT_MARGIN = timedelta(seconds=2)
 @transaction.atomic
 def handle_heartbeat(info):
     now = clock.now()
-    group, _ = ScalingGroup.objects.get_or_create(name=info.get("scaling_group") or "default")
-    agent = Agent.objects.select_for_update().filter(pk=info["id"]).first()
+    group_name = info.get("scaling_group") or "default"
+    # Its group with it (the agent's row alone locked): no query for the group when the
+    # agent stays in it, as it does at nearly every heartbeat.
+    agent = Agent.objects.select_for_update(of=("self",)).select_related(
+        "scaling_group").filter(pk=info["id"]).first()
+    if agent is not None and agent.scaling_group.name == group_name:
+        group = agent.scaling_group
+    else:
+        group, _ = ScalingGroup.objects.get_or_create(name=group_name)
     # Alive again, or its Docker engine answers again: sessions waiting for room (which
     # the scheduler skipped it for) need not wait for beat's next pass.
     takes_kernels_again = agent is None or agent.status != AgentStatus.ALIVE or (
@@ -82,12 +89,7 @@ def handle_heartbeat(info):
                         agent.lost_at)
             agent.status, agent.lost_at = AgentStatus.ALIVE, None
         agent.save()
-    for image in info.get("images", []):
-        labels = image.get("labels") or {}
-        Image.objects.update_or_create(
-            name=image["name"], architecture=agent.architecture,
-            defaults={"labels": labels, "min_slots": resource_limits(labels)[0].to_json()},
-        )
+    record_images(agent.architecture, info.get("images", []))
     if "kernels" in info:  # only a heartbeat that could list its containers
         kept = info.get("kept") or []
         reconcile_containers(agent, info["kernels"], info.get("taken_at"),
@@ -103,6 +105,27 @@ def handle_heartbeat(info):
     if takes_kernels_again:
         transaction.on_commit(lambda: kick_scheduler(group.name))
     return agent
+
+
+def record_images(architecture, images):
+    """The Image rows of the images an agent reports, written only when one is new or its
+    labels changed: one SELECT otherwise. Every agent reports the same images at every
+    heartbeat, and writing each (update_or_create locks the row) made every agent's
+    heartbeat transaction wait for the others' on those rows (docs/benchmarks/scale.md)."""
+    wanted = {}
+    for image in images:
+        labels = image.get("labels") or {}
+        wanted[image["name"]] = {"labels": labels,
+                                 "min_slots": resource_limits(labels)[0].to_json()}
+    if not wanted:
+        return
+    known = {name: {"labels": labels, "min_slots": min_slots} for name, labels, min_slots in
+             Image.objects.filter(name__in=list(wanted), architecture=architecture)
+             .values_list("name", "labels", "min_slots")}
+    for name, fields in wanted.items():
+        if known.get(name) != fields:
+            Image.objects.update_or_create(name=name, architecture=architecture,
+                                           defaults=fields)
 
 
 DEPARTED_KEPT = 20  # node ids an agent's engine no longer is, kept for network removal
@@ -174,6 +197,9 @@ def reconcile_networks(agent, networks, taken_at=None):
             n["session_id"], agent_id=agent.pk, name=n.get("name")))
 
 
+SAMPLED_FIELDS = ("id", "session_id", "status", "status_changed", "stat_history")
+
+
 def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recovering=False,
                          kept=()):
     """Make the agent's containers and the manager's kernels agree:
@@ -192,8 +218,15 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
     """
     snapshot_at = _snapshot_time(taken_at)
     by_kernel = {r["kernel_id"]: r for r in reported if r.get("kernel_id")}
+    # Nearly every kernel listed is RUNNING and running: of those only what a sample needs
+    # is read; whole rows, with their sessions, only of the kernels that need an action.
     kernels = {str(k.pk): k for k in Kernel.objects.filter(pk__in=[
-        k for k in by_kernel if is_uuid(k)]).select_related("session")}
+        k for k in by_kernel if is_uuid(k)]).only(*SAMPLED_FIELDS)}
+    acting = [pk for pk, k in kernels.items() if recovering or not (
+        k.status == S.RUNNING and by_kernel[pk]["state"] == "running")]
+    if acting:
+        kernels.update({str(k.pk): k for k in Kernel.objects.filter(pk__in=acting)
+                        .select_related("session")})
     actor = f"agent:{agent.pk}"
     stats = []
     for kernel_id, container in by_kernel.items():
