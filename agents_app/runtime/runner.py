@@ -28,6 +28,7 @@ from agents_app.runtime.provisioners import (
     RestoredVolume,
     ScratchVolume,
     SSHKeys,
+    WorkDirectory,
 )
 from common.devices import device_part
 from common.slots import ResourceSlots
@@ -144,7 +145,8 @@ class KernelRunner:
             device_args = runner.allocation and (runner.allocation, runner.step(
                 "device-arguments", devices.container_args, runner.allocation,
                 spec["kernel_id"]))
-            mounts = runner.setup(FolderMounts(), spec.get("mounts") or [])
+            user = backend.kernel_user(spec)
+            mounts = runner.setup(FolderMounts(user), spec.get("mounts") or [])
             if restore and source is None:
                 network = runner.setup_network(client, spec)
                 container = runner.setup(KeptContainer(client, agent_id), spec, network)
@@ -166,7 +168,9 @@ class KernelRunner:
                                          network, mounts, device_args or None, image)
                 if spec.get("ssh_keypair"):
                     runner.setup(SSHKeys(), container, spec["ssh_keypair"],
-                                 spec.get("cluster_hosts") or [spec["cluster_hostname"]])
+                                 spec.get("cluster_hosts") or [spec["cluster_hostname"]], user)
+                else:
+                    runner.setup(WorkDirectory(), container, user)
             if runner.allocation:  # its container's label holds the devices from now on
                 devices.release(spec["kernel_id"])
             overlay = spec.get("network_driver") == "overlay"
