@@ -1,9 +1,8 @@
-"""Kernel hardening on real Docker, tried from inside a kernel: capabilities, no new
+"""Kernel hardening on real Docker, tried from inside a kernel: its user, capabilities, no new
 privileges, the pids and open-files limits of the resource policy, no swap, no host path."""
 
 import pytest
 
-from agents_app.models import Agent, AgentStatus
 from agents_app.runtime.docker_backend import KERNEL_CAPABILITIES
 from backendai_web.metrics_view import exposition
 from identity_app.models import ResourcePolicy
@@ -89,44 +88,4 @@ def test_a_kernel_runs_as_its_groups_user_with_only_the_listed_capabilities_and_
     wait_status(session_id, S.TERMINATED)
 
 
-def test_a_fork_bomb_hits_the_pids_limit_while_another_session_still_answers(
-        live, as_alice, docker_client):
-    ResourcePolicy.objects.filter(name="default").update(kernel_pids_limit=64)
-    bomb = create(as_alice, "bomb", resources={"cpu": "0.5", "mem": "128m"})
-    other = create(as_alice, "other", resources={"cpu": "0.5", "mem": "128m"})
-    wait_status(bomb, S.RUNNING, timeout=60)
-    wait_status(other, S.RUNNING, timeout=60)
-    # A shell that forks without end: past 64 processes every fork fails.
-    forked = execute(as_alice, bomb, "i=0; while [ $i -lt 500 ]; do sleep 120 & "
-                                     "i=$((i+1)); done; echo done", timeout=20)
-    assert "can't fork" in forked["stderr"] or "Resource temporarily unavailable" in (
-        forked["stderr"]), forked
-    kernel = Kernel.objects.get(session_id=bomb)
-    container = docker_client.containers.get(kernel.container_id)
-    assert len(container.top()["Processes"]) <= 64
-    answer = execute(as_alice, other, "echo alive")
-    assert answer == {"stdout": "alive\n", "stderr": "", "exit_code": 0}
-    assert Agent.objects.get(pk=live.agent_id).status == AgentStatus.ALIVE
-    for session_id in (bomb, other):
-        as_alice.delete(f"/api/v1/sessions/{session_id}/?forced=false")
-    wait_status(bomb, S.TERMINATED, timeout=60)
-    wait_status(other, S.TERMINATED, timeout=60)
-
-
-def test_a_memory_hog_meets_its_own_limit_while_another_session_still_answers(
-        live, as_alice, docker_client):
-    hog = create(as_alice, "hog", resources={"cpu": "0.5", "mem": "64m"})
-    other = create(as_alice, "calm", resources={"cpu": "0.5", "mem": "64m"})
-    wait_status(hog, S.RUNNING, timeout=60)
-    wait_status(other, S.RUNNING, timeout=60)
-    # 256 MiB held in one process, four times the limit; no swap to spill into.
-    ate = execute(as_alice, hog, "head -c 256m /dev/zero | tail > /dev/null; echo exit=$?",
-                  timeout=30)
-    assert "exit=137" in ate["stdout"], ate  # the kernel's OOM killer took `tail`
-    assert execute(as_alice, other, "echo alive")["stdout"] == "alive\n"
-    assert execute(as_alice, hog, "echo still-here")["stdout"] == "still-here\n"
-    assert Agent.objects.get(pk=live.agent_id).status == AgentStatus.ALIVE
-    for session_id in (hog, other):
-        as_alice.delete(f"/api/v1/sessions/{session_id}/")
-    wait_status(hog, S.TERMINATED, timeout=60)
-    wait_status(other, S.TERMINATED, timeout=60)
+# The fork bomb and the memory hog beside another session: tests/live/test_kernel_probes.py.
