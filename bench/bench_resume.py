@@ -106,7 +106,8 @@ def one_run(source, target, main_engine, image, scratch, rows, made):
     container = source.wait(kid, "kernel_started")["container_id"]
     written = main_engine.containers.get(container).exec_run(
         ["/bin/sh", "-c", f"head -c {SIZE_MIB * 2**20} /dev/urandom > /home/work/big && "
-                          "mkdir -p /usr/local/bin && echo tool > /usr/local/bin/t"])
+                          "mkdir -p /usr/local/bin && echo tool > /usr/local/bin/t"],
+        user="0")  # outside /home/work: root's, not the kernel's user's
     assert written.exit_code == 0, written.output
     source.reports.clear()
 
