@@ -361,7 +361,7 @@ def test_a_kept_kernel_moves_to_another_engine_without_the_layers_it_holds(
     assert started["restored"] == source.id
     assert list(started["provision_seconds"]) == [
         "folder-mounts", "kept-source", "restore-image", "restore-volume",
-        "session-network", "container", "start", "services", "readiness"]
+        "session-network", "container", "work-directory", "start", "services", "readiness"]
     # What came over: the volume (a MiB and a note, in a tar whose last 1 MiB record is
     # padded) and the written layer (a small program), not the image's own layers
     # (BASE_BLOB bytes) the target holds already.
