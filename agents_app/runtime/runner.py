@@ -155,14 +155,15 @@ class KernelRunner:
                     raise ProvisionFailed("devices", device_plugins.DevicesUnavailable(
                         "the devices the kept container was made with are not free here"))
             else:
-                image = None
+                image, scratch = None, None
                 if source is not None:
                     found = runner.setup(KeptSource(client), source, spec["image"])
                     image = runner.setup(RestoredImage(client), source, found)
                     volume = runner.setup(RestoredVolume(client), source, spec["kernel_id"])
                     source.report()
                 else:
-                    volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
+                    scratch = ScratchVolume(client)
+                    volume = runner.setup(scratch, spec["kernel_id"])
                 network = runner.setup_network(client, spec)
                 container = runner.setup(KernelContainer(client, agent_id), spec, volume,
                                          network, mounts, device_args or None, image)
@@ -170,7 +171,8 @@ class KernelRunner:
                     runner.setup(SSHKeys(), container, spec["ssh_keypair"],
                                  spec.get("cluster_hosts") or [spec["cluster_hostname"]], user)
                 else:
-                    runner.setup(WorkDirectory(), container, user)
+                    runner.setup(WorkDirectory(), container, user,
+                                 scratch and scratch.mountpoint)
             if runner.allocation:  # its container's label holds the devices from now on
                 devices.release(spec["kernel_id"])
             overlay = spec.get("network_driver") == "overlay"

@@ -12,6 +12,7 @@ import time
 
 import pytest
 import requests
+from django.conf import settings
 from django.db import connection
 from django.test import Client
 
@@ -21,7 +22,7 @@ from identity_app.models import ResourcePolicy
 from sessions_app.models import Kernel
 from tests.live.test_agent_docker import S, create, wait_status
 from tests.live.test_kernel_hardening import execute
-from tests.support import IMAGE, Process, free_port, wait_for
+from tests.support import IMAGE, Process, database_url_of_test_db, free_port, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -98,7 +99,9 @@ def web_on_every_address(tmp_path):
     """The web process bound to every address, as one behind a load balancer may be."""
     port = free_port()
     process = Process("web-probes", serve.command(port, host="0.0.0.0"),
-                      {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings"},
+                      {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+                       "REDIS_URL": settings.REDIS_URL,
+                       "DATABASE_URL": database_url_of_test_db()},
                       tmp_path).start()
     process.port = port
     yield process
