@@ -73,14 +73,17 @@ class FolderMounts:
     Each host directory must be a real directory, not a link: Docker would follow one.
     A read-write folder is the kernel's user's while it is mounted (so that the workload,
     not root, can write in it) and, when the kernel ends, given back with whatever the
-    kernel wrote to the owner of the directory the folders live in (the web process's
-    user), so that the web process can read and delete it.
+    kernel wrote to its owner before (recorded in the mount, hence in the container's
+    label; the owner of the directory the folders live in when a kernel had it then), so
+    that a web process running as that owner can read and delete it; not while another
+    running kernel on this engine mounts it read-write (that one would lose its rights).
     A folder that is not here is this host's lack (another may have the storage mounted)."""
 
     name = "folder-mounts"
 
-    def __init__(self, user=None):
+    def __init__(self, user=None, client=None):
         self.user = user  # (uid, gid) of the kernel's processes; None: nothing changes hands
+        self.client = client  # to find the other kernels that mount a folder
 
     def setup(self, mounts):
         for mount in mounts:
@@ -93,23 +96,59 @@ class FolderMounts:
             if not stat.S_ISDIR(info.st_mode):
                 raise errors.AgentCannotRun(f"storage folder {mount['folder']!r}: "
                                             f"{mount['host_path']} is not a directory")
-        if self.user and self.user[0] != 0 and os.geteuid() == 0:
-            for mount in mounts:
-                if mount["mode"] == "rw":
-                    give_back(mount["host_path"], *self.user)
-        return list(mounts)
+        if not (self.user and self.user[0] != 0 and os.geteuid() == 0):
+            return list(mounts)
+        given = []
+        for mount in mounts:
+            if mount["mode"] == "rw":
+                mount = {**mount, "owner": owner_before(mount["host_path"], self.user)}
+                hand_over(mount["host_path"], *self.user)
+            given.append(mount)
+        return given
 
     def teardown(self, mounts):
         if os.geteuid() != 0:
             return  # an agent not running as root makes no files of another owner
+        in_use = self.mounted_by_running_kernels() if any(
+            m["mode"] == "rw" for m in mounts) else set()
         for mount in mounts:
-            if mount["mode"] != "rw":
+            if mount["mode"] != "rw" or mount["host_path"] in in_use:
                 continue
             try:
-                owner = os.lstat(os.path.dirname(mount["host_path"].rstrip("/")))
-                give_back(mount["host_path"], owner.st_uid, owner.st_gid)
+                hand_over(mount["host_path"], *(mount.get("owner") or owner_before(
+                    mount["host_path"])))
             except OSError as exc:
                 log.warning("ownership of %s not given back: %s", mount["host_path"], exc)
+
+    def mounted_by_running_kernels(self):
+        """Host paths mounted read-write by a running kernel of this engine (this one has
+        stopped by now: its folders are torn down last)."""
+        if self.client is None:
+            return set()
+        try:
+            containers = self.client.containers.list(filters={"label": MOUNTS},
+                                                      ignore_removed=True)
+        except APIError as exc:
+            log.warning("folders given back though kernels may mount them: %s", exc)
+            return set()
+        return {m["host_path"] for c in containers
+                for m in json.loads(c.labels.get(MOUNTS) or "[]") if m.get("mode") == "rw"}
+
+
+def hand_over(host_path, uid, gid):
+    """The folder's directory (checked a directory, not a link, at setup) and everything in
+    it made uid:gid's."""
+    os.chown(host_path, uid, gid, follow_symlinks=False)
+    give_back(host_path, uid, gid)
+
+
+def owner_before(host_path, kernel_user=None):
+    """[uid, gid] a folder goes back to: its directory's owner, or, where that is a
+    kernel's user already (another kernel has it), the owner of the directory above."""
+    info = os.lstat(host_path)
+    if kernel_user is not None and (info.st_uid, info.st_gid) == tuple(kernel_user):
+        info = os.lstat(os.path.dirname(host_path.rstrip("/")))
+    return [info.st_uid, info.st_gid]
 
 
 def bind_mounts(mounts):

@@ -146,7 +146,7 @@ class KernelRunner:
                 "device-arguments", devices.container_args, runner.allocation,
                 spec["kernel_id"]))
             user = backend.kernel_user(spec)
-            mounts = runner.setup(FolderMounts(user), spec.get("mounts") or [])
+            mounts = runner.setup(FolderMounts(user, client), spec.get("mounts") or [])
             if restore and source is None:
                 network = runner.setup_network(client, spec)
                 container = runner.setup(KeptContainer(client, agent_id), spec, network)
@@ -199,7 +199,8 @@ class KernelRunner:
         runner = cls()
         moved = (container.attrs.get("Config", {}).get("Image") or "").startswith(
             backend.KEPT_IMAGE_REPOSITORY)  # made from a kept image: it goes with it
-        runner.held = [(FolderMounts(), json.loads(container.labels.get(MOUNTS) or "[]")),
+        mounts = json.loads(container.labels.get(MOUNTS) or "[]")
+        runner.held = [(FolderMounts(client=client), mounts),
                        (ScratchVolume(client), container.labels.get(SCRATCH_VOLUME, "")),
                        (RestoredImage(client), container.attrs.get("Image") if moved else ""),
                        (networks.ClusterNetwork(client), container.labels.get(NETWORK, "")),
