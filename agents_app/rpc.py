@@ -24,10 +24,11 @@ def send_check_and_pull(kernel):
 def session_spec(session):
     """What every kernel of the session is started with: read once for all of them."""
     # The containers' limits and network, in one read.
-    pids, open_files, outbound = Session.objects.filter(pk=session.pk).values_list(
+    pids, open_files, outbound, uid, gid = Session.objects.filter(pk=session.pk).values_list(
         "keypair__resource_policy__kernel_pids_limit",
         "keypair__resource_policy__kernel_open_files_limit",
-        "scaling_group__allow_outbound").get()
+        "scaling_group__allow_outbound", "scaling_group__kernel_uid",
+        "scaling_group__kernel_gid").get()
     overlay = spans_hosts(session)
     return {
         "session_id": str(session.pk),
@@ -43,6 +44,8 @@ def session_spec(session):
         "pids_limit": pids,
         "open_files_limit": open_files,
         "allow_outbound": outbound,
+        "kernel_uid": uid,
+        "kernel_gid": gid,
         "network_driver": "overlay" if overlay else "bridge",
         "network_name": warm_network_name(session.pk) if overlay else None,
         "cluster_hosts": cluster_hosts(session),

@@ -104,9 +104,13 @@ def one_run(source, target, main_engine, image, scratch, rows, made):
     made.append(spec)
     rows["fresh start"].append(timed(source.create_kernel, spec)[0])
     container = source.wait(kid, "kernel_started")["container_id"]
-    written = main_engine.containers.get(container).exec_run(
-        ["/bin/sh", "-c", f"head -c {SIZE_MIB * 2**20} /dev/urandom > /home/work/big && "
-                          "mkdir -p /usr/local/bin && echo tool > /usr/local/bin/t"])
+    kernel = main_engine.containers.get(container)
+    written = kernel.exec_run(
+        ["/bin/sh", "-c", f"head -c {SIZE_MIB * 2**20} /dev/urandom > /home/work/big"])
+    assert written.exit_code == 0, written.output
+    # Outside /home/work: root's (uid 0, no capabilities), not the kernel's user's.
+    written = kernel.exec_run(["/bin/sh", "-c", "mkdir -p /usr/local/bin && "
+                                                "echo tool > /usr/local/bin/t"], user="0")
     assert written.exit_code == 0, written.output
     source.reports.clear()
 

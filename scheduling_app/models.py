@@ -139,6 +139,15 @@ class ScalingGroup(models.Model):
         help_text="A preempted batch session goes back to PENDING once its kernels have "
                   "stopped (gracefully, as any preempted session), in its place in the queue, "
                   "and runs again later; off: it ends (TERMINATED, reason preempted).")
+    # Backend.AI's kernel-uid / kernel-gid (an agent setting there; a group's here, so that
+    # the agents of one group agree): docs/agent.md, "The kernel's user".
+    kernel_uid = models.PositiveIntegerField(
+        default=1000,
+        help_text="The user id a kernel's processes run as (its command, terminals, "
+                  "executions, services, the pre-stop hook); its /home/work and read-write "
+                  "folders are owned by it while it runs. 0 runs them as root (not advised).")
+    kernel_gid = models.PositiveIntegerField(
+        default=1000, help_text="The group id a kernel's processes run as.")
     class CullAction(models.TextChoices):
         STOP = "stop"
         TERMINATE = "terminate"

@@ -131,6 +131,7 @@ def kernel_environment(spec):
         role = host.rstrip("0123456789")
         replicas[role] = replicas.get(role, 0) + 1
     return {
+        "HOME": "/home/work",  # the kernel's user may have no entry in the image's passwd
         **(spec.get("environ") or {}),  # the owner's; the runtime's names are refused
         "BACKENDAI_SESSION_ID": spec["session_id"],
         "BACKENDAI_SESSION_NAME": spec["session_name"],
@@ -167,10 +168,25 @@ DEFAULT_PIDS_LIMIT = 1024
 DEFAULT_OPEN_FILES_LIMIT = 8192
 
 
+# The kernel's user when the manager names none (Backend.AI's images' `work` user).
+DEFAULT_KERNEL_UID = DEFAULT_KERNEL_GID = 1000
+
+
+def kernel_user(spec):
+    """(uid, gid) the kernel's processes run as: its scaling group's (0 is root)."""
+    uid, gid = spec.get("kernel_uid"), spec.get("kernel_gid")
+    return (DEFAULT_KERNEL_UID if uid is None else int(uid),
+            DEFAULT_KERNEL_GID if gid is None else int(gid))
+
+
 def hardening(spec):
-    """Container options that keep a kernel from reaching past its container."""
+    """Container options that keep a kernel from reaching past its container. Its init,
+    command, and every exec without a user of its own (terminal, execute, services, the
+    pre-stop hook) run as the kernel's user; Docker's default seccomp profile stays on."""
     open_files = int(spec.get("open_files_limit") or DEFAULT_OPEN_FILES_LIMIT)
+    uid, gid = kernel_user(spec)
     return {
+        "user": f"{uid}:{gid}",
         "privileged": False,
         "cap_drop": ["ALL"],
         "cap_add": list(KERNEL_CAPABILITIES),

@@ -9,6 +9,12 @@ other bridges, docker0 and the host's other traffic are untouched. The chain let
 only replies to connections the host opened (the agent asking a kernel's app for its
 activity, the terminal proxy); kernels of one session still reach each other (bridge
 traffic never leaves the bridge) and, where allowed, the internet (FORWARD).
+
+What they reach beyond the host goes through FORWARD, where Docker's own rules for each
+new network come first but for its DOCKER-USER chain (kept on top for operators' rules):
+from there a jump into a second chain of this project's drops link-local destinations
+(169.254.0.0/16), the cloud metadata address 169.254.169.254 among them, where a cloud
+machine hands its credentials to whoever asks.
 """
 
 import logging
@@ -27,6 +33,10 @@ RULES = [
     ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"],
     ["-j", "DROP"],
 ]
+OUTBOUND_CHAIN = "BAI-KERNELS-OUT"
+LINK_LOCAL = "169.254.0.0/16"
+OUTBOUND_RULES = [["-d", LINK_LOCAL, "-j", "DROP"]]
+DOCKER_USER = "DOCKER-USER"  # Docker makes it when it starts, with its iptables on
 
 
 def _iptables(*args):
@@ -35,27 +45,35 @@ def _iptables(*args):
 
 
 def install():
-    """Create or refresh the chain and its jump; True when the rules are in place."""
+    """Create or refresh the chains and their jumps; True when the rules are in place."""
     if shutil.which("iptables") is None:
         log.warning("iptables not found: kernels can reach this host's own services")
         return False
-    if _iptables("-n", "-L", CHAIN).returncode != 0:
-        created = _iptables("-N", CHAIN)
+    closed = _chain(CHAIN, RULES, "INPUT", "kernels can reach this host's own services")
+    if closed:
+        log.info("kernel firewall in place: INPUT from %s and %s goes to %s", INTERFACES,
+                 SWARM_GATEWAY, CHAIN)
+    link_local = _chain(OUTBOUND_CHAIN, OUTBOUND_RULES, DOCKER_USER,
+                        f"kernels can reach link-local addresses ({LINK_LOCAL})")
+    return closed and link_local
+
+
+def _chain(chain, rules, parent, consequence):
+    """`chain` made (or flushed) with `rules`, and a jump to it first in `parent` for
+    traffic from kernels' interfaces; False (and a warning) when iptables refuses."""
+    if _iptables("-n", "-L", chain).returncode != 0:
+        created = _iptables("-N", chain)
         if created.returncode != 0:
-            log.warning("kernels can reach this host's own services: iptables -N %s: %s",
-                        CHAIN, created.stderr.strip())
+            log.warning("%s: iptables -N %s: %s", consequence, chain, created.stderr.strip())
             return False
-    _iptables("-F", CHAIN)
-    for rule in RULES:
-        _iptables("-A", CHAIN, *rule)
+    _iptables("-F", chain)
+    for rule in rules:
+        _iptables("-A", chain, *rule)
     for interfaces in (INTERFACES, SWARM_GATEWAY):
-        jump = ["INPUT", "-i", interfaces, "-j", CHAIN]
+        jump = [parent, "-i", interfaces, "-j", chain]
         if _iptables("-C", *jump).returncode != 0:
             inserted = _iptables("-I", *jump[:1], "1", *jump[1:])
             if inserted.returncode != 0:
-                log.warning("kernels can reach this host's own services: %s",
-                            inserted.stderr.strip())
+                log.warning("%s: %s", consequence, inserted.stderr.strip())
                 return False
-    log.info("kernel firewall in place: INPUT from %s and %s goes to %s", INTERFACES,
-             SWARM_GATEWAY, CHAIN)
     return True

@@ -55,10 +55,13 @@ class ScratchVolume:
 
     def __init__(self, client):
         self.client = client
+        self.mountpoint = None  # where the engine keeps it, as it said when it made it
 
     def setup(self, kernel_id):
-        return self.client.volumes.create(f"bai-scratch-{kernel_id}",
-                                          labels={backend.KERNEL_ID: kernel_id}).name
+        volume = self.client.volumes.create(f"bai-scratch-{kernel_id}",
+                                            labels={backend.KERNEL_ID: kernel_id})
+        self.mountpoint = volume.attrs.get("Mountpoint")
+        return volume.name
 
     def teardown(self, name):
         with contextlib.suppress(NotFound):  # already gone
@@ -68,11 +71,19 @@ class ScratchVolume:
 class FolderMounts:
     """Storage folders bind-mounted into the kernel (read-only ones with Docker's `ro`).
     Each host directory must be a real directory, not a link: Docker would follow one.
-    When the kernel ends, what it wrote (as root) in a read-write folder is given back to
-    the owner of the folder's directory, so that the web process can read and delete it.
+    A read-write folder is the kernel's user's while it is mounted (so that the workload,
+    not root, can write in it) and, when the kernel ends, given back with whatever the
+    kernel wrote to its owner before (recorded in the mount, hence in the container's
+    label; the owner of the directory the folders live in when a kernel had it then), so
+    that a web process running as that owner can read and delete it; not while another
+    running kernel on this engine mounts it read-write (that one would lose its rights).
     A folder that is not here is this host's lack (another may have the storage mounted)."""
 
     name = "folder-mounts"
+
+    def __init__(self, user=None, client=None):
+        self.user = user  # (uid, gid) of the kernel's processes; None: nothing changes hands
+        self.client = client  # to find the other kernels that mount a folder
 
     def setup(self, mounts):
         for mount in mounts:
@@ -85,19 +96,59 @@ class FolderMounts:
             if not stat.S_ISDIR(info.st_mode):
                 raise errors.AgentCannotRun(f"storage folder {mount['folder']!r}: "
                                             f"{mount['host_path']} is not a directory")
-        return list(mounts)
+        if not (self.user and self.user[0] != 0 and os.geteuid() == 0):
+            return list(mounts)
+        given = []
+        for mount in mounts:
+            if mount["mode"] == "rw":
+                mount = {**mount, "owner": owner_before(mount["host_path"], self.user)}
+                hand_over(mount["host_path"], *self.user)
+            given.append(mount)
+        return given
 
     def teardown(self, mounts):
         if os.geteuid() != 0:
             return  # an agent not running as root makes no files of another owner
+        in_use = self.mounted_by_running_kernels() if any(
+            m["mode"] == "rw" for m in mounts) else set()
         for mount in mounts:
-            if mount["mode"] != "rw":
+            if mount["mode"] != "rw" or mount["host_path"] in in_use:
                 continue
             try:
-                owner = os.lstat(mount["host_path"])
-                give_back(mount["host_path"], owner.st_uid, owner.st_gid)
+                hand_over(mount["host_path"], *(mount.get("owner") or owner_before(
+                    mount["host_path"])))
             except OSError as exc:
                 log.warning("ownership of %s not given back: %s", mount["host_path"], exc)
+
+    def mounted_by_running_kernels(self):
+        """Host paths mounted read-write by a running kernel of this engine (this one has
+        stopped by now: its folders are torn down last)."""
+        if self.client is None:
+            return set()
+        try:
+            containers = self.client.containers.list(filters={"label": MOUNTS},
+                                                      ignore_removed=True)
+        except APIError as exc:
+            log.warning("folders given back though kernels may mount them: %s", exc)
+            return set()
+        return {m["host_path"] for c in containers
+                for m in json.loads(c.labels.get(MOUNTS) or "[]") if m.get("mode") == "rw"}
+
+
+def hand_over(host_path, uid, gid):
+    """The folder's directory (checked a directory, not a link, at setup) and everything in
+    it made uid:gid's."""
+    os.chown(host_path, uid, gid, follow_symlinks=False)
+    give_back(host_path, uid, gid)
+
+
+def owner_before(host_path, kernel_user=None):
+    """[uid, gid] a folder goes back to: its directory's owner, or, where that is a
+    kernel's user already (another kernel has it), the owner of the directory above."""
+    info = os.lstat(host_path)
+    if kernel_user is not None and (info.st_uid, info.st_gid) == tuple(kernel_user):
+        info = os.lstat(os.path.dirname(host_path.rstrip("/")))
+    return [info.st_uid, info.st_gid]
 
 
 def bind_mounts(mounts):
@@ -324,18 +375,87 @@ def run_pre_stop(container, command, timeout):
     return result.exit_code, output
 
 
-class SSHKeys:
-    """The session's SSH keypair in /home/work/.ssh and the SSH client's configuration for
-    its cluster hosts (ssh_archive), put into the created container. They live in its
-    volume and its layer, and go with them."""
+class WorkDirectory:
+    """/home/work (the kernel's scratch volume) made the kernel's user's. A chown of the
+    volume's directory when it is on this host, made by an engine without user-namespace
+    remapping (it is then root's), and this agent is root: microseconds. Otherwise through
+    the engine (an archive put into the created container), right wherever the engine is
+    and whatever remapping it does, but it mounts the container's filesystem: tens to
+    hundreds of milliseconds."""
 
-    name = "ssh-keys"
+    name = "work-directory"
 
-    def setup(self, container, keypair, hosts):
-        container.put_archive("/", ssh_archive(keypair, hosts))
+    def setup(self, container, user, mountpoint=None):
+        if user[0] == 0:  # root's already
+            return
+        if mountpoint and os.geteuid() == 0:
+            try:
+                if os.lstat(mountpoint).st_uid == 0:  # remapped: the engine's root is not 0
+                    os.chown(mountpoint, *user, follow_symlinks=False)
+                    return
+            except FileNotFoundError:
+                pass  # the engine is on another host
+        container.put_archive("/", directory_archive(("home/work", 0o755, *user)))
 
     def teardown(self, resource):
         pass
+
+
+def directory_archive(*directories, files=()):
+    """A tar of directory entries (path, mode, uid, gid), then of files (path, text, mode,
+    uid, gid), for put_archive."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path, mode, uid, gid in directories:
+            info = tarfile.TarInfo(path)
+            info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, mode, uid, gid
+            tar.addfile(info)
+        for path, text, mode, uid, gid in files:
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size, info.mode, info.uid, info.gid = len(data), mode, uid, gid
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class SSHKeys:
+    """The session's SSH keypair in /home/work/.ssh and the SSH client's configuration for
+    its cluster hosts (ssh_archive), put into the created container; with them /home/work
+    made the kernel's user's (as WorkDirectory does). They live in its volume and its
+    layer, and go with them."""
+
+    name = "ssh-keys"
+
+    def setup(self, container, keypair, hosts, user=(0, 0)):
+        passwd = image_passwd(container) if user[0] != 0 else None
+        container.put_archive("/", ssh_archive(keypair, hosts, user, passwd))
+
+    def teardown(self, resource):
+        pass
+
+
+def image_passwd(container):
+    """The image's /etc/passwd ('' when it has none)."""
+    try:
+        chunks, _ = container.get_archive("/etc/passwd")
+    except NotFound:
+        return ""
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+        member = tar.next()
+        return tar.extractfile(member).read().decode("utf-8", "replace") if member else ""
+
+
+def passwd_with_user(passwd, uid, gid):
+    """`passwd` with an entry for `uid` (named work, home /home/work) when it has none: the
+    SSH client and server look the user up by id, and Docker adds no entry for a user
+    given by number. None when the image's entry is there already."""
+    for line in passwd.splitlines():
+        fields = line.split(":")
+        if len(fields) > 2 and fields[2] == str(uid):
+            return None
+    name = "work" if not any(line.startswith("work:") for line in passwd.splitlines()) \
+        else f"work{uid}"
+    return f"{passwd.rstrip()}\n{name}:x:{uid}:{gid}:work:/home/work:/bin/sh\n".lstrip()
 
 
 SSH_CLIENT_CONFIG = "etc/ssh/ssh_config.d/backendai-cluster.conf"
@@ -358,25 +478,22 @@ def ssh_client_config(hosts):
             "    LogLevel ERROR\n")
 
 
-def ssh_archive(keypair, hosts=()):
+def ssh_archive(keypair, hosts=(), user=(0, 0), passwd=None):
     """A tar of /home/work/.ssh with the session's cluster key and, given the cluster's
-    hosts, the SSH client's configuration for them, for put_archive."""
-    files = {"home/work/.ssh/id_cluster": (keypair["private"], 0o600),
-             "home/work/.ssh/id_cluster.pub": (keypair["public"], 0o644),
-             "home/work/.ssh/authorized_keys": (keypair["public"], 0o644)}
+    hosts, the SSH client's configuration for them, for put_archive. Given the kernel's
+    `user` (uid, gid), its home and keys are that user's, and so is /etc/dropbear, where
+    its SSH server (not root's) makes its host key; given the image's `passwd`, an entry
+    for the user is added to it where it has none."""
+    uid, gid = user
+    files = [("home/work/.ssh/id_cluster", keypair["private"], 0o600, uid, gid),
+             ("home/work/.ssh/id_cluster.pub", keypair["public"], 0o644, uid, gid),
+             ("home/work/.ssh/authorized_keys", keypair["public"], 0o644, uid, gid)]
     if hosts:  # Docker makes its directories where the image has none
-        files[SSH_CLIENT_CONFIG] = (ssh_client_config(hosts), 0o644)
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for directory in ("home", "home/work", "home/work/.ssh"):
-            info = tarfile.TarInfo(directory)
-            info.type, info.mode = tarfile.DIRTYPE, 0o700 if directory.endswith("ssh") else 0o755
-            tar.addfile(info)
-        for name, (text, mode) in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), mode
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
+        files.append((SSH_CLIENT_CONFIG, ssh_client_config(hosts), 0o644, 0, 0))
+    if passwd is not None and (with_user := passwd_with_user(passwd, uid, gid)):
+        files.append(("etc/passwd", with_user, 0o644, 0, 0))
+    directories = [("home", 0o755, 0, 0), ("home/work", 0o755, uid, gid),
+                   ("home/work/.ssh", 0o700, uid, gid)]
+    if uid != 0:
+        directories.append(("etc/dropbear", 0o700, uid, gid))
+    return directory_archive(*directories, files=files)

@@ -28,6 +28,7 @@ from agents_app.runtime.provisioners import (
     RestoredVolume,
     ScratchVolume,
     SSHKeys,
+    WorkDirectory,
 )
 from common.devices import device_part
 from common.slots import ResourceSlots
@@ -146,7 +147,8 @@ class KernelRunner:
             device_args = runner.allocation and (runner.allocation, runner.step(
                 "device-arguments", devices.container_args, runner.allocation,
                 spec["kernel_id"]))
-            mounts = runner.setup(FolderMounts(), spec.get("mounts") or [])
+            user = backend.kernel_user(spec)
+            mounts = runner.setup(FolderMounts(user, client), spec.get("mounts") or [])
             if restore and source is None:
                 network = runner.setup_network(client, spec)
                 container = runner.setup(KeptContainer(client, agent_id), spec, network)
@@ -155,20 +157,24 @@ class KernelRunner:
                     raise ProvisionFailed("devices", device_plugins.DevicesUnavailable(
                         "the devices the kept container was made with are not free here"))
             else:
-                image = None
+                image, scratch = None, None
                 if source is not None:
                     found = runner.setup(KeptSource(client), source, spec["image"])
                     image = runner.setup(RestoredImage(client), source, found)
                     volume = runner.setup(RestoredVolume(client), source, spec["kernel_id"])
                     source.report()
                 else:
-                    volume = runner.setup(ScratchVolume(client), spec["kernel_id"])
+                    scratch = ScratchVolume(client)
+                    volume = runner.setup(scratch, spec["kernel_id"])
                 network = runner.setup_network(client, spec, warm)
                 container = runner.setup(KernelContainer(client, agent_id), spec, volume,
                                          network, mounts, device_args or None, image)
                 if spec.get("ssh_keypair"):
                     runner.setup(SSHKeys(), container, spec["ssh_keypair"],
-                                 spec.get("cluster_hosts") or [spec["cluster_hostname"]])
+                                 spec.get("cluster_hosts") or [spec["cluster_hostname"]], user)
+                else:
+                    runner.setup(WorkDirectory(), container, user,
+                                 scratch and scratch.mountpoint)
             if runner.allocation:  # its container's label holds the devices from now on
                 devices.release(spec["kernel_id"])
             overlay = spec.get("network_driver") == "overlay"
@@ -196,7 +202,8 @@ class KernelRunner:
         runner = cls()
         moved = (container.attrs.get("Config", {}).get("Image") or "").startswith(
             backend.KEPT_IMAGE_REPOSITORY)  # made from a kept image: it goes with it
-        runner.held = [(FolderMounts(), json.loads(container.labels.get(MOUNTS) or "[]")),
+        mounts = json.loads(container.labels.get(MOUNTS) or "[]")
+        runner.held = [(FolderMounts(client=client), mounts),
                        (ScratchVolume(client), container.labels.get(SCRATCH_VOLUME, "")),
                        (RestoredImage(client), container.attrs.get("Image") if moved else ""),
                        (networks.ClusterNetwork(client), container.labels.get(NETWORK, "")),

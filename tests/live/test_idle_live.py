@@ -128,8 +128,8 @@ def app_image(docker_client, tmp_path_factory):
 
 def serving_kernels(kernels):
     """A startup command that serves `kernels` as the app's /api/kernels."""
-    return (f"mkdir -p /www/api && echo '{json.dumps(kernels)}' > /www/api/kernels"
-            f" && exec httpd -f -p {APP_PORT} -h /www")
+    return (f"mkdir -p ~/www/api && echo '{json.dumps(kernels)}' > ~/www/api/kernels"
+            f" && exec httpd -f -p {APP_PORT} -h ~/www")
 
 
 LONG_AGO = "2020-01-01T00:00:00.000000Z"  # as Jupyter writes times
@@ -236,8 +236,8 @@ def test_typing_in_a_terminal_keeps_a_jupyter_session_alive_past_its_idle_timeou
 
 def serving_answer(answer):
     """A startup command whose /api/kernels answers `answer` (any bytes)."""
-    return (f"mkdir -p /www/api && printf '%s' '{answer}' > /www/api/kernels"
-            f" && exec httpd -f -p {APP_PORT} -h /www")
+    return (f"mkdir -p ~/www/api && printf '%s' '{answer}' > ~/www/api/kernels"
+            f" && exec httpd -f -p {APP_PORT} -h ~/www")
 
 
 # Sends its headers, then nothing for a minute: a server that never finishes its answer.

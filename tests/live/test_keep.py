@@ -27,13 +27,15 @@ pytestmark = pytest.mark.docker
 BASE_BLOB = 8 * 2**20  # bytes of the test image's own layer: a move must not send them
 # What a user does in a session: a file in the scratch directory (with an owner, a mode, a
 # symbolic and a hard link) and a program installed outside it, under /usr/local.
-WRITE = ("mkdir -p /home/work/data /usr/local/bin && "
+WRITE = ("mkdir -p /home/work/data && "
          "head -c 1048576 /dev/urandom > /home/work/data/blob && "
          "echo note > /home/work/note && chown 1000:1000 /home/work/note && "
          "chmod 640 /home/work/note && ln -s note /home/work/link && "
-         "ln /home/work/data/blob /home/work/data/hard && "
-         "printf '#!/bin/sh\\necho installed-tool\\n' > /usr/local/bin/tool && "
-         "chmod 755 /usr/local/bin/tool")
+         "ln /home/work/data/blob /home/work/data/hard")
+# As root (uid 0 without capabilities: the kernel's user owns /home/work, root owns /usr).
+INSTALL = ("mkdir -p /usr/local/bin && "
+           "printf '#!/bin/sh\\necho installed-tool\\n' > /usr/local/bin/tool && "
+           "chmod 755 /usr/local/bin/tool")
 CHECK = ("cat /home/work/note && stat -c '%u:%g %a' /home/work/note && "
          "readlink /home/work/link && stat -c %h /home/work/data/blob && "
          "md5sum < /home/work/data/blob && tool && cat /home/work/boots /home/work/starts")
@@ -94,10 +96,18 @@ def spec_of(agent, image, **overrides):
                        cluster_hostname="main1", **overrides)
 
 
-def run(engine, container_id, command):
-    result = engine.containers.get(container_id).exec_run(["/bin/sh", "-c", command])
+def run(engine, container_id, command, user=""):
+    """`command` in the kernel, as its own user (or `user`)."""
+    result = engine.containers.get(container_id).exec_run(["/bin/sh", "-c", command],
+                                                           user=user)
     assert result.exit_code == 0, result.output
     return result.output.decode()
+
+
+def write(engine, container_id, more=""):
+    """What a user does in a session (WRITE), and a program installed under /usr/local."""
+    run(engine, container_id, WRITE + more)
+    run(engine, container_id, INSTALL, user="0")
 
 
 def report_of(agent, event, timeout=30):
@@ -129,7 +139,7 @@ def test_a_stopped_kernel_is_kept_and_resumes_in_the_same_container_with_its_fil
     agent = agents.agent(docker_client)
     spec = spec_of(agent, keep_image)
     container_id = start(agent, spec)
-    run(docker_client, container_id, WRITE)
+    write(docker_client, container_id)
     before = run(docker_client, container_id, CHECK)
 
     stopped = stop_keeping(agent, spec, container_id)
@@ -226,7 +236,7 @@ def test_a_local_resume_that_fails_keeps_the_kernel_as_it_was(
     agent = agents.agent(docker_client)
     spec = spec_of(agent, slow_service_image)
     container_id = start(agent, spec)
-    run(docker_client, container_id, WRITE + " && echo 600 > /home/work/delay")
+    write(docker_client, container_id, " && echo 600 > /home/work/delay")
     stop_keeping(agent, spec, container_id)
     agent.reports.clear()
     agent.create_kernel({**spec, "restore": {"from": "local"}})
@@ -254,7 +264,7 @@ def test_a_drop_removes_the_kept_container_its_commit_and_volume(agents, docker_
     agent = agents.agent(docker_client)
     spec = spec_of(agent, keep_image)
     container_id = start(agent, spec)
-    run(docker_client, container_id, WRITE)
+    write(docker_client, container_id)
     stop_keeping(agent, spec, container_id)
     container = docker_client.containers.get(container_id)
     kept.manifest(docker_client, container, spec["kernel_id"],
@@ -349,7 +359,7 @@ def test_a_kept_kernel_moves_to_another_engine_without_the_layers_it_holds(
     source, target = source_and_target
     spec = spec_of(source, keep_image)
     container_id = start(source, spec)
-    run(docker_client, container_id, WRITE)
+    write(docker_client, container_id)
     before = run(docker_client, container_id, CHECK)
     stopped = stop_keeping(source, spec, container_id)
 
@@ -358,7 +368,7 @@ def test_a_kept_kernel_moves_to_another_engine_without_the_layers_it_holds(
     assert started["restored"] == source.id
     assert list(started["provision_seconds"]) == [
         "folder-mounts", "kept-source", "restore-image", "restore-volume",
-        "session-network", "container", "start", "services", "readiness"]
+        "session-network", "container", "work-directory", "start", "services", "readiness"]
     # What came over: the volume (a MiB and a note, in a tar whose last 1 MiB record is
     # padded) and the written layer (a small program), not the image's own layers
     # (BASE_BLOB bytes) the target holds already.
@@ -399,13 +409,13 @@ def test_a_moved_kernel_moves_back_and_its_second_commit_goes_too(
     source, target = source_and_target
     spec = spec_of(source, keep_image)
     container_id = start(source, spec)
-    run(docker_client, container_id, WRITE)
+    write(docker_client, container_id)
     stop_keeping(source, spec, container_id)
     target.create_kernel(move_spec(spec, source))
     moved = report_of(target, "kernel_started", timeout=5)["container_id"]
     first_commit = second_engine.containers.get(moved).attrs["Image"]
     source.drop_kept(spec["kernel_id"])
-    run(second_engine, moved, "echo again > /usr/local/bin/second")
+    run(second_engine, moved, "echo again > /usr/local/bin/second", user="0")
     stop_keeping(target, spec, moved)
 
     # Back: the target's stream endpoint serves it, the first engine takes it.
@@ -432,7 +442,7 @@ def test_a_move_that_cannot_be_done_fails_with_kind_restore_and_changes_nothing(
     source, target = source_and_target
     spec = spec_of(source, keep_image)
     container_id = start(source, spec)
-    run(docker_client, container_id, WRITE)
+    write(docker_client, container_id)
     stop_keeping(source, spec, container_id)
     kept_before = docker_client.containers.get(container_id).attrs
     move = move_spec(spec, source)
@@ -467,7 +477,7 @@ def test_a_move_cut_off_half_way_removes_what_the_target_made(
     source, target = source_and_target
     spec = spec_of(source, keep_image)
     container_id = start(source, spec)
-    run(docker_client, container_id, WRITE)
+    write(docker_client, container_id)
     stop_keeping(source, spec, container_id)
 
     whole = kept.volume_stream

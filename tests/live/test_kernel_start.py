@@ -30,8 +30,8 @@ from tests.support import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status
-SETUP_STEPS = ["folder-mounts", "scratch-volume", "session-network", "container", "start",
-               "services", "readiness"]
+SETUP_STEPS = ["folder-mounts", "scratch-volume", "session-network", "container",
+               "work-directory", "start", "services", "readiness"]
 
 
 class RecordingAgent(Agent):

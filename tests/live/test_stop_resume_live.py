@@ -32,9 +32,12 @@ from tests.support import IMAGE, Process, need, wait_for
 
 pytestmark = pytest.mark.docker
 STARTUP = "echo start >> /home/work/starts"
-WRITE = ("echo kept > /home/work/note && mkdir -p /usr/local/bin && "
-         "printf '#!/bin/sh\\necho tool-ok\\n' > /usr/local/bin/tool && "
-         "chmod +x /usr/local/bin/tool")
+WRITE = "echo kept > /home/work/note"  # as the kernel's user
+# As root (uid 0, no capabilities: it owns /usr), in a `docker exec`: the kernel's user
+# cannot install there.
+INSTALL = ("mkdir -p /usr/local/bin && "
+           "printf '#!/bin/sh\\necho tool-ok\\n' > /usr/local/bin/tool && "
+           "chmod +x /usr/local/bin/tool")
 CHECK = "cat /home/work/note; /usr/local/bin/tool; wc -l < /home/work/starts"
 
 
@@ -49,6 +52,10 @@ def running_with_files(client, name):
     session_id = create(client, name, startup_command=STARTUP)
     wait_status(session_id, S.RUNNING)
     assert execute(client, session_id, WRITE)["exit_code"] == 0
+    kernel = Kernel.objects.get(session_id=session_id)
+    installed = docker.from_env().containers.get(kernel.container_id).exec_run(
+        ["/bin/sh", "-c", INSTALL], user="0")
+    assert installed.exit_code == 0, installed.output
     return session_id
 
 
@@ -190,13 +197,14 @@ def test_stop_and_resume_from_the_session_page(live, alice, browser_context,  # 
                              startup_command=STARTUP)
     wait_status(session.pk, S.RUNNING)
 
-    def in_kernel(command):
+    def in_kernel(command, user=""):
         kernel = Kernel.objects.get(session=session)
         result = docker_client.containers.get(kernel.container_id).exec_run(
-            ["/bin/sh", "-c", command])
+            ["/bin/sh", "-c", command], user=user)
         return result.output.decode().split()
 
     in_kernel(WRITE)
+    in_kernel(INSTALL, user="0")
     page = browser_context.new_page()
     log_in(page, "alice")
     page.goto(f"/sessions/{session.pk}/")

@@ -58,8 +58,9 @@ def _wait(predicate, timeout, message):
 
 class SecondHost:
     def __init__(self, image, base=None, *, netns=NETNS, addresses=(HOST1_ADDR, HOST2_ADDR),
-                 bip="172.31.0.1/16", swarm=True):
+                 bip="172.31.0.1/16", swarm=True, dockerd_args=()):
         self.image = image
+        self.dockerd_args = tuple(dockerd_args)  # the engine's own options (--userns-remap)
         self.netns, self.swarm, self.bip = netns, swarm, bip
         self.host1_addr, self.host2_addr = addresses
         self.veth1, self.veth2 = (VETH1, VETH2) if netns == NETNS else (
@@ -112,7 +113,8 @@ class SecondHost:
         self.dockerd = subprocess.Popen(
             ["nsenter", f"--net=/var/run/netns/{self.netns}", "dockerd",
              "--data-root", str(self.dir / "root"), "--exec-root", str(self.dir / "exec"),
-             "-H", self.url, "--pidfile", str(pidfile), "--bip", self.bip],
+             "-H", self.url, "--pidfile", str(pidfile), "--bip", self.bip,
+             *self.dockerd_args],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         _wait(lambda: docker.DockerClient(base_url=self.url, timeout=5).ping(), 60,
               f"the second dockerd ({self.dir / 'dockerd.log'})")
