@@ -18,6 +18,7 @@ machine hands its credentials to whoever asks.
 """
 
 import logging
+import shlex
 import shutil
 import subprocess
 
@@ -59,16 +60,18 @@ def install():
 
 
 def _chain(chain, rules, parent, consequence):
-    """`chain` made (or flushed) with `rules`, and a jump to it first in `parent` for
-    traffic from kernels' interfaces; False (and a warning) when iptables refuses."""
-    if _iptables("-n", "-L", chain).returncode != 0:
-        created = _iptables("-N", chain)
-        if created.returncode != 0:
-            log.warning("%s: iptables -N %s: %s", consequence, chain, created.stderr.strip())
-            return False
-    _iptables("-F", chain)
-    for rule in rules:
-        _iptables("-A", chain, *rule)
+    """`chain` made, or its rules replaced, with `rules` in one iptables-restore
+    transaction (an agent starting beside running kernels never leaves them an empty chain
+    for a moment, as a flush and then appends would), and a jump to it first in `parent`
+    for traffic from kernels' interfaces; False (and a warning) when iptables refuses."""
+    batch = "\n".join(["*filter", f":{chain} - [0:0]",
+                       *(shlex.join(["-A", chain, *rule]) for rule in rules), "COMMIT", ""])
+    replaced = subprocess.run(["iptables-restore", "-w", "5", "--noflush"], input=batch,
+                              capture_output=True, text=True, timeout=30)
+    if replaced.returncode != 0:
+        log.warning("%s: iptables-restore of %s: %s", consequence, chain,
+                    replaced.stderr.strip())
+        return False
     for interfaces in (INTERFACES, SWARM_GATEWAY):
         jump = [parent, "-i", interfaces, "-j", chain]
         if _iptables("-C", *jump).returncode != 0:
