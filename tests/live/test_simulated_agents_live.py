@@ -4,9 +4,11 @@ scheduler and destroy them. No container is made; the Docker backend's own tests
 elsewhere (test_agent_docker.py and its neighbours)."""
 
 import sys
+import time
 import uuid
 
 import pytest
+from django.db.models import Max
 
 from agents_app.models import Agent, AgentStatus
 from agents_app.runtime.simulated import SIMULATED_IMAGE
@@ -34,6 +36,20 @@ def simulated_agents(live):
         yield group
     finally:
         process.stop()
+        # Their heartbeats still queued are the worker's work for a moment more: the test
+        # database is emptied only once they are handled (else its flush deadlocks on them).
+        wait_for(lambda: heard_last(group, pause=1.0), timeout=30,
+                 message="the simulated agents' last heartbeats handled")
+
+
+def heard_last(group, pause):
+    def latest():
+        return Agent.objects.filter(scaling_group__name=group).aggregate(
+            latest=Max("last_heartbeat"))["latest"]
+
+    before = latest()
+    time.sleep(pause)
+    return latest() == before
 
 
 def test_twenty_simulated_agents_run_sessions_through_the_real_scheduler(
