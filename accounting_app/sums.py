@@ -7,17 +7,20 @@ Every interval is clipped to the period: only the overlap counts, and the measur
 up (CPU seconds, bytes moved) count in proportion to it. Rows are per day, so a period's
 sum reads the rows of its days and the open ones, by index."""
 
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Count, F, FloatField, Max, Q, Sum, Value
+from django.db.models import Case, Count, DateField, F, FloatField, Max, Q, Sum, Value, When
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Greatest, Least, TruncMonth
 from django.utils import timezone
 
-from accounting_app.models import DeviceSlotKind, UsageRecord
+from accounting_app import rollup
+from accounting_app.models import DeviceSlotKind, UsageDay, UsageRecord
+from accounting_app.records import day_start
 from common import clock
 from identity_app.models import Domain, Project
 from scheduling_app.models import ScalingGroup
@@ -133,43 +136,125 @@ def device_kinds():
     return sorted(DeviceSlotKind.objects.values_list("name", flat=True))
 
 
-def sums(records, period, group_by="user", now=None):
+def whole_days(period):
+    """(first, last) days (TIME_ZONE) that lie wholly in the period, or None."""
+    first = timezone.localtime(period.start).date()
+    if period.start.timestamp() > day_start(first):
+        first += timedelta(days=1)
+    last = timezone.localtime(period.end).date() - timedelta(days=1)
+    return (first, last) if first <= last else None
+
+
+def sums(records, period, group_by="user", now=None, days=None):
     """[{key, name, slot_seconds: {cpu, mem, <device slot>...}, storage_byte_seconds,
-    used: {...}, sessions, kernels}] of the records in the period, one per group."""
+    used: {...}, sessions, kernels}] of the records in the period, one per group.
+
+    With `days` (the UsageDay rows narrowed as the records are), the period's whole days
+    that the rollup holds are read from it, and only the rest (the edge days, the days not
+    yet rolled, the open intervals) from the records: the same sums, in a row per group a
+    day. By session, the rollup cannot answer: the records are read."""
     if group_by not in GROUPS:
         raise UsageQueryError("group_by", f"group_by: one of {', '.join(GROUPS)}.")
     now_ts = (now or clock.now()).timestamp()
-    records = in_period(records, period)
     kinds = device_kinds()
+    column, name_column = _GROUP_COLUMNS[group_by]
+    keys = [column] + ([name_column] if name_column else [])
+    rolled = None
+    if days is not None and group_by != "session" and whole_days(period):
+        rolled = rollup.clean_days(*whole_days(period))
+    part = in_period(records, period)
+    if rolled:
+        part = part.filter(Q(day__lt=rolled[0]) | Q(day__gt=rolled[1]) | Q(end_ts__isnull=True))
+    if group_by == "month":
+        part = part.annotate(month=TruncMonth("day"))
+    aggregates = _record_aggregates(period, now_ts, kinds, counted=not rolled)
+    rows = list(part.order_by().values(*keys).annotate(**aggregates).order_by(column))
+    if rolled:
+        rows = _with_rollup(rows, records, part, days, rolled, group_by, column, keys, kinds)
+    return [_answer(row, group_by, column, name_column, kinds) for row in rows]
+
+
+def _total(expression):
+    return Coalesce(Sum(expression, output_field=FloatField()), Value(0.0))
+
+
+def _record_aggregates(period, now_ts, kinds, counted=True):
     end = Coalesce(F("end_ts"), Value(now_ts))
     overlap = Greatest(Value(0.0), Least(end, Value(period.end.timestamp()))
                        - Greatest(F("start_ts"), Value(period.start.timestamp())))
     share = overlap / Greatest(end - F("start_ts"), Value(1e-9))
     float_ = FloatField()
-
-    def total(expression):
-        return Coalesce(Sum(expression, output_field=float_), Value(0.0))
-
-    aggregates = {
-        "cpu": total(F("cpu") * overlap), "mem": total(F("mem") * overlap),
-        "storage": total(F("stored_bytes") * overlap),
-        **{f"device_{i}": total(Coalesce(Cast(KeyTextTransform(kind, "devices"), float_),
-                                         Value(0.0)) * overlap)
+    return {
+        "cpu": _total(F("cpu") * overlap), "mem": _total(F("mem") * overlap),
+        "storage": _total(F("stored_bytes") * overlap),
+        **{f"device_{i}": _total(Coalesce(Cast(KeyTextTransform(kind, "devices"), float_),
+                                          Value(0.0)) * overlap)
            for i, kind in enumerate(kinds)},
-        "seconds": total(overlap),
-        **{f"used_{name}": total(F(name) * share) for name in (
-            "cpu_used", "net_rx", "net_tx", "io_read", "io_write", "mem_byte_seconds",
-            "sampled_seconds", "device_util_seconds")},
+        "seconds": _total(overlap),
+        **{f"used_{name}": _total(F(name) * share) for name in MEASURES},
         "mem_peak": Max("mem_peak"),
-        "sessions": Count("session_id", distinct=True),
-        "kernels": Count("kernel_id", distinct=True),
+        # With the rollup, the distinct sessions and kernels are counted across both.
+        **({"sessions": Count("session_id", distinct=True),
+            "kernels": Count("kernel_id", distinct=True)} if counted else {}),
     }
-    column, name_column = _GROUP_COLUMNS[group_by]
+
+
+MEASURES = ("cpu_used", "net_rx", "net_tx", "io_read", "io_write", "mem_byte_seconds",
+            "sampled_seconds", "device_util_seconds")
+SUMMED = ("cpu", "mem", "storage", "seconds", *(f"used_{name}" for name in MEASURES))
+
+
+def _with_rollup(rows, records, part, days, rolled, group_by, column, keys, kinds):
+    """The rows of the records' part merged with the rollup's of the rolled days."""
+    first, last = rolled
+    days = days.filter(day__gte=first, day__lte=last)
+    bucket_start = Value(first, output_field=DateField())
     if group_by == "month":
-        records = records.annotate(month=TruncMonth("day"))
-    keys = [column] + ([name_column] if name_column else [])
-    rows = records.order_by().values(*keys).annotate(**aggregates).order_by(column)
-    return [_answer(row, group_by, column, name_column, kinds) for row in rows]
+        days = days.annotate(month=TruncMonth("day"))
+        bucket_start = Greatest(TruncMonth("day"), bucket_start)
+    float_ = FloatField()
+
+    def counted(name):
+        # A run of days: those present on its first day, then those new on each next.
+        if group_by == "day":
+            return Sum(name)
+        return Sum(Case(When(day=bucket_start, then=F(name)), default=F(f"{name}_new")))
+
+    merged = {row[column]: row for row in days.order_by().values(*keys).annotate(
+        **{name: _total(name) for name in ("cpu", "mem", "storage", "seconds")},
+        **{f"device_{i}": _total(Coalesce(Cast(KeyTextTransform(kind, "devices"), float_),
+                                          Value(0.0))) for i, kind in enumerate(kinds)},
+        **{f"used_{name}": _total(name) for name in MEASURES},
+        mem_peak=Max("mem_peak"), sessions=counted("sessions"), kernels=counted("kernels"))}
+    # The records' part: its distinct sessions and kernels, less those the rolled days
+    # of the same group already counted.
+    ids = defaultdict(lambda: (set(), set()))
+    for key, session_id, kernel_id in part.order_by().values_list(
+            column, "session_id", "kernel_id").distinct():
+        ids[key][0].add(session_id)
+        ids[key][1].add(kernel_id)
+    if ids:  # (an open interval's day may be a rolled one)
+        inside = records.filter(session_id__in={s for found in ids.values() for s in found[0]},
+                                day__gte=first, day__lte=last, end_ts__isnull=False)
+        if group_by == "month":
+            inside = inside.annotate(month=TruncMonth("day"))
+        for key, session_id, kernel_id in inside.order_by().values_list(
+                column, "session_id", "kernel_id").distinct():
+            if key in ids:
+                ids[key][0].discard(session_id)
+                ids[key][1].discard(kernel_id)
+    for row in rows:
+        key = row[column]
+        into = merged.setdefault(key, {**row, **{name: 0.0 for name in SUMMED},
+                                       **{f"device_{i}": 0.0 for i in range(len(kinds))},
+                                       "mem_peak": None, "sessions": 0, "kernels": 0})
+        for name in (*SUMMED, *(f"device_{i}" for i in range(len(kinds)))):
+            into[name] += row[name]
+        into["mem_peak"] = max(into["mem_peak"] or 0, row["mem_peak"] or 0)
+    for key, (sessions, kernels) in ids.items():
+        merged[key]["sessions"] += len(sessions)
+        merged[key]["kernels"] += len(kernels)
+    return [merged[key] for key in sorted(merged)]
 
 
 def _answer(row, group_by, column, name_column, kinds):
@@ -208,3 +293,8 @@ def slot_kinds(rows):
 
 def records_of(actor):
     return UsageRecord.objects.restrict(actor)
+
+
+def days_of(actor):
+    """The daily rollup's rows the actor may see (narrowed by filter_by as the records)."""
+    return UsageDay.objects.restrict(actor)
