@@ -7,13 +7,26 @@ Every interval is clipped to the period: only the overlap counts, and the measur
 up (CPU seconds, bytes moved) count in proportion to it. Rows are per day, so a period's
 sum reads the rows of its days and the open ones, by index."""
 
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Case, Count, DateField, F, FloatField, Max, Q, Sum, Value, When
+from django.db import connection, transaction
+from django.db.models import (
+    Case,
+    Count,
+    DateField,
+    Exists,
+    F,
+    FloatField,
+    Max,
+    OuterRef,
+    Q,
+    Sum,
+    Value,
+    When,
+)
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Greatest, Least, TruncMonth
 from django.utils import timezone
@@ -122,12 +135,17 @@ def _find(model, ref, name_field, field):
     return found
 
 
-def in_period(records, period):
+def in_period(records, period, rolled=None):
+    """The records of the period (but those of the `rolled` (first, last) days that are
+    closed: the rollup has them)."""
     start_ts, end_ts = period.start.timestamp(), period.end.timestamp()
     first_day = timezone.localtime(period.start).date()
     last_day = timezone.localtime(period.end).date()
-    return records.filter(Q(day__gte=first_day, day__lte=last_day) | Q(end_ts__isnull=True),
-                          start_ts__lt=end_ts).filter(
+    days = Q(day__gte=first_day, day__lte=last_day)
+    if rolled:  # as two ranges, each read by index
+        days = Q(day__gte=first_day, day__lt=rolled[0]) | Q(day__gt=rolled[1],
+                                                            day__lte=last_day)
+    return records.filter(days | Q(end_ts__isnull=True), start_ts__lt=end_ts).filter(
         Q(end_ts__gt=start_ts) | Q(end_ts__isnull=True))
 
 
@@ -162,15 +180,26 @@ def sums(records, period, group_by="user", now=None, days=None):
     rolled = None
     if days is not None and group_by != "session" and whole_days(period):
         rolled = rollup.clean_days(*whole_days(period))
-    part = in_period(records, period)
-    if rolled:
-        part = part.filter(Q(day__lt=rolled[0]) | Q(day__gt=rolled[1]) | Q(end_ts__isnull=True))
+    part = in_period(records, period, rolled)
     if group_by == "month":
         part = part.annotate(month=TruncMonth("day"))
-    aggregates = _record_aggregates(period, now_ts, kinds, counted=not rolled)
+    aggregates = _record_aggregates(period, now_ts, kinds)
+    if rolled:
+        # Its distinct sessions and kernels that the rolled days of the same group hold
+        # too are counted there (the (session_id, day) index finds them).
+        inside = records.filter(session_id=OuterRef("session_id"), day__gte=rolled[0],
+                                day__lte=rolled[1], end_ts__isnull=False)
+        if group_by in ("day", "month"):
+            inside = inside.annotate(month=TruncMonth("day")).filter(
+                **{group_by: OuterRef(group_by)})
+        part = part.annotate(session_rolled=Exists(inside), kernel_rolled=Exists(
+            inside.filter(kernel_id=OuterRef("kernel_id"))))
+        aggregates.update(
+            sessions=Count("session_id", distinct=True, filter=Q(session_rolled=False)),
+            kernels=Count("kernel_id", distinct=True, filter=Q(kernel_rolled=False)))
     rows = list(part.order_by().values(*keys).annotate(**aggregates).order_by(column))
     if rolled:
-        rows = _with_rollup(rows, records, part, days, rolled, group_by, column, keys, kinds)
+        rows = _with_rollup(rows, days, rolled, group_by, column, keys, kinds)
     return [_answer(row, group_by, column, name_column, kinds) for row in rows]
 
 
@@ -178,7 +207,7 @@ def _total(expression):
     return Coalesce(Sum(expression, output_field=FloatField()), Value(0.0))
 
 
-def _record_aggregates(period, now_ts, kinds, counted=True):
+def _record_aggregates(period, now_ts, kinds):
     end = Coalesce(F("end_ts"), Value(now_ts))
     overlap = Greatest(Value(0.0), Least(end, Value(period.end.timestamp()))
                        - Greatest(F("start_ts"), Value(period.start.timestamp())))
@@ -193,9 +222,8 @@ def _record_aggregates(period, now_ts, kinds, counted=True):
         "seconds": _total(overlap),
         **{f"used_{name}": _total(F(name) * share) for name in MEASURES},
         "mem_peak": Max("mem_peak"),
-        # With the rollup, the distinct sessions and kernels are counted across both.
-        **({"sessions": Count("session_id", distinct=True),
-            "kernels": Count("kernel_id", distinct=True)} if counted else {}),
+        "sessions": Count("session_id", distinct=True),
+        "kernels": Count("kernel_id", distinct=True),
     }
 
 
@@ -204,7 +232,7 @@ MEASURES = ("cpu_used", "net_rx", "net_tx", "io_read", "io_write", "mem_byte_sec
 SUMMED = ("cpu", "mem", "storage", "seconds", *(f"used_{name}" for name in MEASURES))
 
 
-def _with_rollup(rows, records, part, days, rolled, group_by, column, keys, kinds):
+def _with_rollup(rows, days, rolled, group_by, column, keys, kinds):
     """The rows of the records' part merged with the rollup's of the rolled days."""
     first, last = rolled
     days = days.filter(day__gte=first, day__lte=last)
@@ -220,29 +248,19 @@ def _with_rollup(rows, records, part, days, rolled, group_by, column, keys, kind
             return Sum(name)
         return Sum(Case(When(day=bucket_start, then=F(name)), default=F(f"{name}_new")))
 
-    merged = {row[column]: row for row in days.order_by().values(*keys).annotate(
+    query = days.order_by().values(*keys).annotate(
         **{name: _total(name) for name in ("cpu", "mem", "storage", "seconds")},
         **{f"device_{i}": _total(Coalesce(Cast(KeyTextTransform(kind, "devices"), float_),
                                           Value(0.0))) for i, kind in enumerate(kinds)},
         **{f"used_{name}": _total(name) for name in MEASURES},
-        mem_peak=Max("mem_peak"), sessions=counted("sessions"), kernels=counted("kernels"))}
-    # The records' part: its distinct sessions and kernels, less those the rolled days
-    # of the same group already counted.
-    ids = defaultdict(lambda: (set(), set()))
-    for key, session_id, kernel_id in part.order_by().values_list(
-            column, "session_id", "kernel_id").distinct():
-        ids[key][0].add(session_id)
-        ids[key][1].add(kernel_id)
-    if ids:  # (an open interval's day may be a rolled one)
-        inside = records.filter(session_id__in={s for found in ids.values() for s in found[0]},
-                                day__gte=first, day__lte=last, end_ts__isnull=False)
-        if group_by == "month":
-            inside = inside.annotate(month=TruncMonth("day"))
-        for key, session_id, kernel_id in inside.order_by().values_list(
-                column, "session_id", "kernel_id").distinct():
-            if key in ids:
-                ids[key][0].discard(session_id)
-                ids[key][1].discard(kernel_id)
+        mem_peak=Max("mem_peak"), sessions=counted("sessions"), kernels=counted("kernels"))
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # A year's rows grouped in memory (a hash) rather than sorted on disk: with the
+            # default 4 MB, everyone's half year sorts 32 MB on disk (0.45 of 0.77 s).
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL work_mem = '64MB'")
+        merged = {row[column]: row for row in query}
     for row in rows:
         key = row[column]
         into = merged.setdefault(key, {**row, **{name: 0.0 for name in SUMMED},
@@ -251,9 +269,8 @@ def _with_rollup(rows, records, part, days, rolled, group_by, column, keys, kind
         for name in (*SUMMED, *(f"device_{i}" for i in range(len(kinds)))):
             into[name] += row[name]
         into["mem_peak"] = max(into["mem_peak"] or 0, row["mem_peak"] or 0)
-    for key, (sessions, kernels) in ids.items():
-        merged[key]["sessions"] += len(sessions)
-        merged[key]["kernels"] += len(kernels)
+        into["sessions"] += row["sessions"]
+        into["kernels"] += row["kernels"]
     return [merged[key] for key in sorted(merged)]
 
 
