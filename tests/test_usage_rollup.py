@@ -176,3 +176,14 @@ def test_rollup_backed_sums_equal_the_records_on_random_schedules(alice, bob, pl
         last += timedelta(hours=7)
     agrees([sums.Period(first, last), sums.Period(START, now)], now=now)
 
+
+
+def test_the_hourly_task_cuts_the_open_intervals_then_rolls_the_days_over(schedule):  # noqa: F811
+    from accounting_app.tasks import roll_usage
+
+    with at(NOW):
+        assert roll_usage() == {"rolled": 2, "days": 32, "pruned": 0}
+        assert roll_usage()["days"] == 0
+    # The open intervals' pieces of March 31st are in the rollup: nothing left to read.
+    assert rollup.clean_days(*sums.whole_days(MARCH))[1] == datetime(2026, 3, 31).date()
+    agrees(periods=[MARCH])
