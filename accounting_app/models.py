@@ -68,6 +68,8 @@ class UsageRecord(models.Model):
             models.Index(fields=["project", "day"]),
             models.Index(fields=["kernel_id"], condition=Q(end_ts__isnull=True),
                          name="usage_open_by_kernel"),
+            # The rollup's edge days: which of their sessions the rolled days hold too.
+            models.Index(fields=["session_id", "day"]),
         ]
 
     def __str__(self):
@@ -83,3 +85,65 @@ class DeviceSlotKind(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class UsageDay(models.Model):
+    """The daily rollup: a day's closed records summed per (day, user, project, domain,
+    scaling group), written by the hourly roll once the day is over (accounting_app.rollup).
+    A sum over many days reads these whole days and clips only its edge days from the
+    records (docs/accounting.md). Slot-seconds as the records hold their slots: cpu and mem
+    as columns, devices {slot: unit-seconds}; the measures as the sums add them (means as
+    weighted sums to divide, peaks as the max)."""
+
+    day = models.DateField()
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                             related_name="+", db_index=False)
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="+",
+                                db_index=False)
+    domain = models.ForeignKey(Domain, on_delete=models.PROTECT, related_name="+",
+                               db_index=False)
+    scaling_group = models.ForeignKey(ScalingGroup, on_delete=models.PROTECT,
+                                      related_name="+", db_index=False)
+    cpu = models.FloatField(default=0, help_text="core-seconds")
+    mem = models.FloatField(default=0, help_text="byte-seconds")
+    devices = models.JSONField(default=dict, blank=True, help_text="{slot: unit-seconds}")
+    storage = models.FloatField(default=0, help_text="kept bytes × seconds")
+    seconds = models.FloatField(default=0, help_text="kernel-seconds")
+    cpu_used = models.FloatField(default=0)
+    net_rx = models.FloatField(default=0)
+    net_tx = models.FloatField(default=0)
+    io_read = models.FloatField(default=0)
+    io_write = models.FloatField(default=0)
+    mem_byte_seconds = models.FloatField(default=0)
+    sampled_seconds = models.FloatField(default=0)
+    device_util_seconds = models.FloatField(default=0)
+    mem_peak = models.BigIntegerField(default=0)
+    # Distinct sessions and kernels of the day, and those of them absent the day before
+    # (in this row's group): a run of days counts its first day's and then the new ones.
+    sessions = models.IntegerField(default=0)
+    sessions_new = models.IntegerField(default=0)
+    kernels = models.IntegerField(default=0)
+    kernels_new = models.IntegerField(default=0)
+
+    objects = OwnedQuerySet.as_manager()
+
+    class Meta:
+        indexes = [models.Index(fields=["day"]), models.Index(fields=["user", "day"]),
+                   models.Index(fields=["project", "day"])]
+
+    def __str__(self):
+        return f"{self.day} {self.user_id} {self.project_id} {self.scaling_group_id}"
+
+
+class RolledDay(models.Model):
+    """A past day the rollup knows of: `version` goes up with every write to the day's
+    records after it is over; the day's UsageDay rows are current while
+    rolled_version == version (the sums read the records for the other days)."""
+
+    day = models.DateField(unique=True)
+    version = models.IntegerField(default=1)
+    rolled_version = models.IntegerField(default=0)
+    rolled_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.day} v{self.version} rolled v{self.rolled_version}"

@@ -7,6 +7,7 @@ from itertools import groupby
 
 from django.db import transaction
 
+from accounting_app import rollup
 from accounting_app.models import UsageRecord
 from accounting_app.records import KINDS, close_open, open_interval
 from sessions_app.models import Kernel, SessionEvent
@@ -37,7 +38,10 @@ def rebuild_from_events(sessions=None):
     if sessions is not None:
         kernels = kernels.filter(session__in=sessions)
     kernels = {k.pk: k for k in kernels}
-    UsageRecord.objects.filter(kernel_id__in=list(kernels)).delete()
+    old = UsageRecord.objects.filter(kernel_id__in=list(kernels))
+    rollup.touched(old.filter(end_ts__isnull=False).order_by().values_list(
+        "day", flat=True).distinct())
+    old.delete()
     events = SessionEvent.objects.filter(kernel_id__in=list(kernels)).order_by(
         "kernel_id", "created_at", "id")
     written = 0

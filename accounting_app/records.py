@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from accounting_app import rollup
 from accounting_app.models import DeviceSlotKind, UsageRecord
 from common import clock
 from common.bulk import update_rows
@@ -116,6 +117,8 @@ def _cut(record, end_ts, close):
             copies.append(row)
     UsageRecord.objects.bulk_create(copies)
     record.save()
+    # Closed rows of a day that is over: its rollup must be rolled again.
+    rollup.touched(day for day, _, end in pieces if end is not None)
 
 
 @transaction.atomic
@@ -210,4 +213,5 @@ def prune(now=None):
     today = timezone.localtime(now or clock.now()).date()
     cutoff = today - timedelta(days=settings.USAGE_RETENTION_DAYS)
     deleted, _ = UsageRecord.objects.filter(day__lt=cutoff, end_ts__isnull=False).delete()
+    rollup.prune(cutoff)
     return deleted

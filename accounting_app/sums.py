@@ -12,12 +12,28 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Count, F, FloatField, Max, Q, Sum, Value
+from django.db import connection, transaction
+from django.db.models import (
+    Case,
+    Count,
+    DateField,
+    Exists,
+    F,
+    FloatField,
+    Max,
+    OuterRef,
+    Q,
+    Sum,
+    Value,
+    When,
+)
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Greatest, Least, TruncMonth
 from django.utils import timezone
 
-from accounting_app.models import DeviceSlotKind, UsageRecord
+from accounting_app import rollup
+from accounting_app.models import DeviceSlotKind, UsageDay, UsageRecord
+from accounting_app.records import day_start
 from common import clock
 from identity_app.models import Domain, Project
 from scheduling_app.models import ScalingGroup
@@ -119,12 +135,17 @@ def _find(model, ref, name_field, field):
     return found
 
 
-def in_period(records, period):
+def in_period(records, period, rolled=None):
+    """The records of the period (but those of the `rolled` (first, last) days that are
+    closed: the rollup has them)."""
     start_ts, end_ts = period.start.timestamp(), period.end.timestamp()
     first_day = timezone.localtime(period.start).date()
     last_day = timezone.localtime(period.end).date()
-    return records.filter(Q(day__gte=first_day, day__lte=last_day) | Q(end_ts__isnull=True),
-                          start_ts__lt=end_ts).filter(
+    days = Q(day__gte=first_day, day__lte=last_day)
+    if rolled:  # as two ranges, each read by index
+        days = Q(day__gte=first_day, day__lt=rolled[0]) | Q(day__gt=rolled[1],
+                                                            day__lte=last_day)
+    return records.filter(days | Q(end_ts__isnull=True), start_ts__lt=end_ts).filter(
         Q(end_ts__gt=start_ts) | Q(end_ts__isnull=True))
 
 
@@ -133,43 +154,124 @@ def device_kinds():
     return sorted(DeviceSlotKind.objects.values_list("name", flat=True))
 
 
-def sums(records, period, group_by="user", now=None):
+def whole_days(period):
+    """(first, last) days (TIME_ZONE) that lie wholly in the period, or None."""
+    first = timezone.localtime(period.start).date()
+    if period.start.timestamp() > day_start(first):
+        first += timedelta(days=1)
+    last = timezone.localtime(period.end).date() - timedelta(days=1)
+    return (first, last) if first <= last else None
+
+
+def sums(records, period, group_by="user", now=None, days=None):
     """[{key, name, slot_seconds: {cpu, mem, <device slot>...}, storage_byte_seconds,
-    used: {...}, sessions, kernels}] of the records in the period, one per group."""
+    used: {...}, sessions, kernels}] of the records in the period, one per group.
+
+    With `days` (the UsageDay rows narrowed as the records are), the period's whole days
+    that the rollup holds are read from it, and only the rest (the edge days, the days not
+    yet rolled, the open intervals) from the records: the same sums, in a row per group a
+    day. By session, the rollup cannot answer: the records are read."""
     if group_by not in GROUPS:
         raise UsageQueryError("group_by", f"group_by: one of {', '.join(GROUPS)}.")
     now_ts = (now or clock.now()).timestamp()
-    records = in_period(records, period)
     kinds = device_kinds()
+    column, name_column = _GROUP_COLUMNS[group_by]
+    keys = [column] + ([name_column] if name_column else [])
+    rolled = None
+    if days is not None and group_by != "session" and whole_days(period):
+        rolled = rollup.clean_days(*whole_days(period))
+    part = in_period(records, period, rolled)
+    if group_by == "month":
+        part = part.annotate(month=TruncMonth("day"))
+    aggregates = _record_aggregates(period, now_ts, kinds)
+    if rolled:
+        # Its distinct sessions and kernels that the rolled days of the same group hold
+        # too are counted there (the (session_id, day) index finds them).
+        inside = records.filter(session_id=OuterRef("session_id"), day__gte=rolled[0],
+                                day__lte=rolled[1], end_ts__isnull=False)
+        if group_by in ("day", "month"):
+            inside = inside.annotate(month=TruncMonth("day")).filter(
+                **{group_by: OuterRef(group_by)})
+        part = part.annotate(session_rolled=Exists(inside), kernel_rolled=Exists(
+            inside.filter(kernel_id=OuterRef("kernel_id"))))
+        aggregates.update(
+            sessions=Count("session_id", distinct=True, filter=Q(session_rolled=False)),
+            kernels=Count("kernel_id", distinct=True, filter=Q(kernel_rolled=False)))
+    rows = list(part.order_by().values(*keys).annotate(**aggregates).order_by(column))
+    if rolled:
+        rows = _with_rollup(rows, days, rolled, group_by, column, keys, kinds)
+    return [_answer(row, group_by, column, name_column, kinds) for row in rows]
+
+
+def _total(expression):
+    return Coalesce(Sum(expression, output_field=FloatField()), Value(0.0))
+
+
+def _record_aggregates(period, now_ts, kinds):
     end = Coalesce(F("end_ts"), Value(now_ts))
     overlap = Greatest(Value(0.0), Least(end, Value(period.end.timestamp()))
                        - Greatest(F("start_ts"), Value(period.start.timestamp())))
     share = overlap / Greatest(end - F("start_ts"), Value(1e-9))
     float_ = FloatField()
-
-    def total(expression):
-        return Coalesce(Sum(expression, output_field=float_), Value(0.0))
-
-    aggregates = {
-        "cpu": total(F("cpu") * overlap), "mem": total(F("mem") * overlap),
-        "storage": total(F("stored_bytes") * overlap),
-        **{f"device_{i}": total(Coalesce(Cast(KeyTextTransform(kind, "devices"), float_),
-                                         Value(0.0)) * overlap)
+    return {
+        "cpu": _total(F("cpu") * overlap), "mem": _total(F("mem") * overlap),
+        "storage": _total(F("stored_bytes") * overlap),
+        **{f"device_{i}": _total(Coalesce(Cast(KeyTextTransform(kind, "devices"), float_),
+                                          Value(0.0)) * overlap)
            for i, kind in enumerate(kinds)},
-        "seconds": total(overlap),
-        **{f"used_{name}": total(F(name) * share) for name in (
-            "cpu_used", "net_rx", "net_tx", "io_read", "io_write", "mem_byte_seconds",
-            "sampled_seconds", "device_util_seconds")},
+        "seconds": _total(overlap),
+        **{f"used_{name}": _total(F(name) * share) for name in MEASURES},
         "mem_peak": Max("mem_peak"),
         "sessions": Count("session_id", distinct=True),
         "kernels": Count("kernel_id", distinct=True),
     }
-    column, name_column = _GROUP_COLUMNS[group_by]
+
+
+MEASURES = ("cpu_used", "net_rx", "net_tx", "io_read", "io_write", "mem_byte_seconds",
+            "sampled_seconds", "device_util_seconds")
+SUMMED = ("cpu", "mem", "storage", "seconds", *(f"used_{name}" for name in MEASURES))
+
+
+def _with_rollup(rows, days, rolled, group_by, column, keys, kinds):
+    """The rows of the records' part merged with the rollup's of the rolled days."""
+    first, last = rolled
+    days = days.filter(day__gte=first, day__lte=last)
+    bucket_start = Value(first, output_field=DateField())
     if group_by == "month":
-        records = records.annotate(month=TruncMonth("day"))
-    keys = [column] + ([name_column] if name_column else [])
-    rows = records.order_by().values(*keys).annotate(**aggregates).order_by(column)
-    return [_answer(row, group_by, column, name_column, kinds) for row in rows]
+        days = days.annotate(month=TruncMonth("day"))
+        bucket_start = Greatest(TruncMonth("day"), bucket_start)
+    float_ = FloatField()
+
+    def counted(name):
+        # A run of days: those present on its first day, then those new on each next.
+        if group_by == "day":
+            return Sum(name)
+        return Sum(Case(When(day=bucket_start, then=F(name)), default=F(f"{name}_new")))
+
+    query = days.order_by().values(*keys).annotate(
+        **{name: _total(name) for name in ("cpu", "mem", "storage", "seconds")},
+        **{f"device_{i}": _total(Coalesce(Cast(KeyTextTransform(kind, "devices"), float_),
+                                          Value(0.0))) for i, kind in enumerate(kinds)},
+        **{f"used_{name}": _total(name) for name in MEASURES},
+        mem_peak=Max("mem_peak"), sessions=counted("sessions"), kernels=counted("kernels"))
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # A year's rows grouped in memory (a hash) rather than sorted on disk: with the
+            # default 4 MB, everyone's half year sorts 32 MB on disk (0.45 of 0.77 s).
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL work_mem = '64MB'")
+        merged = {row[column]: row for row in query}
+    for row in rows:
+        key = row[column]
+        into = merged.setdefault(key, {**row, **{name: 0.0 for name in SUMMED},
+                                       **{f"device_{i}": 0.0 for i in range(len(kinds))},
+                                       "mem_peak": None, "sessions": 0, "kernels": 0})
+        for name in (*SUMMED, *(f"device_{i}" for i in range(len(kinds)))):
+            into[name] += row[name]
+        into["mem_peak"] = max(into["mem_peak"] or 0, row["mem_peak"] or 0)
+        into["sessions"] += row["sessions"]
+        into["kernels"] += row["kernels"]
+    return [merged[key] for key in sorted(merged)]
 
 
 def _answer(row, group_by, column, name_column, kinds):
@@ -208,3 +310,8 @@ def slot_kinds(rows):
 
 def records_of(actor):
     return UsageRecord.objects.restrict(actor)
+
+
+def days_of(actor):
+    """The daily rollup's rows the actor may see (narrowed by filter_by as the records)."""
+    return UsageDay.objects.restrict(actor)

@@ -164,7 +164,7 @@ def time_sums(repeat=3):
     from django.contrib.auth import get_user_model
 
     from accounting_app import sums
-    from accounting_app.models import UsageRecord
+    from accounting_app.models import UsageDay, UsageRecord
     from identity_app.models import Project
 
     year = sums.Period(YEAR_START, YEAR_START + timedelta(days=DAYS))
@@ -173,23 +173,66 @@ def time_sums(repeat=3):
     project = Project.objects.get(name="p07")
     everyone = UsageRecord.objects.all()
     now = YEAR_START + timedelta(days=DAYS + 1)
+    days = UsageDay.objects.all()
+    # A period cut inside its first and last days: their records are read as well.
+    cut = sums.Period(YEAR_START + timedelta(days=100, hours=7),
+                      YEAR_START + timedelta(days=280, hours=17))
     queries = {
-        "one user, the year, by month": (everyone.filter(user=user), year, "month"),
-        "one project, the year, by month": (everyone.filter(project=project), year, "month"),
-        "everyone, one month, by user": (everyone, december, "user"),
-        "everyone, one month, by project": (everyone, december, "project"),
-        "everyone, the year, by month": (everyone, year, "month"),
-        "everyone, the year, by project": (everyone, year, "project"),
+        "one user, the year, by month": (everyone.filter(user=user), days.filter(user=user),
+                                         year, "month"),
+        "one project, the year, by month": (everyone.filter(project=project),
+                                            days.filter(project=project), year, "month"),
+        "everyone, one month, by user": (everyone, days, december, "user"),
+        "everyone, one month, by project": (everyone, days, december, "project"),
+        "everyone, the year, by month": (everyone, days, year, "month"),
+        "everyone, the year, by project": (everyone, days, year, "project"),
+        "everyone, 180 days cut mid-day, by user": (everyone, days, cut, "user"),
     }
     figures = {}
-    for name, (records, period, group_by) in queries.items():
+    for name, (records, rolled, period, group_by) in queries.items():
         times = []
         for _ in range(repeat):
             started = time.perf_counter()
-            rows = sums.sums(records, period, group_by, now=now)
+            rows = sums.sums(records, period, group_by, now=now, days=rolled)
             times.append(time.perf_counter() - started)
         figures[name] = (statistics.median(times), len(rows))
     return figures
+
+
+def roll():
+    """The daily rollup of every day over (only the days not yet rolled: none, when the
+    kept database was rolled before); (days, seconds)."""
+    from django.db import connection
+
+    from accounting_app.rollup import roll_days
+
+    started = time.monotonic()
+    days = roll_days()
+    if days:  # as autovacuum would soon: the planner's counts of the new rows
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE accounting_app_usageday")
+    return days, time.monotonic() - started
+
+
+def check_rollup():
+    """One user's year by month from the rollup and from the records alone: the same."""
+    from django.contrib.auth import get_user_model
+
+    from accounting_app import sums
+    from accounting_app.models import UsageDay, UsageRecord
+
+    user = get_user_model().objects.get(username="u0042")
+    year = sums.Period(YEAR_START, YEAR_START + timedelta(days=DAYS))
+    now = YEAR_START + timedelta(days=DAYS + 1)
+    plain = sums.sums(UsageRecord.objects.filter(user=user), year, "month", now=now)
+    rolled = sums.sums(UsageRecord.objects.filter(user=user), year, "month", now=now,
+                       days=UsageDay.objects.filter(user=user))
+    worst = max(abs(a["slot_seconds"]["cpu"] - b["slot_seconds"]["cpu"])
+                / max(b["slot_seconds"]["cpu"], 1) for a, b in zip(rolled, plain, strict=True))
+    same_counts = all((a["key"], a["sessions"], a["kernels"]) == (b["key"], b["sessions"],
+                                                                  b["kernels"])
+                      for a, b in zip(rolled, plain, strict=True))
+    return worst, same_counts
 
 
 def main():
@@ -199,9 +242,15 @@ def main():
     print(f"database {name}; scale {scale} ({int(SESSIONS_PER_DAY * scale):,} sessions a "
           f"day, {USERS:,} users, {DAYS} days)", flush=True)
     generate_year(scale)
+    days, seconds = roll()
+    print(f"daily rollup: rolled {days} days in {seconds:.1f} s", flush=True)
+    worst, same_counts = check_rollup()
+    print(f"rollup vs records, one user's year by month: cpu slot-seconds differ by at most "
+          f"{worst:.1e} (relative); sessions and kernels "
+          f"{'the same' if same_counts else 'DIFFERENT'}", flush=True)
     with open("/proc/loadavg") as load:
         print(f"load average: {load.read().split()[:3]}", flush=True)
     for query, (seconds, rows) in time_sums().items():
         verdict = "ok" if seconds <= 1 else "over"
-        print(f"{query:36s} median of 3: {seconds * 1000:8.0f} ms ({rows} groups; goal "
+        print(f"{query:40s} median of 3: {seconds * 1000:8.0f} ms ({rows} groups; goal "
               f"≤ 1 s: {verdict})", flush=True)

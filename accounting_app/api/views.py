@@ -112,8 +112,11 @@ class UsageViewSet(mixins.ListModelMixin, RestrictedViewSet):
         responses={200: OpenApiTypes.OBJECT})
     def list(self, request, *args, **kwargs):
         records, period = self.narrowed()
+        actor = actor_of(request)
         try:
-            rows = sums.sums(records, period, request.query_params.get("group_by") or "user")
+            days = sums.filter_by(sums.days_of(actor), request.query_params, actor)
+            rows = sums.sums(records, period, request.query_params.get("group_by") or "user",
+                             days=days)
         except sums.UsageQueryError as bad:
             raise RequestFailed(bad.message, bad.status, data={bad.field: [bad.message]}) \
                 from None

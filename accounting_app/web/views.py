@@ -72,7 +72,8 @@ def usage_page(request):
         period = sums.period_from(params)
         records = sums.filter_by(UsageRecord.objects.restrict(actor), params, actor)
         by_month = period.end - period.start > DAILY_UP_TO
-        rows = sums.sums(records, period, "month" if by_month else "day")
+        days = sums.filter_by(sums.days_of(actor), params, actor)
+        rows = sums.sums(records, period, "month" if by_month else "day", days=days)
     except sums.UsageQueryError as bad:
         context["error"], status = bad.message, bad.status
     else:
