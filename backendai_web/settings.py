@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import dj_database_url
+from csp.constants import NONE, SELF, UNSAFE_INLINE
 
 from backendai_web.logs import logging_config
 
@@ -78,10 +79,13 @@ INSTALLED_APPS = [
     "storage_app",
     # Failed logins limited per user and per address (identity_app.audit records them too).
     "axes",
+    "csp",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # The Content-Security-Policy header (django-csp; the policy is below).
+    "csp.middleware.CSPMiddleware",
     "sessions_app.api.handlers.DatabaseUnavailableMiddleware",
     # Outside the rest: it sees the final answer (CommonMiddleware's slash redirects too).
     "sessions_app.api.handlers.json_errors_middleware",
@@ -361,3 +365,28 @@ AXES_CLIENT_IP_CALLABLE = "identity_app.audit.client_address"
 AXES_LOCKOUT_CALLABLE = "identity_app.web.lockout.lockout_response"
 AXES_VERBOSE = False
 AXES_DISABLE_ACCESS_LOG = True  # the audit log records every login already
+
+# Content-Security-Policy (django-csp) of every page Django answers (the apps a session
+# serves under /sessions/ID/apps/ are proxied before Django and keep their own headers):
+# scripts only from this origin's files (no inline script, no eval), which the dashboard,
+# the terminal (xterm.js), the charts and the admin keep to. Styles may be inline: the
+# pages' progress bars and xterm.js set them. Websockets and fetches to this origin only.
+# CSP_REPORT_ONLY=true sends it as Content-Security-Policy-Report-Only instead.
+_CSP = {"DIRECTIVES": {
+    "default-src": [SELF],
+    "script-src": [SELF],
+    "style-src": [SELF, UNSAFE_INLINE],
+    "img-src": [SELF, "data:", "blob:"],
+    "font-src": [SELF, "data:"],
+    "connect-src": [SELF],
+    "frame-src": [SELF],
+    "worker-src": [SELF, "blob:"],
+    "frame-ancestors": [SELF],
+    "object-src": [NONE],
+    "base-uri": [SELF],
+    "form-action": [SELF],
+}}
+if env_bool("CSP_REPORT_ONLY", False):
+    CONTENT_SECURITY_POLICY_REPORT_ONLY = _CSP
+else:
+    CONTENT_SECURITY_POLICY = _CSP
