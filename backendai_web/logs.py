@@ -14,8 +14,9 @@ import time
 # second; failures are still logged (at ERROR, by celery.app.trace). uvicorn's error log
 # says three lines per websocket (accepted, open, closed): every browser tab, every
 # terminal; its errors stay.
+# django-axes logs every login at INFO; the audit log (identity_app.audit) has them all.
 QUIET_LOGGERS = ("celery.app.trace", "celery.worker.strategy", "celery.beat",
-                 "uvicorn.error")
+                 "uvicorn.error", "axes")
 
 
 def logging_config(level="INFO", fmt="plain"):

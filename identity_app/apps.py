@@ -6,4 +6,4 @@ class IdentityAppConfig(AppConfig):
     verbose_name = "Identity and tenancy"
 
     def ready(self):
-        from identity_app import signals  # noqa: F401 (models are loaded only now)
+        from identity_app import checks, signals  # noqa: F401 (models are loaded only now)

@@ -1,5 +1,6 @@
 from django.db import transaction
 
+from identity_app.encryption import UnreadableSecret
 from identity_app.models import KeyPair, ResourcePolicy
 from scheduling_app.models import default_of
 
@@ -16,3 +17,20 @@ def main_keypair(user):
             resource_policy=default_of(ResourcePolicy),
         )
     return keypair
+
+
+def rotate_secret_keys():
+    """Every keypair's secret key written again, encrypted with the newest key. Returns
+    (how many were, the access keys no configured key decrypts)."""
+    done, unreadable = 0, []
+    for access_key in KeyPair.objects.order_by("pk").values_list("pk", flat=True).iterator():
+        with transaction.atomic():
+            secret = KeyPair.objects.select_for_update().values_list(
+                "secret_key", flat=True).get(pk=access_key)
+            if isinstance(secret, UnreadableSecret):
+                unreadable.append(access_key)
+                continue
+            # update(), not save(): the row's other fields and its signals stay as they are.
+            KeyPair.objects.filter(pk=access_key).update(secret_key=secret)
+            done += 1
+    return done, unreadable

@@ -10,6 +10,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from identity_app.encryption import EncryptedSecretField
 from identity_app.visibility import OwnedQuerySet
 from scheduling_app.models import DEFAULT_NAME, ScalingGroup, SlotsField, default_of
 
@@ -114,7 +115,8 @@ def generate_secret_key():
 
 class KeyPair(models.Model):
     access_key = models.CharField(max_length=20, primary_key=True, default=generate_access_key)
-    secret_key = models.CharField(max_length=40, default=generate_secret_key)
+    # Encrypted at rest (identity_app/encryption.py); a Fernet token is ~150 characters.
+    secret_key = EncryptedSecretField(max_length=255, default=generate_secret_key)
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="keypairs"
     )
@@ -152,3 +154,37 @@ def ensure_defaults():
     for model in (Domain, ScalingGroup, ResourcePolicy):
         default_of(model)
     return default_project()
+
+
+class AuditEntry(models.Model):
+    """One privileged act or login: who (user and keypair), for whom, from where, what, the
+    result. Written by identity_app.audit; read-only in the admin."""
+
+    class Result(models.TextChoices):
+        OK = "ok"
+        REFUSED = "refused"
+        ERROR = "error"
+
+    at = models.DateTimeField(db_index=True)
+    # The name stays when the user row is deleted.
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                             on_delete=models.SET_NULL, related_name="+")
+    username = models.CharField(max_length=150, help_text='The actor\'s name, or "system".')
+    access_key = models.CharField(max_length=20, blank=True,
+                                  help_text="The keypair the actor acted through.")
+    on_behalf_of = models.CharField(max_length=150, blank=True,
+                                    help_text="The owner acted for (an access key or a user).")
+    address = models.GenericIPAddressField(null=True, blank=True)
+    action = models.CharField(max_length=64, db_index=True)
+    target_type = models.CharField(max_length=64, blank=True)
+    target_id = models.CharField(max_length=64, blank=True)
+    result = models.CharField(max_length=8, choices=Result, default=Result.OK)
+    message = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self):
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.username} {self.action} {self.result}"

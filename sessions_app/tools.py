@@ -8,6 +8,7 @@ from rest_framework.exceptions import APIException
 
 from agents_app import rpc
 from common import clock
+from identity_app import audit
 from sessions_app import engine
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.models import Session
@@ -71,12 +72,18 @@ def execute_in_session(session, *, command, timeout=30):
     return execute_on_kernel(running_main_kernel(session), command=command, timeout=timeout)
 
 
-@transaction.atomic
 def restart_session(session, *, actor):
     """Restart every container of a RUNNING session in place (docker restart: SIGTERM,
     SIGKILL after the grace period, start with the same command). The containers keep
     their ids and the scratch volume at /home/work; statuses stay RUNNING. The agents
     report each `kernel_restarted` (or `kernel_restart_failed`) as a session event."""
+    with audit.audited("session.restart", target_type="session", target_id=session.pk,
+                       on_behalf_of=session.keypair_id):
+        _restart_session(session, actor=actor)
+
+
+@transaction.atomic
+def _restart_session(session, *, actor):
     session = Session.objects.select_for_update().get(pk=session.pk)
     kernels = list(session.kernels.all())
     if session.status != Status.RUNNING or any(k.status != Status.RUNNING for k in kernels):

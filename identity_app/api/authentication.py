@@ -9,6 +9,8 @@ from django.utils.http import parse_http_date_safe
 from rest_framework import authentication, exceptions
 
 from common import clock
+from identity_app import audit
+from identity_app.encryption import UnreadableSecret
 from identity_app.models import KeyPair
 
 MAX_CLOCK_SKEW = timedelta(minutes=15)
@@ -66,6 +68,19 @@ class KeypairSignatureAuthentication(authentication.BaseAuthentication):
     keyword = "BackendAI"
 
     def authenticate(self, request):
+        try:
+            return self._authenticate(request)
+        except exceptions.AuthenticationFailed as exc:
+            access_key = request.META.get("HTTP_AUTHORIZATION", "").partition(
+                "credential=")[2].partition(":")[0]
+            owner = KeyPair.objects.filter(access_key=access_key[:20]).select_related(
+                "user").first() if access_key else None
+            audit.record("login.keypair", result=audit.REFUSED, access_key=access_key,
+                         username=owner.user.get_username() if owner else "-",
+                         request=request, message=str(exc.detail))
+            raise
+
+    def _authenticate(self, request):
         header = request.META.get("HTTP_AUTHORIZATION", "")
         if not header.startswith(self.keyword + " "):
             return None
@@ -93,6 +108,10 @@ class KeypairSignatureAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("Unknown access key.")
         if not keypair.is_active or not keypair.user.is_active:
             raise exceptions.AuthenticationFailed("This keypair is inactive.")
+        if isinstance(keypair.secret_key, UnreadableSecret):
+            raise exceptions.AuthenticationFailed(
+                "The server cannot read this keypair's secret key; ask an operator "
+                "(SECRET_KEY_ENCRYPTION_KEYS).")
         # Without the header, the content type is application/octet-stream (RFC 9110, and
         # aiohttp's default, which the Backend.AI manager signs with): the SDK's event
         # streams sign that and send no Content-Type.

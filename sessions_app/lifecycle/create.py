@@ -8,6 +8,7 @@ from django.db import IntegrityError, transaction
 
 from backendai_web.celery import send_task_safely
 from common import clock
+from identity_app import audit
 from scheduling_app.scheduler import dry_run
 from sessions_app import engine
 from sessions_app.enums import Status, StatusGroup
@@ -20,7 +21,14 @@ from storage_app.folders import add_mounts
 def create_session(*, keypair, user, actor=None, may_raise_priority=False, **fields) -> Session:
     """A session of `fields` (SessionSpec.build's) for `keypair`, asked by `actor` (default
     its user); SessionRequestError when the fields or the policy refuse it."""
-    spec = SessionSpec.build(keypair=keypair, may_raise_priority=may_raise_priority, **fields)
+    try:
+        spec = SessionSpec.build(keypair=keypair, may_raise_priority=may_raise_priority,
+                                 **fields)
+    except Exception as exc:
+        audit.record("session.create", result=audit.result_of(exc), target_type="session",
+                     on_behalf_of=keypair.access_key, message=getattr(exc, "message", exc),
+                     data={"name": fields.get("name") or ""})
+        raise
     return create_from_spec(spec, keypair=keypair, user=user, actor=actor)
 
 
@@ -28,6 +36,14 @@ def create_from_spec(spec, *, keypair, user, actor=None) -> Session:
     """The PENDING rows of a validated spec, then (after commit) a scheduler kick. The
     policy's pending-session limit and the live-name rule are checked here, in the same
     transaction as the rows."""
+    with audit.audited("session.create", target_type="session",
+                       on_behalf_of=keypair.access_key, data={"name": spec.name}) as entry:
+        session = _create_from_spec(spec, keypair=keypair, user=user, actor=actor)
+        entry["target_id"] = session.pk
+    return session
+
+
+def _create_from_spec(spec, *, keypair, user, actor=None) -> Session:
     check_not_frozen()
     policy = keypair.resource_policy
     with transaction.atomic():

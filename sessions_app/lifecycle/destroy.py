@@ -12,6 +12,7 @@ from django.utils.module_loading import import_string
 from agents_app import rpc
 from backendai_web import metrics
 from common import clock
+from identity_app import audit
 from identity_app.models import KeyPair
 from identity_app.roles import is_admin
 from scheduling_app.scheduler.preemption import end_preempted
@@ -87,8 +88,14 @@ def destroy_session(session, *, forced=False, reason="user-requested", actor=Non
              request.owner_access_key, session.name, forced,
              extra={"session_id": str(session.pk), "session_name": session.name})
     try:
-        return _destroy_session(session, request, forced=forced, reason=reason, actor=actor,
-                                keypair=keypair, requeue=requeue)
+        with audit.audited("session.destroy", target_type="session", target_id=session.pk,
+                           user=actor, keypair=keypair, username="" if actor else "system",
+                           on_behalf_of=session.keypair_id,
+                           data={"forced": forced, "reason": request.reason,
+                                 "owner": session.user.get_username() if session.user_id
+                                 else ""}):
+            return _destroy_session(session, request, forced=forced, reason=reason,
+                                    actor=actor, keypair=keypair, requeue=requeue)
     except DestroyRefused as refusal:
         metrics.count("destroy_refusals", status=session.status)
         if refusal.status_code != 404:  # not the requester's to see: not in its history

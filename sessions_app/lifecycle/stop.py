@@ -14,6 +14,7 @@ from agents_app import rpc
 from backendai_web.celery import send_task_safely
 from common import clock
 from common.slots import ResourceSlots, total
+from identity_app import audit
 from identity_app.roles import is_admin
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine
@@ -53,6 +54,17 @@ def stop_session(session, *, actor=None, keypair=None, reason=BY_OWNER):
     """RUNNING → TERMINATING, then (as each agent reports its kernel stopped and kept)
     STOPPED. Only interactive sessions: a batch session's work ends with its command.
     StopRefused (409 with why, 404 for another user's)."""
+    with _audited("session.stop", session, actor, keypair, reason=reason):
+        return _stop_session(session, actor=actor, keypair=keypair, reason=reason)
+
+
+def _audited(action, session, actor, keypair, **data):
+    return audit.audited(action, target_type="session", target_id=session.pk, user=actor,
+                         keypair=keypair, username="" if actor else "system",
+                         on_behalf_of=session.keypair_id, data=data)
+
+
+def _stop_session(session, *, actor, keypair, reason):
     _check_actor(session, actor, keypair)
     if session.session_type != SessionType.INTERACTIVE:
         raise StopRefused(f"A {session.session_type} session cannot be stopped, only an "
@@ -113,6 +125,11 @@ def resume_session(session, *, actor=None, keypair=None):
     priority, the quotas, the queue), and its kernels' agents restore it (the agent that
     keeps a kernel's files is preferred). ResumeRefused when it is not STOPPED (409), is
     another user's (404), or the policy refuses it (its message)."""
+    with _audited("session.resume", session, actor, keypair):
+        return _resume_session(session, actor=actor, keypair=keypair)
+
+
+def _resume_session(session, *, actor, keypair):
     _check_actor(session, actor, keypair)
     policy = session.keypair.resource_policy
     actor_name = actor.get_username() if actor is not None else "system"

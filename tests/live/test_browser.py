@@ -107,6 +107,12 @@ def browser_context(chromium, web):
     context.on("response", lambda r: r.status >= 400 and failed.append(
         f"{r.request.method} {r.url}: HTTP {r.status}"))
     context.on("weberror", lambda e: failed.append(f"page error: {e.error}"))
+    # Chromium reports each thing the Content-Security-Policy blocked on the console (the
+    # pages of a session's apps, proxied with their own headers, are not ours to judge).
+    context.csp_violations = []
+    context.on("console", lambda m: "Content Security Policy" in m.text
+               and "/apps/" not in (m.location.get("url") or "")
+               and context.csp_violations.append(f"{m.location.get('url')}: {m.text}"))
     yield context
     now = time.monotonic()
     for started, request in unfinished.values():
@@ -114,6 +120,8 @@ def browser_context(chromium, web):
     for line in failed:
         print(f"failed: {line}")
     context.close()
+    # Every page of every browser test keeps to the policy (settings.CONTENT_SECURITY_POLICY).
+    assert context.csp_violations == []
 
 
 def screenshot(page, name):
@@ -405,3 +413,30 @@ def test_the_create_form_asks_for_devices_and_the_overview_shows_them(
     expect(row.locator(".device")).to_have_count(2)
     screenshot(operator, "16-overview-devices")
     destroy_session(session, forced=True)
+
+
+def test_the_dashboard_the_admin_and_a_terminal_load_with_no_csp_violation(
+        live, carol, browser_context):
+    session = make_running_session_on_the_live_agent(carol, name="browser-csp")
+    page = browser_context.new_page()
+    log_in(page, "carol")
+    for path in ("/sessions/", "/sessions/new/", "/sessions/overview/", "/folders/",
+                 "/admin/", "/admin/sessions_app/session/"):
+        page.goto(path)  # waits for the load event: the page's scripts have run
+    page.goto("/api/docs/")
+    expect(page.locator(".swagger-ui .info")).to_be_visible(timeout=TIMEOUT_MS)  # it ran
+    page.goto(f"/sessions/{session.pk}/")
+    wait_live(page)  # the page's websocket, allowed by connect-src 'self'
+    page.click("#terminal-new")
+    try:
+        expect(page.locator(".terminal-tab").first).to_have_attribute(
+            "data-state", "connected", timeout=TIMEOUT_MS)
+        page.locator(".terminal-pane").first.click()
+        page.keyboard.type("echo csp-$((6*7))")
+        page.keyboard.press("Enter")
+        expect(page.locator(".terminal-pane .xterm-rows").first).to_contain_text(
+            "csp-42", timeout=TIMEOUT_MS)
+    finally:
+        print("CSP violations:", browser_context.csp_violations)
+    screenshot(page, "11-terminal-under-csp")
+    assert browser_context.csp_violations == []

@@ -1,0 +1,279 @@
+"""Who may call which route: every route and method of the URL configuration, every GraphQL
+query and mutation field, and every websocket route, against every role, with the answer
+each role gets, kept as data in tests/authorization_matrix.yaml.
+
+The routes are walked from the resolver (and the GraphQL schema and the Channels routers);
+a route or method without an entry fails, and so does an entry without a route. Each answer
+is checked by making the request with real objects: alice's RUNNING session (rows only: its
+agent is a row with no process, so what needs one answers 503), her folder, her keypair.
+
+Roles: anonymous; user (alice, who owns the objects); other (bob, who owns nothing here);
+project_admin (dave: this system has no project-admin role; dave is a member of alice's
+project, which gives him its project folders and nothing of alice's own); admin (erin:
+staff, not superuser); superadmin (carol).
+
+Each request runs in a savepoint that is rolled back, so a destroy by one role leaves the
+objects for the next. After a reviewed change of behaviour, rewrite the table with
+`AUTHZ_MATRIX_WRITE=1 pytest tests/test_authorization_matrix.py` and review its diff.
+"""
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from django.contrib.admin.sites import site
+from django.db import transaction
+from django.urls import URLResolver, get_resolver
+
+from agents_app.models import Image
+from identity_app.keypairs import main_keypair
+from identity_app.models import Project
+from sessions_app.compat.graphql import schema as graphql_schema
+from sessions_app.enums import Status
+from storage_app.folders import create_folder, folder_dir
+from tests.conftest import make_user
+from tests.factories import make_agent, make_session
+from tests.signing import signed_headers
+
+TABLE = Path(__file__).with_name("authorization_matrix.yaml")
+ROLES = ("anonymous", "user", "other", "project_admin", "admin", "superadmin")
+WRITE = os.environ.get("AUTHZ_MATRIX_WRITE") == "1"
+# The Backend.AI routes and GraphQL are called as the SDK calls them: signed with the
+# role's keypair; the rest with a browser session.
+SIGNED = re.compile(r"^/((session|template|events|resource|config|manager|stream|v2)(/|$)"
+                    r"|storage-proxy/|admin/g(ql|raphql)$|folders(/[^?]*[^/])?$)")
+
+
+def walk(resolver=None, prefix=""):
+    for pattern in (resolver or get_resolver()).url_patterns:
+        if isinstance(pattern, URLResolver):
+            yield from walk(pattern, prefix + str(pattern.pattern))
+        else:
+            yield prefix + str(pattern.pattern), pattern
+
+
+def methods_of(pattern):
+    """The methods a route answers: a viewset's mapped actions, a view class's handlers,
+    else GET and POST (function views)."""
+    callback = pattern.callback
+    actions = getattr(callback, "actions", None)
+    if actions:
+        # DRF adds HEAD (as GET) to a viewset's mapping at its first request: not a route.
+        return sorted(m.upper() for m, action in actions.items()
+                      if not (m == "head" and action == actions.get("get")))
+    view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
+    if view_class is not None:
+        return sorted(m.upper() for m in view_class.http_method_names
+                      if m not in ("options", "head", "trace") and hasattr(view_class, m))
+    return ["GET", "POST"]
+
+
+def http_routes():
+    routes = {}
+    for route, pattern in walk():
+        if route.startswith("admin/") and "gql" not in route and "graphql" not in route:
+            # The admin's pages: GET is the answer that shows who may see them.
+            routes[route] = ["GET"]
+        else:
+            routes[route] = methods_of(pattern)
+    return routes
+
+
+def graphql_fields():
+    fields = {}
+    for kind, root in (("query", graphql_schema.graphql_schema.query_type),
+                       ("mutation", graphql_schema.graphql_schema.mutation_type)):
+        for name in root.fields:
+            fields[f"{kind} {name}"] = ["POST"]
+    return fields
+
+
+def all_routes():
+    return {**http_routes(), **{f"graphql {k}": v for k, v in graphql_fields().items()}}
+
+
+@pytest.fixture
+def world(defaults, alice, bob, carol, django_user_model, monkeypatch, sent, settings,
+          tmp_path, client):
+    settings.STORAGE_ROOT = tmp_path / "storage"
+    client.raise_request_exception = False  # a 500 is an answer the table records
+
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    def agent_away(*args, **kwargs):
+        raise CeleryTimeout("no agent process in this test")
+    monkeypatch.setattr("agents_app.rpc.call", agent_away)
+    dave = make_user(django_user_model, "dave")
+    erin = make_user(django_user_model, "erin", is_staff=True)
+    project = Project.objects.get(name="default")
+    project.members.add(alice, dave)
+    agent = make_agent("agent-1")
+    session = make_session(alice, Status.RUNNING, agent=agent, name="mine")
+    policy = main_keypair(alice).resource_policy
+    folder = create_folder(user=alice, name="data", policy=policy)
+    project_folder = create_folder(user=carol, name="shared", policy=policy, project=project)
+    for made in (folder, project_folder):
+        folder_dir(made).mkdir(parents=True, exist_ok=True)
+    users = {"user": alice, "other": bob, "project_admin": dave, "admin": erin,
+             "superadmin": carol}
+    return {
+        "users": users, "session": session, "kernel": session.kernels.get(),
+        "folder": folder, "project_folder": project_folder, "agent": agent,
+        "keypair": main_keypair(alice), "image": Image.objects.first(),
+        "group": agent.scaling_group, "policy": main_keypair(alice).resource_policy,
+    }
+
+
+def concrete(route, world):
+    """The route with its parameters filled with the world's objects."""
+    session, folder = world["session"], world["folder"]
+    values = {
+        "ref": str(session.pk), "pk": str(session.pk), "name": folder.name,
+        "folder_id": folder.pk.hex, "path": "a.txt", "rest": "", "object_id": "0",
+        "app_label": "sessions_app",
+    }
+    if route.startswith("api/v1/"):
+        kind = re.split(r"[/\\]", route[len("api/v1/"):].lstrip("^"))[0]
+        values["pk"] = str({
+            "sessions": session.pk, "kernels": world["kernel"].pk,
+            "agents": world["agent"].pk, "images": world["image"].pk,
+            "keypairs": world["keypair"].pk, "scaling-groups": world["group"].pk,
+            "folders": folder.pk, "resource-policies": world["policy"].pk,
+        }.get(kind, "0"))
+    if route.startswith("folders/") and "<uuid:ref>" in route:
+        values["ref"] = str(folder.pk)
+    if route.startswith("admin/") and "<path:object_id>" in route:
+        model = next((m for m in site._registry
+                      if route.startswith(f"admin/{m._meta.app_label}/{m._meta.model_name}/")),
+                     None)
+        row = model._base_manager.first() if model else None
+        values["object_id"] = str(row.pk) if row is not None else "0"
+    values["format"] = "json"
+    path = route.replace("<drf_format_suffix:format>", ".json").replace("\\.", ".")
+    path = path.replace("/?$", "")
+    # Regular expressions' groups first (their names look like converters), then the
+    # converters; a regular expression takes its shortest path.
+    path = re.sub(r"\(\?P<(\w+)>[^)]*\)\??", lambda m: values.get(m.group(1), ""), path)
+    path = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: values.get(m.group(1), "x"), path)
+    path = path.replace("^", "").replace("\\Z", "").replace("$", "")
+    path = re.sub(r"\(\?:[^)]*\)\?", "", path)
+    path = re.sub(r"\(\?:([^|)]*)[^)]*\)", r"\1", path)
+    path = path.replace("[-_]", "-").replace("(?:/.*)?", "").replace("(?:/[\\s\\S]*)?", "")
+    return "/" + path
+
+
+def outcome(response):
+    status = response.status_code
+    if status in (301, 302) and "login" in response.get("Location", ""):
+        return "302 login"
+    return status
+
+
+def request_as(client, world, role, method, path, *, signed, body=None):
+    client.logout()
+    headers = {}
+    user = world["users"].get(role)
+    if user is not None:
+        if signed:
+            keypair = main_keypair(user)
+            headers = signed_headers(keypair.access_key, keypair.secret_key, method, path,
+                                     "testserver")
+        else:
+            client.force_login(user)
+    with transaction.atomic():
+        response = client.generic(method, path, body or b"{}",
+                                  content_type="application/json", headers=headers)
+        transaction.set_rollback(True)
+    return response
+
+
+def graphql_document(key):
+    kind, name = key.split(" ", 1)
+    root = (graphql_schema.graphql_schema.query_type if kind == "query"
+            else graphql_schema.graphql_schema.mutation_type)
+    field = root.fields[name]
+    args = []
+    for arg_name, arg in field.args.items():
+        if str(arg.type).endswith("!"):
+            args.append(f'{arg_name}: {_dummy(arg.type)}')
+    call = f"{name}({', '.join(args)})" if args else name
+    inner = field.type
+    while hasattr(inner, "of_type"):
+        inner = inner.of_type
+    selection = " { __typename }" if hasattr(inner, "fields") else ""
+    return f"{kind} {{ {call}{selection} }}"
+
+
+def _dummy(type_):
+    text = str(type_).rstrip("!")
+    if text.startswith("["):
+        return "[]"
+    return {"Int": "1", "Float": "1.0", "Boolean": "false"}.get(text, '"x"') \
+        if not text.endswith("Input") else "{}"
+
+
+def graphql_outcome(response):
+    if response.status_code != 200:
+        return response.status_code
+    body = response.json()
+    errors = body.get("errors") or []
+    if not errors:
+        return "ok"
+    message = errors[0].get("message", "").lower()
+    if any(word in message for word in ("permission", "not allowed", "only admin",
+                                        "administrator", "superadmin", "forbidden")):
+        return "refused"
+    if "not found" in message or "no such" in message or "there is no" in message:
+        return "not found"
+    return "error"
+
+
+def answers(client, world, key, method):
+    row = {}
+    for role in ROLES:
+        if key.startswith("graphql "):
+            document = graphql_document(key.split(" ", 1)[1])
+            response = request_as(client, world, role, "POST", "/admin/gql", signed=True,
+                                  body=json.dumps({"query": document}).encode())
+            row[role] = graphql_outcome(response) if response.status_code == 200 \
+                else response.status_code
+        else:
+            path = concrete(key, world)
+            response = request_as(client, world, role, method, path,
+                                  signed=bool(SIGNED.match(path)))
+            row[role] = outcome(response)
+    return row
+
+
+def table():
+    return yaml.safe_load(TABLE.read_text()) if TABLE.exists() else {}
+
+
+def test_every_route_and_method_has_an_entry_and_every_entry_a_route():
+    routes = {(route, method) for route, methods in all_routes().items()
+              for method in methods}
+    entries = {(route, method) for route, by_method in table().items()
+               for method in by_method}
+    if WRITE:
+        pytest.skip("writing the table")
+    assert sorted(routes - entries) == [], "routes without an entry in the matrix"
+    assert sorted(entries - routes) == [], "entries whose route is gone"
+
+
+def test_every_role_gets_the_answer_the_matrix_says(client, world):
+    expected = table()
+    found, wrong = {}, []
+    for route, methods in sorted(all_routes().items()):
+        for method in methods:
+            row = answers(client, world, route, method)
+            found.setdefault(route, {})[method] = row
+            if not WRITE and expected.get(route, {}).get(method) != row:
+                wrong.append(f"{method} {route}: expected {expected.get(route, {}).get(method)}"
+                             f", got {row}")
+    if WRITE:
+        TABLE.write_text(yaml.safe_dump(found, sort_keys=True, width=120))
+        pytest.skip(f"wrote {TABLE}")
+    assert wrong == []
