@@ -35,7 +35,10 @@ from storage_app.compat import views as folders_compat
 # down to theirs (the 23.9.10 client: v7.20230615).
 API_VERSION = "v8.20240915"
 
+# No `.json`-style suffix routes: no client uses them (?format= chooses a rendering), and
+# the viewsets' extra actions do not take the `format` argument they would pass.
 router = DefaultRouter()
+router.include_format_suffixes = False
 router.register("sessions", SessionViewSet, basename="session")
 router.register("kernels", KernelViewSet, basename="kernel")
 router.register("agents", AgentViewSet, basename="agent")
