@@ -137,7 +137,9 @@ class SignedStreamConsumer(RelayConsumer):
                 self.scope, ref, f"{self.target_kind}:{uuid.uuid4().hex}")
         except access.Refusal as refusal:
             log.info("%s refused: %s %s", self.scope["path"], refusal.status, refusal.message)
-            await self.close()  # before accept: the handshake is answered 403
+            # Before accept: the handshake is answered 403 and the code goes no further
+            # than the server, but it says why there (4000 + status, as the app proxy's).
+            await self.close(code=4000 + refusal.status)
             return
         self.user = self.actor.user
         await self.opened()
@@ -221,7 +223,7 @@ class PtyConsumer(SignedStreamConsumer):
         problem = await self.connect_agent("/v1/pty")
         if problem:
             log.info("%s: %s", self.scope["path"], problem)
-            await self.close()
+            await self.close(code=4502)  # before accept, too: a 403 to the client
             return
         await self.accept()
         self.pump = asyncio.ensure_future(self.relay(self.upstream))
