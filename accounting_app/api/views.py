@@ -17,6 +17,7 @@ from accounting_app.models import UsageRecord
 from identity_app.acting import actor_of
 from identity_app.api.viewsets import RestrictedViewSet
 from sessions_app.api.errors import RequestFailed
+from sessions_app.api.schema import ErrorSerializer
 
 
 class CSVRenderer(renderers.BaseRenderer):
@@ -109,7 +110,7 @@ class UsageViewSet(mixins.ListModelMixin, RestrictedViewSet):
 
     @extend_schema(parameters=[*PERIOD_PARAMETERS, OpenApiParameter(
         "group_by", OpenApiTypes.STR, enum=list(sums.GROUPS), description="default: user")],
-        responses={200: OpenApiTypes.OBJECT})
+        responses={200: OpenApiTypes.OBJECT, 404: ErrorSerializer})
     def list(self, request, *args, **kwargs):
         records, period = self.narrowed()
         actor = actor_of(request)
@@ -126,7 +127,8 @@ class UsageViewSet(mixins.ListModelMixin, RestrictedViewSet):
         return Response({"start": period.start.isoformat(), "end": period.end.isoformat(),
                          "slot_kinds": sums.slot_kinds(rows), "results": rows})
 
-    @extend_schema(parameters=PERIOD_PARAMETERS)
+    @extend_schema(parameters=PERIOD_PARAMETERS,
+                   responses={200: UsageRecordSerializer(many=True), 404: ErrorSerializer})
     @action(detail=False)
     def records(self, request):
         records, period = self.narrowed()

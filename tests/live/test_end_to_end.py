@@ -84,9 +84,13 @@ def test_agent_never_opens_a_database_connection(live):
     # guard that raises on any connection; sessions still ran, and nothing tripped it.
     assert live.agent.env["DATABASE_URL"].endswith(":9/none")
     wait_for(lambda: "ready." in live.agent.output(), message="the agent's worker")
-    assert "DatabaseForbidden" not in live.agent.output()
-    assert "connection" not in live.agent.output().lower().replace(
-        "connected to redis", "").replace("celery.worker.consumer.connection", "")
+    output = live.agent.output()
+    assert "DatabaseForbidden" not in output
+    # What a database connection tried would have left (the agent shares this live system
+    # with other tests' kernels, whose apps' answers its probes may log, headers and all).
+    for trace in ("psycopg", "OperationalError", "connection to server", "sqlite3",
+                  "django.db"):
+        assert trace not in output, trace
 
 
 def test_a_session_no_agent_could_hold_waits_with_the_reason_for_an_agent_that_large(

@@ -199,11 +199,14 @@ def test_resource_functions_with_a_preset_check(sdk, live, alice, carol):
     assert all(r["hostname"] == name for name, r in registries.items())
     assert result(calls, "get_docker_registries") == registries
     refused(calls, "recalculate_usage", 403, "Only administrators")
-    for label in ("usage_per_month", "usage_per_period", "user_monthly_stats",
-                  "admin_monthly_stats"):
-        not_supported(calls, label, "usage statistics are not collected here")
+    # Usage: a user reads their own month; every project's is for superadmins.
+    for label in ("usage_per_month", "usage_per_period", "admin_monthly_stats"):
+        refused(calls, label, 403, "Only superadmins")
+    assert isinstance(result(calls, "user_monthly_stats"), list)
     calls = sdk(main_keypair(carol), "resource", "default")
     assert result(calls, "recalculate_usage") == {"corrected": {"agents": [], "keypairs": []}}
+    for label in ("usage_per_month", "usage_per_period", "admin_monthly_stats"):
+        assert isinstance(result(calls, label), list), label
 
 
 @pytest.mark.timeout(300)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from cryptography.fernet import Fernet
 from django.db import connection
 
 from tests.support import ROOT
@@ -85,9 +86,12 @@ def test_the_production_settings_of_the_readme_pass_check_deploy_without_a_warni
     secret.write_text("k7Qx2-production-secret-" + "9f8e7d6c5b4a" * 5 + "\n")
     token = tmp_path / "metrics_token"
     token.write_text("scrape-me\n")
+    keys = tmp_path / "encryption_keys"
+    keys.write_text(Fernet.generate_key().decode() + "\n")
     clean = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DEBUG"}}
     env = {**clean, "DJANGO_SETTINGS_MODULE": "backendai_web.settings", "DEBUG": "false",
            "HTTPS": "true", "SECRET_KEY_FILE": str(secret), "METRICS_TOKEN_FILE": str(token),
+           "SECRET_KEY_ENCRYPTION_KEYS_FILE": str(keys),
            "ALLOWED_HOSTS": "bai.example.com", "CSRF_TRUSTED_ORIGINS": "https://bai.example.com",
            "LOG_FORMAT": "json"}
     checked = subprocess.run([sys.executable, "manage.py", "check", "--deploy",
