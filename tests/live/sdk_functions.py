@@ -134,7 +134,7 @@ def resource(api, scaling_group):
     call("get_resource_slots", r.get_resource_slots)
     call("get_vfolder_types", r.get_vfolder_types)
     call("recalculate_usage", r.recalculate_usage)
-    call("usage_per_month", r.usage_per_month, "202601", ["1"])
+    call("usage_per_month", r.usage_per_month, "202601", ["default"])
     call("usage_per_period", r.usage_per_period, None, "20260101", "20260131")
     call("user_monthly_stats", r.user_monthly_stats)
     call("admin_monthly_stats", r.admin_monthly_stats)
