@@ -215,3 +215,13 @@ def prune(now=None):
     deleted, _ = UsageRecord.objects.filter(day__lt=cutoff, end_ts__isnull=False).delete()
     rollup.prune(cutoff)
     return deleted
+
+
+def forget_scaling_group(group):
+    """The usage records and rolled days of a scaling group deleted, so that the group and
+    its users can go: for the benches' throwaway groups only (usage records keep a user,
+    a project and a group from being deleted: what was used is billed)."""
+    from accounting_app.models import UsageDay
+
+    UsageRecord.objects.filter(scaling_group=group).delete()
+    UsageDay.objects.filter(scaling_group=group).delete()

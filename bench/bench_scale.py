@@ -400,8 +400,11 @@ class Bench:
     def cleanup(self):
         from django.contrib.auth import get_user_model
 
+        from accounting_app.records import forget_scaling_group
+
         self.stop()
         self.reset()
+        forget_scaling_group(self.group)
         get_user_model().objects.filter(pk__in=[u.pk for u in self.users]).delete()
         self.group.delete()
         self.policy.delete()

@@ -134,6 +134,7 @@ def make_rows(tag):
 def remove_rows(group, user):
     from django.db import transaction
 
+    from accounting_app.records import forget_scaling_group
     from agents_app.models import Agent
     from sessions_app.models import Kernel, KernelStat, Session, SessionEvent
 
@@ -144,6 +145,7 @@ def remove_rows(group, user):
         kernels.delete()
         Session.objects.filter(scaling_group=group).delete()
         Agent.objects.filter(scaling_group=group).delete()
+        forget_scaling_group(group)
         user.keypairs.all().delete()
         user.delete()
         group.delete()

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from accounting_app.records import forget_scaling_group
 from agents_app.models import Agent, AgentStatus
 from agents_app.runtime.docker_backend import KEEPALIVE
 from identity_app.keypairs import main_keypair
@@ -83,6 +84,7 @@ class Command(BaseCommand):
                 process.wait(30)
             Session.objects.filter(scaling_group=group).delete()
             Agent.objects.filter(pk=tag).delete()
+            forget_scaling_group(group)
             user.keypairs.all().delete()
             user.delete()
             group.delete()
