@@ -18,7 +18,6 @@ machine hands its credentials to whoever asks.
 """
 
 import logging
-import shlex
 import shutil
 import subprocess
 
@@ -31,7 +30,7 @@ INTERFACES = "bai+"
 # traffic between its containers); its traffic to the host itself is closed the same way.
 SWARM_GATEWAY = "docker_gwbridge"
 RULES = [
-    ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"],
+    ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN"],
     ["-j", "DROP"],
 ]
 OUTBOUND_CHAIN = "BAI-KERNELS-OUT"
@@ -60,18 +59,28 @@ def install():
 
 
 def _chain(chain, rules, parent, consequence):
-    """`chain` made, or its rules replaced, with `rules` in one iptables-restore
-    transaction (an agent starting beside running kernels never leaves them an empty chain
-    for a moment, as a flush and then appends would), and a jump to it first in `parent`
-    for traffic from kernels' interfaces; False (and a warning) when iptables refuses."""
-    batch = "\n".join(["*filter", f":{chain} - [0:0]",
-                       *(shlex.join(["-A", chain, *rule]) for rule in rules), "COMMIT", ""])
-    replaced = subprocess.run(["iptables-restore", "-w", "5", "--noflush"], input=batch,
-                              capture_output=True, text=True, timeout=30)
-    if replaced.returncode != 0:
-        log.warning("%s: iptables-restore of %s: %s", consequence, chain,
-                    replaced.stderr.strip())
-        return False
+    """`chain` made, or its rules made `rules`, and a jump to it first in `parent` for
+    traffic from kernels' interfaces; False (and a warning) when iptables refuses.
+
+    The rules are never flushed and re-added (an agent starting beside running kernels
+    would leave them an empty chain for a moment), nor restored as a table (iptables-nft's
+    restore can undo rules Docker adds meanwhile for a new network): rules already as
+    wanted are left alone, and otherwise the wanted ones go in on top before the old ones
+    are deleted below them, one command each."""
+    if _iptables("-n", "-L", chain).returncode != 0:
+        created = _iptables("-N", chain)
+        if created.returncode != 0:
+            log.warning("%s: iptables -N %s: %s", consequence, chain, created.stderr.strip())
+            return False
+    wanted = [" ".join(["-A", chain, *rule]) for rule in rules]
+    if _rules_of(chain) != wanted:
+        for position, rule in enumerate(rules, start=1):
+            inserted = _iptables("-I", chain, str(position), *rule)
+            if inserted.returncode != 0:
+                log.warning("%s: %s", consequence, inserted.stderr.strip())
+                return False
+        while len(_rules_of(chain)) > len(rules):
+            _iptables("-D", chain, str(len(rules) + 1))
     for interfaces in (INTERFACES, SWARM_GATEWAY):
         jump = [parent, "-i", interfaces, "-j", chain]
         if _iptables("-C", *jump).returncode != 0:
@@ -80,3 +89,8 @@ def _chain(chain, rules, parent, consequence):
                 log.warning("%s: %s", consequence, inserted.stderr.strip())
                 return False
     return True
+
+
+def _rules_of(chain):
+    listed = _iptables("-S", chain).stdout.splitlines()
+    return [line for line in listed if line.startswith("-A ")]

@@ -4,6 +4,8 @@ there unchanged, and what its unprivileged user writes is owned on the host by a
 subordinate uid of the engine's `dockremap` user, not by that uid itself nor by root."""
 
 import os
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -31,11 +33,16 @@ def subordinate_start(path, name="dockremap"):
 def remapped_engine(docker_client):
     """A second engine, in a network namespace of its own, with remapping on."""
     need("a second Docker engine", tools_problem())
-    host = SecondHost(IMAGE, netns="u2", addresses=("10.202.0.1", "10.202.0.2"),
+    # Its data root where the remapped root can reach it: dockerd refuses a path with a
+    # directory it cannot traverse (a checkout under a 0700 mktemp directory, as in CI).
+    base = Path(tempfile.mkdtemp(prefix="bai-userns-"))
+    base.chmod(0o711)
+    host = SecondHost(IMAGE, base=base, netns="u2", addresses=("10.202.0.1", "10.202.0.2"),
                       bip="172.28.0.1/16", swarm=False,
                       dockerd_args=["--userns-remap=default"]).up()
     yield host.client
     host.down()
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def kernel_spec(image):
