@@ -316,6 +316,7 @@ def chart_lag():
         print(f"chart lag: skipped ({problem})", flush=True)
         return
     from django.contrib.auth import get_user_model
+    from django.core.management import call_command
     from django.db import connection
 
     from agents_app.models import Agent, AgentStatus
@@ -328,6 +329,7 @@ def chart_lag():
     from sessions_app.lifecycle.create import create_session
     from sessions_app.models import Session
 
+    call_command("build_kernel_image")  # a fresh machine has no kernel image yet
     tag = f"bench-chart-{uuid.uuid4().hex[:6]}"
     group = ScalingGroup.objects.create(name=tag)
     user = get_user_model().objects.create_user(tag, password="bench-password")
@@ -354,9 +356,10 @@ def chart_lag():
             image="bai-local/busybox:latest", resources={"cpu": "0.5", "mem": "128m"},
             startup_command="while :; do :; done")
         deadline = time.monotonic() + 120
-        while Session.objects.get(pk=session.pk).status != Status.RUNNING:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the session did not start")
+        while (current := Session.objects.get(pk=session.pk)).status != Status.RUNNING:
+            if time.monotonic() > deadline or current.status in StatusGroup.FINISHED:
+                raise RuntimeError(f"the session did not start: {current.status} "
+                                   f"{current.status_info}")
             time.sleep(0.2)
         lags = browse(f"http://127.0.0.1:{web_port}", tag, session.pk)
         print(f"chart lag (agent's report → point drawn in Chromium), {len(lags)} draws, "
