@@ -5,11 +5,14 @@ test-fast` leaves them out, `make test` runs them."""
 import contextlib
 import dataclasses
 import fcntl
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import docker
@@ -191,11 +194,27 @@ def _install_client(release):
 
 
 @pytest.fixture(scope="session", params=list(BACKENDAI_CLIENTS), ids=lambda r: f"cli-{r}")
-def backendai_cli(request):
+def backendai_cli(request, tmp_path_factory):
     """The `backend.ai` command of each client release in turn: a test that takes this
-    fixture runs once with each. `.release` tells which."""
+    fixture runs once with each. `.release` tells which; `.forkserver` is the socket of its
+    fork server (tests/live/cli_forkserver.py), or None with BACKENDAI_CLI_FORKSERVER=0."""
     path = install_client(request.param)
-    return CLIPath(path, request.param)
+    if os.environ.get("BACKENDAI_CLI_FORKSERVER", "1") == "0":
+        yield CLIPath(path, request.param)
+        return
+    socket_path = tmp_path_factory.mktemp("cli") / "forkserver.sock"
+    process = Process(f"cli-{request.param}", [str(path.with_name("python")),
+                                                str(LIVE / "cli_forkserver.py"),
+                                                str(socket_path)],
+                      {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"},
+                      socket_path.parent).start()
+    try:
+        wait_for(socket_path.exists, timeout=120, message="the CLI's fork server")
+    except AssertionError:
+        process.stop()
+        pytest.fail(f"the CLI's fork server did not start:\n{process.output()[-3000:]}")
+    yield CLIPath(path, request.param, socket_path)
+    process.stop()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +223,7 @@ class CLIPath(os.PathLike):
 
     path: Path
     release: str
+    forkserver: Path | None = None
 
     def __fspath__(self):
         return str(self.path)
@@ -224,17 +244,26 @@ def backendai(backendai_cli, web_server, live, tmp_path):
                 "BACKEND_SECRET_KEY": keypair.secret_key}
 
     def run(keypair, *args, timeout=120, cwd=None):
+        if backendai_cli.forkserver:
+            code, out = forked(backendai_cli.forkserver, {"argv": list(args)},
+                               environment(keypair), cwd, timeout, tmp_path)
+            return code, without_version_advice(out)
         done = subprocess.run([str(backendai_cli), *args], env=environment(keypair),
                               capture_output=True, text=True, timeout=timeout, cwd=cwd)
         return done.returncode, without_version_advice(done.stdout + done.stderr)
 
     def start(keypair, *args):
-        return subprocess.Popen([str(backendai_cli), *args], env=environment(keypair),
+        # Unbuffered: what it prints reaches the test as it prints it.
+        return subprocess.Popen([str(backendai_cli), *args],
+                                env={**environment(keypair), "PYTHONUNBUFFERED": "1"},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def python(keypair, code, timeout=120):
         """Runs `code` with the client's SDK (in its venv's Python) as the owner of
         `keypair`, for what its CLI cannot do; answers as `run` does."""
+        if backendai_cli.forkserver:
+            return forked(backendai_cli.forkserver, {"python": code}, environment(keypair),
+                          None, timeout, tmp_path)
         done = subprocess.run([str(Path(backendai_cli).with_name("python")), "-c", code],
                               env=environment(keypair), capture_output=True, text=True,
                               timeout=timeout)
@@ -245,6 +274,31 @@ def backendai(backendai_cli, web_server, live, tmp_path):
     run.python = python
     run.release = backendai_cli.release
     return run
+
+
+def forked(server, request, env, cwd, timeout, tmp_path):
+    """One run of the client through its fork server: (exit code, stdout + stderr), as
+    subprocess.run with capture_output gives them; TimeoutExpired after `timeout` seconds,
+    the run killed."""
+    outputs = tmp_path / f"cli-{uuid.uuid4().hex[:8]}"
+    request = {**request, "env": env, "cwd": str(cwd) if cwd else str(tmp_path),
+               "stdout": f"{outputs}.out", "stderr": f"{outputs}.err"}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(timeout)
+        connection.connect(str(server))
+        connection.sendall(json.dumps(request).encode() + b"\n")
+        answers = connection.makefile("rb")
+        pid = int(answers.readline())
+        try:
+            line = answers.readline()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired(request.get("argv") or "python", timeout) from None
+    out = Path(f"{outputs}.out").read_text(errors="replace") + Path(
+        f"{outputs}.err").read_text(errors="replace")
+    # A run that died without answering (killed by a signal) is a failure, as its exit.
+    return (int(line) if line.strip() else -1), out
 
 
 # A client older than the server's API version (23.9.10 against v8) says so at every

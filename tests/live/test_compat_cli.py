@@ -3,6 +3,7 @@ own venv: see `backendai_cli`) against the running system: the web process (back
 manager worker, an agent on Docker. Every test runs once with each client."""
 import json
 import re
+import threading
 
 import pytest
 
@@ -18,6 +19,23 @@ pytestmark = pytest.mark.docker
 
 def session_named(name):
     return Session.objects.filter(name=name).order_by("-created_at").first()
+
+
+def follow(process):
+    """The lines `process` prints, as it prints them (a list a thread fills)."""
+    lines = LineList()
+
+    def read():
+        for line in process.stdout:
+            lines.append(line)
+
+    lines.reader = threading.Thread(target=read, daemon=True)
+    lines.reader.start()
+    return lines
+
+
+class LineList(list):
+    reader = None
 
 
 def streamed_events(output):
@@ -43,6 +61,11 @@ def test_the_cli_creates_follows_restarts_and_destroys_a_session(backendai, alic
     assert session.requested_slots == {"cpu": "1", "mem": str(256 * 2**20)}
 
     events = backendai.start(kp, "session", "events", "cli1")
+    lines = follow(events)
+    # It follows "cli1" from its history on: before the rename below (a name that matches
+    # no session yet waits for the first session of that name to appear).
+    wait_for(lambda: any(line.startswith("session_enqueued ") for line in lines),
+             timeout=60, message="the event stream's history")
 
     code, out = backendai(kp, "session", "logs", "cli1")
     assert code == 0 and "hello-from-kernel" in out and "End of logs." in out, out
@@ -75,7 +98,9 @@ def test_the_cli_creates_follows_restarts_and_destroys_a_session(backendai, alic
              message="TERMINATED")
 
     # The stream ends by itself (server_close) once the session has finished.
-    out, _ = events.communicate(timeout=60)
+    events.wait(timeout=60)
+    lines.reader.join(timeout=10)
+    out = "".join(lines)
     names = [name for name, _ in streamed_events(out)]
     assert names[0] == "session_enqueued"
     assert {"session_started", "session_restarting", "kernel_restarted", "session_renamed",
