@@ -56,11 +56,17 @@ define with_test_redis
 	$(1)
 endef
 
-# The tests in three runs: those without live processes on TEST_WORKERS workers at once,
-# then the live ones (pytest-xdist, a test file per worker; each worker its own test
-# database, Redis database and live system of processes, which runs for the worker's whole
-# session: hence apart from the others), then the serial ones (they stop Redis and
-# PostgreSQL, or make the main Docker engine a swarm manager) alone.
+# The tests in two steps. First those without live processes on TEST_WORKERS workers at
+# once (they use no Docker), and beside them the serial ones (they make the main Docker
+# engine a swarm manager: alone on Docker; their output is printed after). Then the live
+# ones (pytest-xdist, a test file per worker; each worker its own test database, Redis
+# database and live system of processes, which runs for the worker's whole session: hence
+# apart from the others), and beside them those that stop and start Redis and PostgreSQL,
+# on a cluster and a server of their own (scripts/private_services.sh; where it cannot make
+# them, alone on the shared ones, after the rest). Meanwhile, at the lowest CPU priority,
+# what the live tests build once (kernel images, the Backend.AI client venvs:
+# tests/live/assets.py) is made ahead: on a new machine that is minutes of downloads and
+# unpacking, which the first step leaves room for.
 TEST_WORKERS ?= 3
 # A live test that fails runs once more (pytest-rerunfailures; the output marks it R and
 # the summary lists it): real engines and browsers on 2 shared cores have rare timing
@@ -70,12 +76,32 @@ XDIST = PYTHONPATH=. $(VENV)/bin/pytest -p tests.xdist_isolation -n $(TEST_WORKE
 test: services $(STAMP) $(NPM_STAMP)
 	$(call with_test_redis, $(VENV)/bin/ruff check .; \
 		$(PY) manage.py makemigrations --check --dry-run -v 0; \
+		mkdir -p var; nice -n 19 $(PY) -m tests.live.assets > var/test-assets.log 2>&1 & \
+		assets=$$!; \
 		status=0; \
+		$(VENV)/bin/pytest -m serial $(LIVE_RERUNS) $(PYTEST_ARGS) > var/test-serial.log 2>&1 & \
+		serial=$$!; \
 		$(XDIST) -m "not live" $(PYTEST_ARGS) || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
-		$(XDIST) --dist loadfile -m "live and not serial" $(LIVE_RERUNS) $(PYTEST_ARGS) \
-			|| { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
-		$(VENV)/bin/pytest -m serial $(LIVE_RERUNS) $(PYTEST_ARGS) \
-			|| { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
+		wait $$serial || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
+		echo "== the serial tests (the main Docker engine in a swarm), beside those above:"; \
+		cat var/test-serial.log; \
+		wait $$assets || echo "make test: not every live-test asset was made ahead" \
+			"(var/test-assets.log); the tests that need one make it and say why not"; \
+		restarts=; \
+		if private=$$(scripts/private_services.sh start); then \
+			env $$private $(VENV)/bin/pytest -m restarts_services $(LIVE_RERUNS) \
+				$(PYTEST_ARGS) > var/test-restarts-services.log 2>&1 & restarts=$$!; \
+		fi; \
+		$(XDIST) --dist loadfile -m "live and not serial and not restarts_services" \
+			$(LIVE_RERUNS) $(PYTEST_ARGS) || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
+		if [ -n "$$restarts" ]; then \
+			wait $$restarts || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
+			echo "== the tests that restart Redis and PostgreSQL ($$private):"; \
+			cat var/test-restarts-services.log; scripts/private_services.sh stop; \
+		else \
+			$(VENV)/bin/pytest -m restarts_services $(LIVE_RERUNS) $(PYTEST_ARGS) \
+				|| { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
+		fi; \
 		exit $$status)
 
 # The fast half: no Docker, no browser, no live processes (tests/live/ is left out), on every

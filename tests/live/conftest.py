@@ -4,14 +4,12 @@ test-fast` leaves them out, `make test` runs them."""
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -23,9 +21,9 @@ from django.conf import settings
 
 from backendai_web import serve
 from identity_app.models import ensure_defaults
+from tests.live import assets
 from tests.support import (
     IMAGE,
-    ROOT,
     LiveSystem,
     Process,
     database_url_of_test_db,
@@ -37,12 +35,17 @@ from tests.support import (
 )
 
 LIVE = Path(__file__).resolve().parent
-JUPYTER_IMAGE = "bai-local/jupyter:latest"
+JUPYTER_IMAGE = assets.JUPYTER_IMAGE
+BACKENDAI_CLIENTS = assets.BACKENDAI_CLIENTS
 
 
-# Files whose tests stop services every test shares (Redis, PostgreSQL) or change the main
-# Docker engine for all (its swarm): `make test` runs them alone, after the others.
-SERIAL = {"test_faults_live.py", "test_multihost_live.py", "test_warm_network_holders.py"}
+# Files whose tests change the main Docker engine for all (its swarm): `make test` runs
+# them alone, before the others.
+SERIAL = {"test_multihost_live.py", "test_warm_network_holders.py"}
+# Files whose tests stop and start the Redis and PostgreSQL they run on: `make test` gives
+# them a cluster and a server of their own (scripts/private_services.sh) and runs them
+# beside the other live tests, or, where it cannot, alone on the shared ones.
+RESTARTS_SERVICES = {"test_faults_live.py"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -51,30 +54,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.live)
             if Path(item.fspath).name in SERIAL:
                 item.add_marker(pytest.mark.serial)
-
-
-@contextlib.contextmanager
-def one_at_a_time(name):
-    """What parallel test workers must not do twice at once (build one image, install one
-    client venv): an exclusive lock on a file under var/locks."""
-    locks = ROOT / "var" / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            if Path(item.fspath).name in RESTARTS_SERVICES:
+                item.add_marker(pytest.mark.restarts_services)
 
 
 @pytest.fixture(scope="session")
 def docker_client():
     need("Docker", docker_problem())
     client = docker.from_env(timeout=60)
-    with one_at_a_time("kernel-image"):
-        if not any(IMAGE in image.tags for image in client.images.list()):
-            subprocess.run([sys.executable, "manage.py", "build_kernel_image"], cwd=ROOT,
-                           check=True)
+    if not any(IMAGE in image.tags for image in client.images.list()):
+        assets.build_kernel_image()
     return client
 
 
@@ -144,53 +133,13 @@ def web_server(django_db_setup, django_db_blocker, redis_available, tmp_path_fac
     process.stop()
 
 
-# The Backend.AI client SDK and CLI, from PyPI, each in a venv of its own (never a project
-# requirement): the 2023 release the project started from, and the newest, which needs
-# Python 3.13 (from pyenv, as this machine has it) and negotiates down to our API version.
-# Made once and kept under var/, so that reruns start at once.
-BACKENDAI_CLIENTS = {
-    "23.9.10": ("3.11", ["backend-ai-client==23.9.10", "yarl<1.10"],  # newer yarl breaks signing
-                ROOT / "var" / "compat-venv"),
-    "26.9.6": ("3.13", ["backend-ai-client==26.9.6"], ROOT / "var" / "compat-venv-26"),
-}
-
-
-def python_of(version):
-    """An interpreter of Python X.Y that runs: this one, else `pythonX.Y` on PATH, else
-    pyenv's newest X.Y.*; else None. pyenv's shim for `pythonX.Y` is on PATH even when
-    the selected version is another (it then exits 127), so each candidate is tried."""
-    if version == f"{sys.version_info.major}.{sys.version_info.minor}":
-        return sys.executable
-    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    candidates = [shutil.which(f"python{version}"),
-                  *reversed(sorted(map(str, pyenv.glob(f"{version}.*/bin/python{version}"))))]
-    for candidate in filter(None, candidates):
-        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
-            return candidate
-    return None
-
-
 def install_client(release):
-    with one_at_a_time(f"client-{release}"):
-        return _install_client(release)
-
-
-def _install_client(release):
-    python_version, requirements, venv = BACKENDAI_CLIENTS[release]
-    stamp = venv / ".installed"
-    wanted = " ".join(requirements)
-    if stamp.exists() and stamp.read_text() == wanted and (venv / "bin" / "backend.ai").exists():
-        return venv / "bin" / "backend.ai"
-    python = python_of(python_version)
-    if python is None:
-        need(f"Python {python_version} for backend-ai-client {release}", "not installed")
-    subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)
-    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *requirements],
-                               capture_output=True, text=True, timeout=900)
-    if installed.returncode != 0:
-        need(f"backend-ai-client {release} from PyPI", installed.stderr[-3000:])
-    stamp.write_text(wanted)
-    return venv / "bin" / "backend.ai"
+    """The `backend.ai` command of client `release` (tests/live/assets.py), made once and
+    kept under var/, so that reruns start at once."""
+    try:
+        return assets.install_client(release)
+    except assets.Unavailable as exc:
+        need(*exc.args)
 
 
 @pytest.fixture(scope="session", params=list(BACKENDAI_CLIENTS), ids=lambda r: f"cli-{r}")
@@ -346,10 +295,7 @@ def _answers(host, port):
 def jupyter_image(docker_client):
     """A kernel image with Python 3 and Jupyter (scripts/build_jupyter_image.sh)."""
     # Minutes the first time (debootstrap); the image is kept for later runs.
-    with one_at_a_time("jupyter-image"):
-        subprocess.run([str(ROOT / "scripts" / "build_jupyter_image.sh"), JUPYTER_IMAGE],
-                       check=True, timeout=1800)
-    return JUPYTER_IMAGE
+    return assets.build_jupyter_image()
 
 
 @pytest.fixture
