@@ -83,7 +83,7 @@ test: services $(STAMP) $(NPM_STAMP)
 		serial=$$!; \
 		$(XDIST) -m "not live" $(PYTEST_ARGS) || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
 		wait $$serial || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
-		echo "== the serial tests (the main Docker engine in a swarm), beside those above:"; \
+		echo "== the serial tests (the main Docker engine in a swarm) beside those above:"; \
 		cat var/test-serial.log; \
 		wait $$assets || echo "make test: not every live-test asset was made ahead" \
 			"(var/test-assets.log); the tests that need one make it and say why not"; \
