@@ -92,7 +92,8 @@ test: services $(STAMP) $(NPM_STAMP)
 			env $$private $(VENV)/bin/pytest -m restarts_services $(LIVE_RERUNS) \
 				$(PYTEST_ARGS) > var/test-restarts-services.log 2>&1 & restarts=$$!; \
 		fi; \
-		$(XDIST) --dist loadfile -m "live and not serial and not restarts_services" \
+		$(XDIST) --dist loadfile --no-loadscope-reorder \
+			-m "live and not serial and not restarts_services" \
 			$(LIVE_RERUNS) $(PYTEST_ARGS) || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
 		if [ -n "$$restarts" ]; then \
 			wait $$restarts || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \

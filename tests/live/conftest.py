@@ -48,14 +48,31 @@ SERIAL = {"test_multihost_live.py", "test_warm_network_holders.py"}
 RESTARTS_SERVICES = {"test_faults_live.py"}
 
 
+# The longest files first (minutes each on 2 cores, from the live run's durations): with a
+# file per worker (`--dist loadfile --no-loadscope-reorder`, as `make test` runs them) none
+# of them then starts near the end, after the short ones, to run on alone.
+LONGEST_FIRST = ["test_compat_cli_streams.py", "test_schemathesis.py", "test_idle_live.py",
+                 "test_process_faults_live.py", "test_logs_live.py", "test_browser.py",
+                 "test_sdk_functions.py", "test_ha_live.py", "test_compat_cli.py",
+                 "test_vfolder_transfer.py", "test_compat_cli_graphql.py", "test_stop.py",
+                 "test_storage_cli.py", "test_stop_resume_live.py"]
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
-    for item in items:
+    for item in items:  # marked before `-m` selects, by the hooks this one wraps
         if LIVE in Path(item.fspath).parents:
             item.add_marker(pytest.mark.live)
             if Path(item.fspath).name in SERIAL:
                 item.add_marker(pytest.mark.serial)
             if Path(item.fspath).name in RESTARTS_SERVICES:
                 item.add_marker(pytest.mark.restarts_services)
+    yield
+    # Ordered after them: after the selection, and after pytest's grouping of the tests
+    # by their parametrized fixtures (a stable sort keeps each file's order).
+    rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(item.fspath).name, len(rank))
+               if LIVE in Path(item.fspath).parents else len(rank))
 
 
 @pytest.fixture(scope="session")
