@@ -70,8 +70,9 @@ endef
 TEST_WORKERS ?= 3
 # A live test that fails runs once more (pytest-rerunfailures; the output marks it R and
 # the summary lists it): real engines and browsers on 2 shared cores have rare timing
-# failures, which the rerun shows instead of hiding. LIVE_RERUNS= turns it off.
-LIVE_RERUNS ?= --reruns 1 --reruns-delay 2
+# failures, which the rerun shows instead of hiding: a "rerun test summary info" section
+# names each with the traceback of its failed attempt. LIVE_RERUNS= turns it off.
+LIVE_RERUNS ?= --reruns 1 --reruns-delay 2 --rerun-show-tracebacks
 XDIST = PYTHONPATH=. $(VENV)/bin/pytest -p tests.xdist_isolation -n $(TEST_WORKERS)
 test: services $(STAMP) $(NPM_STAMP)
 	$(call with_test_redis, $(VENV)/bin/ruff check .; \
