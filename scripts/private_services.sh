@@ -16,7 +16,8 @@ PG_PORT=${PRIVATE_PG_PORT:-5439}
 REDIS_PORT=${PRIVATE_REDIS_PORT:-6399}
 DIR=${PRIVATE_SERVICES_DIR:-/var/tmp/bai-private-services}
 
-cannot() { echo "private_services: $*" >&2; exit 1; }
+made=0  # set once `start` has begun making them: a failure after that removes what it made
+cannot() { echo "private_services: $*" >&2; [ "$made" = 0 ] || stop; exit 1; }
 
 version() { pg_lsclusters --no-header 2>/dev/null | awk '{print $1}' | sort -V | tail -n 1; }
 
@@ -42,6 +43,7 @@ start() {
     v=$(version)
     [ -n "$v" ] || cannot "no PostgreSQL cluster to take the version of"
     stop  # what an interrupted run left
+    made=1
     pg_createcluster "$v" "$NAME" -p "$PG_PORT" --start >/dev/null 2>&1 \
         || cannot "pg_createcluster $v $NAME failed"
     for _ in $(seq 30); do su postgres -c "pg_isready -q -p $PG_PORT" && break; sleep 0.5; done
@@ -52,6 +54,7 @@ start() {
         --appendonly no --dir "$DIR" --pidfile "$DIR/redis.pid" >/dev/null \
         || cannot "redis-server did not start"
     for _ in $(seq 30); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.2; done
+    redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 || cannot "redis-server does not answer"
     echo "DATABASE_URL=postgres://postgres:postgres@127.0.0.1:$PG_PORT/backendai_test" \
          "REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
 }

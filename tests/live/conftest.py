@@ -40,7 +40,7 @@ BACKENDAI_CLIENTS = assets.BACKENDAI_CLIENTS
 
 
 # Files whose tests change the main Docker engine for all (its swarm): `make test` runs
-# them alone, before the others.
+# them alone among the live tests, beside the fast ones (which use no Docker).
 SERIAL = {"test_multihost_live.py", "test_warm_network_holders.py"}
 # Files whose tests stop and start the Redis and PostgreSQL they run on: `make test` gives
 # them a cluster and a server of their own (scripts/private_services.sh) and runs them

@@ -22,20 +22,11 @@ def session_named(name):
 
 
 def follow(process):
-    """The lines `process` prints, as it prints them (a list a thread fills)."""
-    lines = LineList()
-
-    def read():
-        for line in process.stdout:
-            lines.append(line)
-
-    lines.reader = threading.Thread(target=read, daemon=True)
-    lines.reader.start()
-    return lines
-
-
-class LineList(list):
-    reader = None
+    """The lines `process` prints, as it prints them: (a list, the thread that fills it)."""
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+    reader.start()
+    return lines, reader
 
 
 def streamed_events(output):
@@ -61,7 +52,7 @@ def test_the_cli_creates_follows_restarts_and_destroys_a_session(backendai, alic
     assert session.requested_slots == {"cpu": "1", "mem": str(256 * 2**20)}
 
     events = backendai.start(kp, "session", "events", "cli1")
-    lines = follow(events)
+    lines, reader = follow(events)
     # It follows "cli1" from its history on: before the rename below (a name that matches
     # no session yet waits for the first session of that name to appear).
     wait_for(lambda: any(line.startswith("session_enqueued ") for line in lines),
@@ -99,7 +90,7 @@ def test_the_cli_creates_follows_restarts_and_destroys_a_session(backendai, alic
 
     # The stream ends by itself (server_close) once the session has finished.
     events.wait(timeout=60)
-    lines.reader.join(timeout=10)
+    reader.join(timeout=10)
     out = "".join(lines)
     names = [name for name, _ in streamed_events(out)]
     assert names[0] == "session_enqueued"
