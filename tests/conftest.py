@@ -14,7 +14,16 @@ from django.db import connection
 
 from identity_app.keypairs import main_keypair
 from identity_app.models import ensure_defaults
+from tests.db_template import use_migrated_template
 from tests.support import need, redis_problem
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix,
+                                 django_db_blocker):
+    """Each PostgreSQL test database a copy of one migrated template (db_template.py)."""
+    with django_db_blocker.unblock():
+        use_migrated_template()
 
 
 @pytest.fixture(scope="session")
