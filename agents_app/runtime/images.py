@@ -92,9 +92,11 @@ def commit_container(container, image, labels):
 
 
 def kernelspec_images(client):
+    """The kernel images here, from Docker's image list alone: one request (the SDK's
+    `images.list()` inspects every image after it, a request each, every heartbeat)."""
     images = []
-    for image in client.images.list(filters={"label": KERNELSPEC}):
-        for tag in image.tags:
-            if not tag.startswith(KEPT_IMAGE_REPOSITORY):  # a kept kernel's, not for others
-                images.append({"name": tag, "labels": image.labels})
+    for summary in client.api.images(filters={"label": KERNELSPEC}):
+        for tag in summary.get("RepoTags") or []:
+            if tag != "<none>:<none>" and not tag.startswith(KEPT_IMAGE_REPOSITORY):
+                images.append({"name": tag, "labels": summary.get("Labels") or {}})
     return images
