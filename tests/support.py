@@ -3,6 +3,7 @@ the live system (a real manager worker and a real agent, as separate processes).
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -235,3 +236,27 @@ class Registry:
         if self.process and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
+
+
+def stale_epoll_registrations(pid="self"):
+    """The files a process's epoll sets watch under a descriptor that is closed or now
+    names another file: left behind when a socket an event loop watches is closed while
+    another descriptor keeps it open. epoll then reports it for ever and the loop spins."""
+    stale = []
+    proc = Path(f"/proc/{pid}")
+    for fd in proc.joinpath("fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) != "anon_inode:[eventpoll]":
+                continue
+            for line in proc.joinpath("fdinfo", fd.name).read_text().splitlines():
+                found = re.match(r"tfd:\s*(\d+).*\bino:([0-9a-f]+)", line)
+                if not found:
+                    continue
+                target, inode = found.group(1), int(found.group(2), 16)
+                try:
+                    same = os.stat(proc / "fd" / target).st_ino == inode
+                except OSError:
+                    same = False
+                if not same:
+                    stale.append((int(fd.name), int(target)))
+    return stale

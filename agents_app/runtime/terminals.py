@@ -143,14 +143,20 @@ class Terminal:
             with contextlib.suppress(DockerException, OSError):
                 await asyncio.to_thread(backend.signal_process, self.api, self.container_id,
                                         self.pid)
-        with contextlib.suppress(OSError):
-            self.sock.close()
         await self.end()
 
     async def end(self):
         if self.ended:
             return
         self.ended = True
+        # The reading task first: closing a socket the event loop still watches leaves
+        # its registration behind in epoll (Docker's end of the exec keeps the socket
+        # open), and the loop would then spin on it for the agent's life.
+        reader = self.reader
+        if reader is not None and reader is not asyncio.current_task() and not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
         with contextlib.suppress(OSError):
             self.holder.close()
         if self.expiry is not None:

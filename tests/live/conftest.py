@@ -31,6 +31,7 @@ from tests.support import (
     free_port,
     need,
     remove_kernels_of,
+    stale_epoll_registrations,
     wait_for,
 )
 
@@ -93,9 +94,15 @@ def live_system(django_db_setup, django_db_blocker, docker_client, redis_availab
     system.worker.start()
     system.agent.start()
     yield system
+    # Whatever the tests did through it (terminals, apps, files), the agent's event loops
+    # watch no closed socket: one did, and spun on it at a core's third for the rest of
+    # the run.
+    popen = system.agent.popen
+    stale = stale_epoll_registrations(popen.pid) if popen and popen.poll() is None else []
     system.agent.stop()
     system.worker.stop()
     remove_kernels_of(docker_client, system.agent_id)
+    assert stale == [], f"the agent's epoll sets watch closed sockets: {stale}"
 
 
 @pytest.fixture(scope="module")

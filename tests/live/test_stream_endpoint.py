@@ -17,7 +17,7 @@ from agents_app.runtime import services
 from agents_app.runtime.agent import Agent
 from agents_app.runtime.streams import StreamServer
 from agents_app.stream_tokens import TOKEN_HEADER
-from tests.support import IMAGE, wait_for
+from tests.support import IMAGE, stale_epoll_registrations, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -214,6 +214,8 @@ def test_terminal_runs_a_shell_with_a_tty_resizes_resumes_and_closes(agent_and_s
     pid = run(scenario())
     wait_for(lambda: (kernel[0], terminal) not in server.terminals, timeout=10,
              message="the closed terminal to go")
+    # The endpoint's event loop (in this process) watches no socket the terminal closed.
+    assert stale_epoll_registrations() == []
     # 30 s: under the load of several suites at once a detached docker exec (the kill)
     # has been seen to start more than 10 s late.
     started = time.monotonic()
