@@ -74,6 +74,11 @@ TEST_WORKERS ?= 3
 # names each with the traceback of its failed attempt. LIVE_RERUNS= turns it off.
 LIVE_RERUNS ?= --reruns 1 --reruns-delay 2 --rerun-show-tracebacks
 XDIST = PYTHONPATH=. $(VENV)/bin/pytest -p tests.xdist_isolation -n $(TEST_WORKERS)
+# The tests start a few hundred Python processes (pytest's, and the live systems' agents,
+# workers and web servers): each would compile the project's modules again, and each
+# pytest rewrite the test modules' asserts again (~5 s), where an environment sets
+# PYTHONDONTWRITEBYTECODE. Empty, it is unset: the bytecode caches are written once.
+test test-fast: export PYTHONDONTWRITEBYTECODE =
 test: services $(STAMP) $(NPM_STAMP)
 	$(call with_test_redis, $(VENV)/bin/ruff check .; \
 		$(PY) manage.py makemigrations --check --dry-run -v 0; \
