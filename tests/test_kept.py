@@ -1,16 +1,20 @@
 """The pure parts of moving a kept kernel (agents_app/runtime/kept.py): layer chain ids,
 which layer a `docker save` directory holds, the save stream without the layers a target
-holds (both layouts, any chunking), and unpacking a volume's tar within its directory."""
+holds (both layouts, any chunking), unpacking a volume's tar within its directory, and the
+volume's tar spliced from one agent's tar to the other's as a chunked body (spliced.py)."""
 
+import contextlib
 import hashlib
 import io
 import os
 import shutil
+import socket
 import tarfile
+import threading
 
 import pytest
 
-from agents_app.runtime import errors, kept, kept_fetch
+from agents_app.runtime import errors, kept, kept_fetch, spliced
 
 # A `docker save` of a busybox image (two layers) with one commit on top, from Docker
 # 20.10 on this machine: the image's diff ids and each layer directory's json.
@@ -169,10 +173,107 @@ def test_unpacking_a_volume_keeps_owners_and_links_and_writes_nothing_outside(tm
         through.size = 3
         tar.addfile(through, io.BytesIO(b"bad"))
     with pytest.raises(errors.RestoreFailed):  # GNU tar says what it refused
-        kept_fetch.fill_volume(str(volume), pieces(buffer.getvalue(), 100))
+        kept_fetch.fill_volume(str(volume), written(buffer.getvalue()))
     assert os.listdir(outside) == []
     assert (volume / "note").read_bytes() == b"note"
     assert os.readlink(volume / "link") == "note"
     if os.geteuid() == 0:
         note = os.lstat(volume / "note")
         assert (note.st_uid, note.st_gid, note.st_mode & 0o777) == (1000, 1000, 0o640)
+
+
+def written(data):
+    """A feed for fill_volume: `data` written into its pipe in small pieces."""
+    def feed(fd):
+        for piece in pieces(data, 100):
+            os.write(fd, piece)
+    return feed
+
+
+def sent_volume(path, sock):
+    """kept.send_volume of `path` on `sock` in a thread (which then closes it, as the
+    stream endpoint does): its error, or None, once joined."""
+    outcome = []
+
+    def send():
+        try:
+            kept.send_volume(str(path), sock.fileno(), b"", 10)
+            outcome.append(None)
+        except Exception as exc:
+            outcome.append(exc)
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return lambda: (thread.join(), outcome[0])[1]
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="GNU tar")
+def test_a_volume_spliced_from_tar_to_tar_keeps_its_files_owners_and_links(tmp_path):
+    source, target = tmp_path / "source", tmp_path / "target"
+    source.mkdir()
+    target.mkdir()
+    big = os.urandom(3 * spliced.CHUNK + 12345)  # more than a chunk, not a whole one
+    (source / "big").write_bytes(big)
+    (source / "sub").mkdir(mode=0o700)
+    (source / "sub" / "note").write_text("note")
+    os.chmod(source / "sub" / "note", 0o640)
+    os.symlink("sub/note", source / "link")
+    if os.geteuid() == 0:
+        os.chown(source / "sub" / "note", 1000, 1001)
+    sender, receiver = socket.socketpair()
+    outcome = sent_volume(source, sender)
+    moved = []
+    kept_fetch.fill_volume(str(target), lambda fd: moved.append(
+        spliced.receive_into_pipe(receiver, fd, 10)))
+    receiver.close()
+    assert outcome() is None
+    assert (target / "big").read_bytes() == big
+    assert os.readlink(target / "link") == "sub/note"
+    assert (target / "sub" / "note").read_text() == "note"
+    note = os.lstat(target / "sub" / "note")
+    assert note.st_mode & 0o777 == 0o640
+    assert os.lstat(target / "sub").st_mode & 0o777 == 0o700
+    if os.geteuid() == 0:
+        assert (note.st_uid, note.st_gid) == (1000, 1001)
+    assert moved[0] % (2048 * 512) == 0 and moved[0] > len(big)  # whole 1 MiB records
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="GNU tar")
+def test_a_volume_whose_tar_fails_half_way_is_never_taken_for_whole(tmp_path, monkeypatch):
+    target = tmp_path / "target"
+    target.mkdir()
+    # A tar that wrote two MiB of its archive, then failed: the body has no last chunk.
+    monkeypatch.setattr(kept, "volume_tar_command", lambda path: [
+        "sh", "-c", "head -c 2097152 /dev/zero; echo 'disk read error' >&2; exit 2"])
+    sender, receiver = socket.socketpair()
+    outcome = sent_volume(tmp_path, sender)
+    with pytest.raises(spliced.Broken, match="ended inside"), drained() as fd:
+        spliced.receive_into_pipe(receiver, fd, 10)
+    receiver.close()
+    assert "disk read error" in str(outcome())
+
+
+def test_a_body_that_is_not_chunked_is_refused():
+    sender, receiver = socket.socketpair()
+    sender.sendall(b"<html>not chunked</html>\r\n")
+    sender.close()
+    with pytest.raises(spliced.Broken, match="not a chunked body"), drained() as fd:
+        spliced.receive_into_pipe(receiver, fd, 10)
+    receiver.close()
+
+
+@contextlib.contextmanager
+def drained():
+    """A pipe's write end whose reader discards what comes."""
+    read_fd, write_fd = os.pipe()
+    reader = threading.Thread(target=lambda: [None for _ in iter(
+        lambda: os.read(read_fd, 65536), b"")])
+    reader.start()
+    try:
+        yield write_fd
+    finally:
+        os.close(write_fd)
+        reader.join()
+        os.close(read_fd)

@@ -6,7 +6,8 @@ scratch volume. Its size is measured here. For a move, the agent that keeps it (
 commits the container once to `bai-kept/<kernel id>:latest` and serves, on its stream
 endpoint (kept_streams.py), that image as a `docker save` stream without the layers the
 target says it holds, and the volume as a tar stream; the target (kept_fetch.py) loads the
-one and unpacks the other into a new volume.
+one and unpacks the other into a new volume (the volume's tar goes from the one agent's
+tar to the other's by splice(2): spliced.py).
 
 Why the container is kept rather than committed at the stop: a stop then copies nothing
 (`docker commit` of a 1 GiB layer copies that GiB, and the copy would sit beside the
@@ -27,7 +28,7 @@ import threading
 from docker.errors import APIError, ImageNotFound, NotFound
 
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import images
+from agents_app.runtime import images, spliced
 from agents_app.runtime.errors import RestoreFailed
 
 log = logging.getLogger("agent.kept")
@@ -293,21 +294,28 @@ def bigger_pipe(fd):
         fcntl.fcntl(fd, 1031, CHUNK)  # F_SETPIPE_SZ
 
 
-def volume_stream(client, volume):
-    """The kept volume as a tar stream: owners, modes, links and times kept; no link
-    followed, nothing from outside the volume's directory."""
-    path = volume_path(client, volume)
-    process = subprocess.Popen(
-        ["tar", "-C", path, "--numeric-owner", "--one-file-system", "-b", TAR_RECORD, "-cf",
-         "-", "."],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def volume_tar_command(path):
+    """GNU tar of the directory `path`: owners, modes, links and times kept; no link
+    followed, nothing from outside it."""
+    return ["tar", "-C", path, "--numeric-owner", "--one-file-system", "-b", TAR_RECORD,
+            "-cf", "-", "."]
+
+
+def send_volume(path, sock_fd, head, timeout):
+    """The volume at `path` as a tar, written on the socket: `head` (the response's status
+    line and headers), then the tar as a chunked body spliced from tar's output, its last
+    chunk only once tar ended well. RestoreFailed when tar fails: the caller then cuts the
+    connection, so that the receiver cannot take a part for the whole."""
+    process = subprocess.Popen(volume_tar_command(path), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
     bigger_pipe(process.stdout.fileno())
     try:
-        while chunk := os.read(process.stdout.fileno(), CHUNK):
-            yield chunk
+        spliced.send_bytes(sock_fd, head, timeout)
+        spliced.send_from_pipe(process.stdout.fileno(), sock_fd, timeout)
         if process.wait() != 0:
             raise RestoreFailed(f"tar of the volume failed: "
                                 f"{process.stderr.read().decode(errors='replace')[-300:]}")
+        spliced.send_bytes(sock_fd, spliced.END, timeout)
     finally:
         if process.poll() is None:
             process.kill()
