@@ -13,6 +13,7 @@ splice that would block waits in poll(2), up to `timeout` seconds without progre
 import fcntl
 import os
 import select
+import socket
 import termios
 
 CHUNK = 1024 * 1024  # the most one chunk carries: a pipe's size (kept.bigger_pipe)
@@ -73,8 +74,13 @@ def send_from_pipe(pipe_fd, sock_fd, timeout):
 
 
 def _line(sock, limit):
-    """A line of the framing, read a byte at a time: nothing of a chunk's data is taken
-    from the socket before it is spliced."""
+    """A line of the framing, and nothing of the chunk's data after it (that is spliced):
+    read whole when it is in the socket's buffer (as it is but when it came apart), else
+    a byte at a time."""
+    peeked = sock.recv(limit, socket.MSG_PEEK)
+    end = peeked.find(b"\r\n")
+    if end >= 0:
+        return sock.recv(end + 2)  # in the buffer: all of it comes
     line = b""
     while not line.endswith(b"\r\n"):
         if len(line) >= limit:
