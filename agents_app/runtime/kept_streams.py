@@ -102,6 +102,8 @@ async def volume(server, request):
     except (DockerException, OSError) as exc:
         raise Refused(502, f"the kept volume is not there: {exc}") from None
     transport = request.transport
+    if transport is None or transport.get_extra_info("socket") is None:
+        raise Refused(400, "the connection is gone")  # the target hung up meanwhile
     transport.pause_reading()  # the request has no body; the loop leaves the socket alone
     sock = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
     sending = asyncio.get_running_loop().run_in_executor(
