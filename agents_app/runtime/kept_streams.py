@@ -8,8 +8,8 @@ this agent:
   commits the kept container to `bai-kept/<kernel id>:latest` the first time.
 - `POST /v1/kept/image`, body `{"have": [chain id, ...]}`: that image as `docker save`
   gives it, less the layers whose chain ids the target names (kept.without_layers).
-- `GET /v1/kept/volume`: the kept scratch volume as a tar stream (a chunked body whose
-  bytes are spliced from tar to the socket: spliced.py).
+- `GET /v1/kept/volume`: the kept scratch volume as a tar stream (a chunked body made by
+  kept.send_volume, its files' bytes sent from the page cache: spliced.py).
 
 A stream that fails half-way is cut off, not ended: the target sees an incomplete body.
 Nothing here changes what is kept.
@@ -92,9 +92,9 @@ async def image(server, request):
 
 
 async def volume(server, request):
-    """The volume's tar written by this agent's tar and spliced into the socket itself
-    (kept.send_volume; the connection is taken from aiohttp, which sends nothing more on
-    it, and closed at the end): the bytes do not pass through Python or the event loop."""
+    """The volume's tar written on the socket itself (kept.send_volume; the connection is
+    taken from aiohttp, which sends nothing more on it, and closed at the end): the files'
+    bytes do not pass through Python or the event loop."""
     _, container = await _kept_of(server, request)
     try:
         path = await asyncio.to_thread(kept.volume_path, server.agent.docker,

@@ -1,22 +1,22 @@
-"""HTTP/1.1 chunked bodies moved between a pipe and a socket by splice(2): the bytes go from
-one kernel buffer to the other and never through Python, which only writes and reads the
-chunks' size lines. A kept volume's tar crosses from the source's `tar -c` to the target's
-`tar -x` this way (kept_streams.py, kept_fetch.py): relayed through Python's reads and
-writes, the GiB took twice as long as the two tars alone.
+"""HTTP/1.1 chunked bodies whose large parts the kernel moves: a file's bytes from the page
+cache into a socket (sendfile(2)), a body's bytes from a socket into a pipe (splice(2));
+Python writes and reads the chunks' size lines and the small parts. A kept volume crosses
+this way from the source's files to the target's `tar -x` (kept.send_volume, kept_fetch.py):
+relayed through Python's reads and writes, the GiB took twice as long as `tar -c | tar -x`
+alone.
 
 The chunked framing is kept for what it tells the receiver: the last, empty chunk is sent
-only after the source's tar ended well, so a body cut off anywhere (a tar that failed, an
-agent that died) never passes for a whole one. Both sockets may be non-blocking (the
-source's belongs to the stream endpoint's event loop, the target's has a timeout): a
-splice that would block waits in poll(2), up to `timeout` seconds without progress."""
+only once the source has read all it sends, so a body cut off anywhere (a file that could
+not be read, an agent that died) never passes for a whole one. Both sockets may be
+non-blocking (the source's belongs to the stream endpoint's event loop, the target's has a
+timeout): a call that would block waits in poll(2), up to `timeout` seconds without
+progress."""
 
-import fcntl
 import os
 import select
 import socket
-import termios
 
-CHUNK = 1024 * 1024  # the most one chunk carries: a pipe's size (kept.bigger_pipe)
+CHUNK = 1024 * 1024  # the most a chunk of a file carries: a pipe's size (kept.bigger_pipe)
 SIZE_LINE_MAX = 64  # bytes of a chunk's size line, extensions included
 TRAILER_LINE_MAX = 8192
 END = b"0\r\n\r\n"
@@ -56,21 +56,32 @@ def _splice(source_fd, target_fd, size, wait_fd, events, timeout):
         size -= moved
 
 
-def send_from_pipe(pipe_fd, sock_fd, timeout):
-    """What the pipe gives until its writer closes it, as chunks (the last, empty one not
-    sent: the caller sends END once the writer ended well); the bytes sent."""
-    waiting = bytearray(4)
-    sent = 0
-    while True:
-        _wait(pipe_fd, select.POLLIN, timeout)
-        fcntl.ioctl(pipe_fd, termios.FIONREAD, waiting)
-        size = min(int.from_bytes(waiting, "little"), CHUNK)
-        if size == 0:  # readable and empty: the writer closed it
-            return sent
-        send_bytes(sock_fd, b"%x\r\n" % size, timeout)
-        _splice(pipe_fd, sock_fd, size, sock_fd, select.POLLOUT, timeout)
+def send_chunk(sock_fd, data, timeout):
+    """`data` as one chunk (none when it is empty); its size."""
+    if data:
+        send_bytes(sock_fd, b"%x\r\n%s\r\n" % (len(data), data), timeout)
+    return len(data)
+
+
+def send_file(sock_fd, file_fd, size, timeout):
+    """`size` bytes of the file from its start, in chunks of CHUNK sent from the page
+    cache (sendfile(2)); Broken when the file is shorter. Its size."""
+    offset = 0
+    while offset < size:
+        length = min(CHUNK, size - offset)
+        send_bytes(sock_fd, b"%x\r\n" % length, timeout)
+        end = offset + length
+        while offset < end:
+            try:
+                sent = os.sendfile(sock_fd, file_fd, offset, end - offset)
+            except BlockingIOError:
+                _wait(sock_fd, select.POLLOUT, timeout)
+                continue
+            if sent == 0:
+                raise Broken("the file ended before its size: it changed while it was read")
+            offset += sent
         send_bytes(sock_fd, b"\r\n", timeout)
-        sent += size
+    return size
 
 
 def _line(sock, limit):

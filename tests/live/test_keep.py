@@ -475,11 +475,15 @@ def test_a_move_that_cannot_be_done_fails_with_kind_restore_and_changes_nothing(
                                               f"bai-scratch-{spec['kernel_id']}"]
 
 
-def broken_volume_tar(monkeypatch):
-    # The source's tar of the volume fails half-way: its archive's first records sent.
-    monkeypatch.setattr(kept, "volume_tar_command", lambda path: [
-        "sh", "-c", f"tar -C {path} -b 2048 -cf - . | head -c 65536; echo 'disk read "
-                    "error' >&2; exit 2"])
+def broken_volume_read(monkeypatch):
+    whole = kept.volume_members
+
+    def broken(path):  # the source's read of the volume fails half-way
+        members = whole(path)
+        yield next(members)
+        raise OSError("disk read error")
+
+    monkeypatch.setattr(kept, "volume_members", broken)
 
 
 def broken_image_stream(monkeypatch):
@@ -493,7 +497,7 @@ def broken_image_stream(monkeypatch):
     monkeypatch.setattr(kept, "save_stream", broken)
 
 
-@pytest.mark.parametrize("breaking, step", [(broken_volume_tar, "restore-volume"),
+@pytest.mark.parametrize("breaking, step", [(broken_volume_read, "restore-volume"),
                                             (broken_image_stream, "restore-image")])
 def test_a_move_cut_off_half_way_removes_what_the_target_made(
         source_and_target, docker_client, second_engine, keep_image, monkeypatch, breaking,
