@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from docker.errors import APIError
 
@@ -170,12 +171,17 @@ class KernelRunner:
                 if source is not None:
                     restoring = RestoredVolume(client)  # fetched while the rest is made
                     volume = runner.setup(restoring, source, spec["kernel_id"])
-                    found = runner.setup(KeptSource(client), source, spec["image"])
-                    image = runner.setup(RestoredImage(client), source, found)
+                    # The network too is made meanwhile (the image needs none of it); the
+                    # pool's end waits for it, whatever happens here.
+                    with ThreadPoolExecutor(1, thread_name_prefix="network") as alongside:
+                        networking = alongside.submit(runner.setup_network, client, spec, warm)
+                        found = runner.setup(KeptSource(client), source, spec["image"])
+                        image = runner.setup(RestoredImage(client), source, found)
+                    network = networking.result()
                 else:
                     scratch = ScratchVolume(client)
                     volume = runner.setup(scratch, spec["kernel_id"])
-                network = runner.setup_network(client, spec, warm)
+                    network = runner.setup_network(client, spec, warm)
                 container = runner.setup(KernelContainer(client, agent_id), spec, volume,
                                          network, mounts, device_args or None, image)
                 if restoring is not None:  # what follows writes in the volume
