@@ -37,7 +37,8 @@ def send_bytes(sock_fd, data, timeout):
     view = memoryview(data)
     while view:
         try:
-            view = view[os.write(sock_fd, view):]
+            written = os.write(sock_fd, view)
+            view = view[written:]
         except BlockingIOError:
             _wait(sock_fd, select.POLLOUT, timeout)
 
