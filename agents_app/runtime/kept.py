@@ -333,7 +333,7 @@ def send_volume(path, sock_fd, head, timeout):
         if data is not None:
             with open(os.open(data, os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as file:
                 if size <= SMALL_FILE:
-                    pending += _read_exactly(file, size)
+                    pending += _read_exactly(file, size, data)
                 else:
                     written += spliced.send_chunk(sock_fd, pending, timeout)
                     pending.clear()
@@ -348,10 +348,10 @@ def send_volume(path, sock_fd, head, timeout):
     spliced.send_bytes(sock_fd, spliced.END, timeout)
 
 
-def _read_exactly(file, size):
+def _read_exactly(file, size, path):
     data = file.read(size)
     if len(data) != size or file.read(1):
-        raise RestoreFailed(f"{file.name}: changed while it was read")
+        raise RestoreFailed(f"{path}: changed while it was read")
     return data
 
 

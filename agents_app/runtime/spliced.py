@@ -2,8 +2,8 @@
 cache into a socket (sendfile(2)), a body's bytes from a socket into a pipe (splice(2));
 Python writes and reads the chunks' size lines and the small parts. A kept volume crosses
 this way from the source's files to the target's `tar -x` (kept.send_volume, kept_fetch.py):
-relayed through Python's reads and writes, the GiB took twice as long as `tar -c | tar -x`
-alone.
+relayed through Python's reads and writes, a GiB took 0.4–1.2 s more than `tar -c | tar -x`
+alone (docs/benchmarks/resume.md).
 
 The chunked framing is kept for what it tells the receiver: the last, empty chunk is sent
 only once the source has read all it sends, so a body cut off anywhere (a file that could
