@@ -1,16 +1,23 @@
 """The pure parts of moving a kept kernel (agents_app/runtime/kept.py): layer chain ids,
 which layer a `docker save` directory holds, the save stream without the layers a target
-holds (both layouts, any chunking), and unpacking a volume's tar within its directory."""
+holds (both layouts, any chunking), unpacking a volume's tar within its directory, and the
+volume sent from its files as a tar in a chunked body into the other agent's tar
+(kept.send_volume, spliced.py)."""
 
+import contextlib
 import hashlib
 import io
 import os
 import shutil
+import socket
+import stat
 import tarfile
+import threading
+from pathlib import Path
 
 import pytest
 
-from agents_app.runtime import errors, kept, kept_fetch
+from agents_app.runtime import errors, kept, kept_fetch, spliced
 
 # A `docker save` of a busybox image (two layers) with one commit on top, from Docker
 # 20.10 on this machine: the image's diff ids and each layer directory's json.
@@ -169,10 +176,141 @@ def test_unpacking_a_volume_keeps_owners_and_links_and_writes_nothing_outside(tm
         through.size = 3
         tar.addfile(through, io.BytesIO(b"bad"))
     with pytest.raises(errors.RestoreFailed):  # GNU tar says what it refused
-        kept_fetch.fill_volume(str(volume), pieces(buffer.getvalue(), 100))
+        kept_fetch.fill_volume(str(volume), written(buffer.getvalue()))
     assert os.listdir(outside) == []
     assert (volume / "note").read_bytes() == b"note"
     assert os.readlink(volume / "link") == "note"
     if os.geteuid() == 0:
         note = os.lstat(volume / "note")
         assert (note.st_uid, note.st_gid, note.st_mode & 0o777) == (1000, 1000, 0o640)
+
+
+def written(data):
+    """A feed for fill_volume: `data` written into its pipe in small pieces."""
+    def feed(fd):
+        for piece in pieces(data, 100):
+            os.write(fd, piece)
+    return feed
+
+
+def sent_volume(path, sock):
+    """kept.send_volume of `path` on `sock` in a thread (which then closes it, as the
+    stream endpoint does): its error, or None, once joined."""
+    outcome = []
+
+    def send():
+        try:
+            kept.send_volume(str(path), sock.fileno(), b"", 10)
+            outcome.append(None)
+        except Exception as exc:
+            outcome.append(exc)
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return lambda: (thread.join(), outcome[0])[1]
+
+
+def tree(root):
+    """{path: (type, mode, uid, gid, size, mtime, link target, data's digest)} of every entry
+    below `root`, and the groups of paths that are one file (hard links)."""
+    found, inodes = {}, {}
+    for directory, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            digest = hashlib.sha256(Path(path).read_bytes()).hexdigest() \
+                if stat.S_ISREG(info.st_mode) else None
+            found[os.path.relpath(path, root)] = (
+                stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_uid,
+                info.st_gid, info.st_size if digest else 0, int(info.st_mtime),
+                os.readlink(path) if stat.S_ISLNK(info.st_mode) else None, digest)
+            if stat.S_ISREG(info.st_mode):
+                inodes.setdefault(info.st_ino, set()).add(os.path.relpath(path, root))
+    return found, sorted(sorted(group) for group in inodes.values() if len(group) > 1)
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="GNU tar")
+def test_a_volume_sent_from_its_files_into_tar_keeps_every_entry_as_it_was(tmp_path):
+    source, target = tmp_path / "source", tmp_path / "target"
+    source.mkdir(mode=0o750)
+    target.mkdir()
+    big = os.urandom(3 * spliced.CHUNK + 12345)  # sent from the page cache, in chunks
+    (source / "big").write_bytes(big)
+    (source / "small").write_bytes(b"s" * 1000)  # read into a chunk
+    (source / "empty").write_bytes(b"")
+    (source / "sub" / "deeper").mkdir(parents=True, mode=0o700)
+    (source / "sub" / "note").write_text("note")
+    os.chmod(source / "sub" / "note", 0o4640)
+    os.link(source / "big", source / "sub" / "big-again")
+    os.symlink("sub/note", source / "link")
+    os.symlink("/etc/passwd", source / "outside")  # a link is sent, never followed
+    os.mkfifo(source / "fifo")
+    long = source / ("l" * 120) / ("m" * 120)
+    long.mkdir(parents=True)
+    (long / ("n" * 150)).write_text("long")
+    (source / "caf\u00e9").write_text("utf-8")
+    os.close(os.open(os.fsencode(source) + b"/raw-\xff", os.O_CREAT | os.O_WRONLY))
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(source / "socket"))  # left out, as GNU tar does
+    if os.geteuid() == 0:
+        os.chown(source / "sub" / "note", 1000, 1001)
+        os.lchown(source / "link", 1002, 1003)
+    os.utime(source / "sub" / "deeper", (1_000_000_000, 1_000_000_000))
+    sender, receiver = socket.socketpair()
+    outcome = sent_volume(source, sender)
+    moved = []
+    kept_fetch.fill_volume(str(target), lambda fd: moved.append(
+        spliced.receive_into_pipe(receiver, fd, 10)))
+    receiver.close()
+    listening.close()
+    assert outcome() is None
+    before, links = tree(source)
+    del before["socket"]
+    assert tree(target) == (before, links) and links == [["big", "sub/big-again"]]
+    root = os.lstat(target)
+    assert stat.S_IMODE(root.st_mode) == 0o750  # the volume's own directory too
+    assert moved[0] % (2048 * 512) == 0 and moved[0] > len(big)  # whole 1 MiB records
+
+
+def test_a_volume_that_cannot_be_read_whole_is_never_taken_for_whole(tmp_path, monkeypatch):
+    (tmp_path / "a").write_bytes(os.urandom(2 * spliced.CHUNK))
+    whole = kept.volume_members
+
+    def failing(path):  # a read error after the first member
+        members = whole(path)
+        yield next(members)
+        raise OSError("disk read error")
+
+    monkeypatch.setattr(kept, "volume_members", failing)
+    sender, receiver = socket.socketpair()
+    outcome = sent_volume(tmp_path, sender)
+    with pytest.raises(spliced.Broken, match="ended inside"), drained() as fd:
+        spliced.receive_into_pipe(receiver, fd, 10)
+    receiver.close()
+    assert "disk read error" in str(outcome())
+
+
+def test_a_body_that_is_not_chunked_is_refused():
+    sender, receiver = socket.socketpair()
+    sender.sendall(b"<html>not chunked</html>\r\n")
+    sender.close()
+    with pytest.raises(spliced.Broken, match="not a chunked body"), drained() as fd:
+        spliced.receive_into_pipe(receiver, fd, 10)
+    receiver.close()
+
+
+@contextlib.contextmanager
+def drained():
+    """A pipe's write end whose reader discards what comes."""
+    read_fd, write_fd = os.pipe()
+    reader = threading.Thread(target=lambda: [None for _ in iter(
+        lambda: os.read(read_fd, 65536), b"")])
+    reader.start()
+    try:
+        yield write_fd
+    finally:
+        os.close(write_fd)
+        reader.join()
+        os.close(read_fd)

@@ -6,7 +6,8 @@ scratch volume. Its size is measured here. For a move, the agent that keeps it (
 commits the container once to `bai-kept/<kernel id>:latest` and serves, on its stream
 endpoint (kept_streams.py), that image as a `docker save` stream without the layers the
 target says it holds, and the volume as a tar stream; the target (kept_fetch.py) loads the
-one and unpacks the other into a new volume.
+one and unpacks the other into a new volume (the volume's tar is made by the source itself,
+its files' bytes sent from the page cache, and spliced into the target's tar: spliced.py).
 
 Why the container is kept rather than committed at the stop: a stop then copies nothing
 (`docker commit` of a 1 GiB layer copies that GiB, and the copy would sit beside the
@@ -17,17 +18,18 @@ of the very container, and only a move, the rare case, pays for the commit.
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
 import stat
-import subprocess
+import tarfile
 import threading
 
 from docker.errors import APIError, ImageNotFound, NotFound
 
 from agents_app.runtime import docker_backend as backend
-from agents_app.runtime import images
+from agents_app.runtime import images, spliced
 from agents_app.runtime.errors import RestoreFailed
 
 log = logging.getLogger("agent.kept")
@@ -39,6 +41,7 @@ TAR_BLOCK = 512
 # tar's records of 1 MiB (2048 blocks) instead of its 10 KiB: a hundredth of the reads and
 # writes through the pipes (unpacking a GiB from a pipe here: 2.2–2.5 s → 1.0–1.1 s).
 TAR_RECORD = "2048"
+SMALL_FILE = 64 * 1024  # a file up to this size is read into the chunk being made
 
 
 # Measuring what a kept kernel holds.
@@ -293,27 +296,63 @@ def bigger_pipe(fd):
         fcntl.fcntl(fd, 1031, CHUNK)  # F_SETPIPE_SZ
 
 
-def volume_stream(client, volume):
-    """The kept volume as a tar stream: owners, modes, links and times kept; no link
-    followed, nothing from outside the volume's directory."""
-    path = volume_path(client, volume)
-    process = subprocess.Popen(
-        ["tar", "-C", path, "--numeric-owner", "--one-file-system", "-b", TAR_RECORD, "-cf",
-         "-", "."],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    bigger_pipe(process.stdout.fileno())
-    try:
-        while chunk := os.read(process.stdout.fileno(), CHUNK):
-            yield chunk
-        if process.wait() != 0:
-            raise RestoreFailed(f"tar of the volume failed: "
-                                f"{process.stderr.read().decode(errors='replace')[-300:]}")
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stdout.close()
-        process.stderr.close()
+def volume_members(path):
+    """Each member of the tar of the directory `path`, as (its header, the path of its
+    data or None, the data's size): what GNU tar writes with --numeric-owner and
+    --one-file-system (owners by number, modes, times, links kept; no link followed;
+    sockets left out), in PAX headers where the old fields do not hold a value."""
+    device = os.lstat(path).st_dev
+    stack = [(path, ".")]
+    # Only its headers: gettarinfo marks a file's second name a hard link to its first.
+    with tarfile.open(fileobj=io.BytesIO(), mode="w", format=tarfile.PAX_FORMAT) as headers:
+        while stack:
+            real, name = stack.pop()
+            info = headers.gettarinfo(real, name)
+            if info is None:  # a socket
+                continue
+            info.uname = info.gname = ""
+            info.mtime = int(info.mtime)
+            data = real if info.isreg() and info.size else None
+            yield info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"), data, info.size
+            if info.isdir() and os.lstat(real).st_dev == device:
+                with os.scandir(real) as entries:
+                    found = [(entry.path, f"{name}/{entry.name}") for entry in entries]
+                stack.extend(reversed(found))  # depth first, in the directory's order
+
+
+def send_volume(path, sock_fd, head, timeout):
+    """The volume at `path` as a tar (volume_members), written on the socket: `head` (the
+    response's status line and headers), then a chunked body; a large file's bytes go
+    from the page cache to the socket (sendfile), not through Python. The last chunk only
+    once all was read: otherwise the error is raised, and the caller cuts the connection,
+    so that the receiver cannot take a part for the whole."""
+    spliced.send_bytes(sock_fd, head, timeout)
+    pending, written = bytearray(), 0
+    for header, data, size in volume_members(path):
+        pending += header
+        if data is not None:
+            with open(os.open(data, os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as file:
+                if size <= SMALL_FILE:
+                    pending += _read_exactly(file, size, data)
+                else:
+                    written += spliced.send_chunk(sock_fd, pending, timeout)
+                    pending.clear()
+                    written += spliced.send_file(sock_fd, file.fileno(), size, timeout)
+            pending += bytes(-size % TAR_BLOCK)
+        if len(pending) >= CHUNK:
+            written += spliced.send_chunk(sock_fd, pending, timeout)
+            pending.clear()
+    pending += bytes(2 * TAR_BLOCK)  # the end, and the last record filled as GNU tar does
+    pending += bytes(-(written + len(pending)) % (int(TAR_RECORD) * TAR_BLOCK))
+    spliced.send_chunk(sock_fd, pending, timeout)
+    spliced.send_bytes(sock_fd, spliced.END, timeout)
+
+
+def _read_exactly(file, size, path):
+    data = file.read(size)
+    if len(data) != size or file.read(1):
+        raise RestoreFailed(f"{path}: changed while it was read")
+    return data
 
 
 def remove_image(client, name):

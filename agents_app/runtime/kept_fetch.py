@@ -1,16 +1,21 @@
 """The target agent's side of a move (docs/agent.md, "Stop and resume"): fetching what another agent
 keeps of a stopped kernel from its stream endpoint (kept_streams.py): the manifest, the
-kept image less the layers this engine has, and the scratch volume, with progress."""
+kept image less the layers this engine has, and the scratch volume (spliced from the socket
+into tar: spliced.py), with progress."""
 
 import contextlib
 import http.client
+import io
 import json
+import socket
 import subprocess
+import threading
 import time
 
 from docker.errors import APIError, ImageNotFound, NotFound
 
 from agents_app import stream_tokens
+from agents_app.runtime import spliced
 from agents_app.runtime.errors import RestoreFailed
 from agents_app.runtime.kept import CHUNK, JSON_MAX, TAR_RECORD, bigger_pipe, chain_ids
 
@@ -32,18 +37,31 @@ class Source:
         self.host, self.port = host.strip("[]"), port
         self.done, self.total = 0, 0
         self._reported = 0.0
+        # Requests run in two threads at once (the image, the volume): their counts add up
+        # under this lock, and cut() ends those still open.
+        self._lock = threading.Lock()
+        self._open = {}  # connection → its socket (http.client lets go of it early)
+        self._cut = False
 
-    def _request(self, method, path, body=None):
+    def _request(self, method, path, body=None, *, splice=False):
+        connection = http.client.HTTPConnection(self.host, int(self.port),
+                                                timeout=CONNECT_TIMEOUT)
+        if splice:
+            connection.response_class = _SplicedResponse
         try:
-            connection = http.client.HTTPConnection(self.host, int(self.port),
-                                                    timeout=CONNECT_TIMEOUT)
             connection.connect()
+            with self._lock:
+                if self._cut:
+                    connection.close()
+                    raise RestoreFailed(f"the move from agent {self.agent_id} was given up")
+                self._open[connection] = connection.sock
             connection.sock.settimeout(READ_TIMEOUT)
             connection.request(method, path, body=None if body is None else json.dumps(body),
                                headers={stream_tokens.TOKEN_HEADER: self.token,
                                         "Content-Type": "application/json"})
             response = connection.getresponse()
         except (OSError, ValueError, http.client.HTTPException) as exc:
+            self._close(connection)
             raise RestoreFailed(f"agent {self.agent_id} does not answer at "
                                 f"{self.host}:{self.port}: {exc}") from None
         if response.status != 200:
@@ -51,7 +69,7 @@ class Source:
                 error = json.loads(response.read(JSON_MAX) or b"{}").get("error")
             except (ValueError, OSError, http.client.HTTPException):
                 error = None
-            connection.close()
+            self._close(connection)
             raise RestoreFailed(f"agent {self.agent_id} refused: "
                                 f"{error or f'HTTP {response.status}'}")
         return connection, response
@@ -64,7 +82,7 @@ class Source:
             raise RestoreFailed(f"agent {self.agent_id}: no manifest of the kept data: "
                                 f"{exc}") from None
         finally:
-            connection.close()
+            self._close(connection)
         if not isinstance(found, dict) or not isinstance(found.get("diff_ids"), list):
             raise RestoreFailed(f"agent {self.agent_id}: a malformed manifest")
         return found
@@ -84,19 +102,70 @@ class Source:
                 self.received(len(chunk))
                 yield chunk
         finally:
-            connection.close()
+            self._close(connection)
+
+    def splice_into(self, path, pipe_fd):
+        """The body of GET `path`, a chunked one, spliced from the socket into the pipe
+        (spliced.py): the bytes do not pass through Python. RestoreFailed if it breaks;
+        BrokenPipeError when the pipe's reader ended."""
+        connection, response = self._request("GET", path, splice=True)
+        try:
+            if not response.chunked:
+                raise RestoreFailed(f"agent {self.agent_id} sent no chunked body")
+            spliced.receive_into_pipe(response.socket, pipe_fd, READ_TIMEOUT, self.received)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise RestoreFailed(f"the transfer from agent {self.agent_id} broke off: "
+                                f"{exc!r}") from None
+        finally:
+            response.close()
+            self._close(connection)
+
+    def _close(self, connection):
+        with self._lock:
+            self._open.pop(connection, None)
+        connection.close()
+
+    def cut(self):
+        """End the requests still open (their reads fail at once), and refuse new ones."""
+        with self._lock:
+            self._cut = True
+            for sock in self._open.values():
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     def received(self, size):
-        self.done += size
         now = time.monotonic()
-        if self.on_progress is not None and now - self._reported >= PROGRESS_EVERY:
-            self._reported = now
+        with self._lock:
+            self.done += size
+            due = now - self._reported >= PROGRESS_EVERY
+            if due:
+                self._reported = now
+        if due:
             self.report()
 
     def report(self):
         if self.on_progress is not None:
             self.on_progress({"bytes_done": self.done,
                               "bytes_total": max(self.total, self.done)})
+
+
+class _SplicedResponse(http.client.HTTPResponse):
+    """A response whose status line and headers are read a byte at a time, so that no byte
+    of its body waits in a Python buffer: a chunked body is then spliced from `socket`. Any
+    other is read as http.client reads it."""
+
+    def __init__(self, sock, *args, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()  # nothing read through it yet
+        self.fp = sock.makefile("rb", buffering=0)
+        self.socket = sock
+
+    def begin(self):
+        super().begin()
+        if self.status != 200 or not self.chunked:
+            self.fp = io.BufferedReader(self.fp)
 
 
 def held_chain_ids(client, images):
@@ -139,24 +208,27 @@ def load_image(client, source, found):
     return name
 
 
-def fill_volume(path, chunks):
-    """Unpack a volume's tar stream into the directory `path` (a new volume's), owners and
-    modes as they were; GNU tar refuses names that climb out and links it would follow."""
+def fill_volume(path, feed):
+    """Unpack a volume's tar, which feed(fd) writes into the pipe `fd`, into the directory
+    `path` (a new volume's), owners and modes as they were; GNU tar refuses names that
+    climb out and links it would follow."""
     process = subprocess.Popen(
         ["tar", "-C", path, "--numeric-owner", "--same-owner", "--same-permissions",
          "-b", TAR_RECORD, "--read-full-records", "-xf", "-"],
         stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     bigger_pipe(process.stdin.fileno())
     try:
-        for chunk in chunks:
-            try:
-                process.stdin.write(chunk)
-            except BrokenPipeError:
-                break  # tar ended early: its error says why
+        try:
+            feed(process.stdin.fileno())
+            ended_early = False
+        except BrokenPipeError:  # tar ended before the stream did: its error says why
+            ended_early = True
         process.stdin.close()
         if process.wait() != 0:
             raise RestoreFailed("the kept volume did not unpack: "
                                 f"{process.stderr.read().decode(errors='replace')[-300:]}")
+        if ended_early:  # it reads the archive's last record whole: more is not a volume's
+            raise RestoreFailed("the kept volume did not unpack: bytes after its end")
     finally:
         if process.poll() is None:
             process.kill()

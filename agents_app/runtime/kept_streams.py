@@ -8,7 +8,8 @@ this agent:
   commits the kept container to `bai-kept/<kernel id>:latest` the first time.
 - `POST /v1/kept/image`, body `{"have": [chain id, ...]}`: that image as `docker save`
   gives it, less the layers whose chain ids the target names (kept.without_layers).
-- `GET /v1/kept/volume`: the kept scratch volume as a tar stream.
+- `GET /v1/kept/volume`: the kept scratch volume as a tar stream (a chunked body made by
+  kept.send_volume, its files' bytes sent from the page cache: spliced.py).
 
 A stream that fails half-way is cut off, not ended: the target sees an incomplete body.
 Nothing here changes what is kept.
@@ -19,7 +20,9 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import queue
+import socket
 import threading
 
 from aiohttp import web
@@ -32,6 +35,9 @@ from agents_app.runtime.stream_base import LONG_THREADS, Refused
 
 log = logging.getLogger("agent.kept_streams")
 MAX_HAVE = 4096  # chain ids a target may name
+SEND_TIMEOUT = 300  # seconds a target may take no bytes of the volume before it is cut off
+VOLUME_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/x-tar\r\n"
+               b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
 _END = object()
 
 
@@ -86,9 +92,35 @@ async def image(server, request):
 
 
 async def volume(server, request):
+    """The volume's tar written on the socket itself (kept.send_volume; the connection is
+    taken from aiohttp, which sends nothing more on it, and closed at the end): the files'
+    bytes do not pass through Python or the event loop."""
     _, container = await _kept_of(server, request)
-    chunks = kept.volume_stream(server.agent.docker, container.labels.get(SCRATCH_VOLUME, ""))
-    return await _relay(request, chunks, "application/x-tar")
+    try:
+        path = await asyncio.to_thread(kept.volume_path, server.agent.docker,
+                                       container.labels.get(SCRATCH_VOLUME, ""))
+    except (DockerException, OSError) as exc:
+        raise Refused(502, f"the kept volume is not there: {exc}") from None
+    transport = request.transport
+    if transport is None or transport.get_extra_info("socket") is None:
+        raise Refused(400, "the connection is gone")  # the target hung up meanwhile
+    transport.pause_reading()  # the request has no body; the loop leaves the socket alone
+    sock = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
+    sending = asyncio.get_running_loop().run_in_executor(
+        LONG_THREADS, kept.send_volume, path, sock.fileno(), VOLUME_HEAD, SEND_TIMEOUT)
+    try:
+        await asyncio.shield(sending)
+    except asyncio.CancelledError:  # the server stops: the thread's next splice fails
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        await asyncio.wait([sending])
+        raise
+    except Exception as exc:  # its last chunk not sent: the receiver sees a cut body
+        log.warning("kept volume stream cut off: %s", exc)
+    finally:
+        sock.close()  # a duplicate: the connection ends with the transport
+        transport.close()
+    return web.Response()  # not sent: aiohttp finds the connection closed
 
 
 async def _relay(request, chunks, content_type):

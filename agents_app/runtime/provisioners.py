@@ -9,12 +9,14 @@ Every step is timed, and a failure names the step it happened in (ProvisionFaile
 """
 
 import contextlib
+import functools
 import io
 import json
 import logging
 import os
 import stat
 import tarfile
+import threading
 import time
 
 from docker.errors import APIError, ImageNotFound, NotFound
@@ -190,7 +192,9 @@ class KernelContainer:
 
     def setup(self, spec, volume, network, mounts=(), devices=None, image=None):
         """`devices`: (allocation, ContainerArgs) of the kernel's devices, or None;
-        `image`: the kept image a moved kernel is made from, instead of the spec's."""
+        `image`: the kept image a moved kernel is made from, instead of the spec's; its
+        volume holds the kept files (being fetched meanwhile: RestoredVolume), into which
+        Docker must not copy the image's /home/work, as it does into an empty volume."""
         try:
             container = self._create(spec, volume, network, mounts, devices, image)
         except ImageNotFound:
@@ -218,8 +222,8 @@ class KernelContainer:
             hostname=spec["cluster_hostname"], labels=labels,
             environment={**backend.kernel_environment(spec), **device_args.environment},
             init=True, detach=True,
-            volumes={volume: {"bind": "/home/work", "mode": "rw"}, **bind_mounts(mounts),
-                     **device_args.mounts},
+            volumes={volume: {"bind": "/home/work", "mode": "rw,nocopy" if image else "rw"},
+                     **bind_mounts(mounts), **device_args.mounts},
             network=network, **backend.resource_limits(spec["slots"]),
             **backend.hardening(spec), **device_args.create_kwargs(),
             **networks.network_endpoint(spec, network, self.client.api.api_version),
@@ -304,9 +308,10 @@ class KeptContainer:
 
 
 class KeptSource:
-    """A move: what the source agent keeps of the kernel (asked first, so that a source
-    that refuses or is not there fails the resume before anything is made here), and which
-    of its image's layers the kernel's image here has already."""
+    """A move: what the source agent keeps of the kernel (asked before anything but the
+    volume, whose fetch has begun: a source that refuses or is not there fails the resume
+    before the image is loaded), and which of its image's layers the kernel's image here
+    has already."""
 
     name = "kept-source"
 
@@ -337,24 +342,47 @@ class RestoredImage:
 
 
 class RestoredVolume:
-    """A move: a new scratch volume holding the kept volume's files."""
+    """A move: a new scratch volume holding the kept volume's files, fetched in a thread of
+    its own while the source commits the image, the image loads and the container is made
+    (they need none of its files); wait() before the container starts. `seconds`: the
+    fetch's own."""
 
     name = "restore-volume"
 
     def __init__(self, client):
         self.client = client
+        self.seconds = None
+        self.mountpoint = None  # where the engine keeps it, as it said when it made it
+        self._source, self._thread, self._error = None, None, None
 
     def setup(self, source, kernel_id):
-        volume = ScratchVolume(self.client).setup(kernel_id)
-        try:
-            kept_fetch.fill_volume(kept.volume_path(self.client, volume),
-                             source.stream("GET", "/v1/kept/volume"))
-        except BaseException:
-            ScratchVolume(self.client).teardown(volume)
-            raise
+        scratch = ScratchVolume(self.client)
+        volume = scratch.setup(kernel_id)
+        self._source, self.mountpoint = source, scratch.mountpoint
+        self._thread = threading.Thread(target=self._fill, args=(source, scratch.mountpoint),
+                                        name=f"restore-volume-{kernel_id[:8]}", daemon=True)
+        self._thread.start()
         return volume
 
+    def _fill(self, source, path):
+        started = time.perf_counter()
+        try:
+            kept_fetch.fill_volume(path, functools.partial(source.splice_into,
+                                                           "/v1/kept/volume"))
+        except Exception as exc:  # raised again by wait()
+            self._error = exc
+        finally:
+            self.seconds = round(time.perf_counter() - started, 4)
+
+    def wait(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
     def teardown(self, volume):
+        if self._thread is not None and self._thread.is_alive():
+            self._source.cut()  # the start failed meanwhile: no use in the rest
+            self._thread.join()
         ScratchVolume(self.client).teardown(volume)
 
 
@@ -378,7 +406,8 @@ def run_pre_stop(container, command, timeout):
 class WorkDirectory:
     """/home/work (the kernel's scratch volume) made the kernel's user's. A chown of the
     volume's directory when it is on this host, made by an engine without user-namespace
-    remapping (it is then root's), and this agent is root: microseconds. Otherwise through
+    remapping (it is then root's), and this agent is root: microseconds (nothing when it is
+    the user's already: a moved kernel's volume, its owner come with it). Otherwise through
     the engine (an archive put into the created container), right wherever the engine is
     and whatever remapping it does, but it mounts the container's filesystem: tens to
     hundreds of milliseconds."""
@@ -390,8 +419,11 @@ class WorkDirectory:
             return
         if mountpoint and os.geteuid() == 0:
             try:
-                if os.lstat(mountpoint).st_uid == 0:  # remapped: the engine's root is not 0
+                found = os.lstat(mountpoint)
+                if found.st_uid == 0:  # remapped: the engine's root is not 0
                     os.chown(mountpoint, *user, follow_symlinks=False)
+                    return
+                if (found.st_uid, found.st_gid) == tuple(user):  # a moved kernel's, as it was
                     return
             except FileNotFoundError:
                 pass  # the engine is on another host

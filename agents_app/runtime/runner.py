@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from docker.errors import APIError
 
@@ -60,15 +61,24 @@ class KernelRunner:
         self.held.append((provisioner, resource))
         return resource
 
-    def step(self, name, function, *args):
-        """function(*args), timed under `name`; any failure becomes ProvisionFailed(name)."""
+    def step(self, name, function, *args, fails_as=None):
+        """function(*args), timed under `name`; any failure becomes
+        ProvisionFailed(fails_as or name)."""
         started = time.perf_counter()
         try:
             return function(*args)
         except Exception as exc:
-            raise ProvisionFailed(name, exc) from exc
+            raise ProvisionFailed(fails_as or name, exc) from exc
         finally:
             self.seconds[name] = round(time.perf_counter() - started, 4)
+
+    def join(self, provisioner):
+        """Wait for what a provisioner's setup left running (RestoredVolume's fetch); its
+        failure is that step's. Seconds: the wait as `<name>-wait`, its own as `<name>`."""
+        try:
+            self.step(f"{provisioner.name}-wait", provisioner.wait, fails_as=provisioner.name)
+        finally:
+            self.seconds[provisioner.name] = provisioner.seconds
 
     def stop(self, *, forced=False, on_hook_failure=None, escalated=None):
         """Stop the container as teardown does, removing nothing (a stop that keeps it):
@@ -157,24 +167,32 @@ class KernelRunner:
                     raise ProvisionFailed("devices", device_plugins.DevicesUnavailable(
                         "the devices the kept container was made with are not free here"))
             else:
-                image, scratch = None, None
+                image, scratch, restoring = None, None, None
                 if source is not None:
-                    found = runner.setup(KeptSource(client), source, spec["image"])
-                    image = runner.setup(RestoredImage(client), source, found)
-                    volume = runner.setup(RestoredVolume(client), source, spec["kernel_id"])
-                    source.report()
+                    restoring = RestoredVolume(client)  # fetched while the rest is made
+                    volume = runner.setup(restoring, source, spec["kernel_id"])
+                    # The network too is made meanwhile (the image needs none of it); the
+                    # pool's end waits for it, whatever happens here.
+                    with ThreadPoolExecutor(1, thread_name_prefix="network") as alongside:
+                        networking = alongside.submit(runner.setup_network, client, spec, warm)
+                        found = runner.setup(KeptSource(client), source, spec["image"])
+                        image = runner.setup(RestoredImage(client), source, found)
+                    network = networking.result()
                 else:
                     scratch = ScratchVolume(client)
                     volume = runner.setup(scratch, spec["kernel_id"])
-                network = runner.setup_network(client, spec, warm)
+                    network = runner.setup_network(client, spec, warm)
                 container = runner.setup(KernelContainer(client, agent_id), spec, volume,
                                          network, mounts, device_args or None, image)
+                if restoring is not None:  # what follows writes in the volume
+                    runner.join(restoring)
+                    source.report()
                 if spec.get("ssh_keypair"):
                     runner.setup(SSHKeys(), container, spec["ssh_keypair"],
                                  spec.get("cluster_hosts") or [spec["cluster_hostname"]], user)
                 else:
                     runner.setup(WorkDirectory(), container, user,
-                                 scratch and scratch.mountpoint)
+                                 (scratch or restoring).mountpoint)
             if runner.allocation:  # its container's label holds the devices from now on
                 devices.release(spec["kernel_id"])
             overlay = spec.get("network_driver") == "overlay"

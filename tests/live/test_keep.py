@@ -36,7 +36,7 @@ WRITE = ("mkdir -p /home/work/data && "
 INSTALL = ("mkdir -p /usr/local/bin && "
            "printf '#!/bin/sh\\necho installed-tool\\n' > /usr/local/bin/tool && "
            "chmod 755 /usr/local/bin/tool")
-CHECK = ("cat /home/work/note && stat -c '%u:%g %a' /home/work/note && "
+CHECK = ("cat /home/work/note && stat -c '%u:%g %a' /home/work/note /home/work && "
          "readlink /home/work/link && stat -c %h /home/work/data/blob && "
          "md5sum < /home/work/data/blob && tool && cat /home/work/boots /home/work/starts")
 
@@ -366,9 +366,14 @@ def test_a_kept_kernel_moves_to_another_engine_without_the_layers_it_holds(
     target.create_kernel(move_spec(spec, source))
     started = report_of(target, "kernel_started", timeout=5)
     assert started["restored"] == source.id
-    assert list(started["provision_seconds"]) == [
-        "folder-mounts", "kept-source", "restore-image", "restore-volume",
-        "session-network", "container", "work-directory", "start", "services", "readiness"]
+    # The volume is fetched while the source commits, the image loads and the container
+    # is made (the network alongside the image: its step's place varies); the container
+    # starts once the volume is in.
+    steps = list(started["provision_seconds"])
+    assert "session-network" in steps[:steps.index("container")]
+    assert [step for step in steps if step != "session-network"] == [
+        "folder-mounts", "restore-volume", "kept-source", "restore-image", "container",
+        "restore-volume-wait", "work-directory", "start", "services", "readiness"]
     # What came over: the volume (a MiB and a note, in a tar whose last 1 MiB record is
     # padded) and the written layer (a small program), not the image's own layers
     # (BASE_BLOB bytes) the target holds already.
@@ -472,25 +477,45 @@ def test_a_move_that_cannot_be_done_fails_with_kind_restore_and_changes_nothing(
                                               f"bai-scratch-{spec['kernel_id']}"]
 
 
+def broken_volume_read(monkeypatch):
+    whole = kept.volume_members
+
+    def broken(path):  # the source's read of the volume fails half-way
+        members = whole(path)
+        yield next(members)
+        raise OSError("disk read error")
+
+    monkeypatch.setattr(kept, "volume_members", broken)
+
+
+def broken_image_stream(monkeypatch):
+    whole = kept.save_stream
+
+    def broken(client, kernel_id, held):  # the source's image stream fails half-way
+        for chunk in whole(client, kernel_id, held):
+            yield chunk[:4096]
+            raise OSError("disk read error")
+
+    monkeypatch.setattr(kept, "save_stream", broken)
+
+
+@pytest.mark.parametrize("breaking, step", [(broken_volume_read, "restore-volume"),
+                                            (broken_image_stream, "restore-image")])
 def test_a_move_cut_off_half_way_removes_what_the_target_made(
-        source_and_target, docker_client, second_engine, keep_image, monkeypatch):
+        source_and_target, docker_client, second_engine, keep_image, monkeypatch, breaking,
+        step):
+    """Either stream: the volume's is fetched while the image's loads, and whichever
+    breaks, the other is given up and all the target made goes."""
     source, target = source_and_target
     spec = spec_of(source, keep_image)
     container_id = start(source, spec)
     write(docker_client, container_id)
     stop_keeping(source, spec, container_id)
 
-    whole = kept.volume_stream
-
-    def broken(client, volume):  # the source's tar of the volume fails half-way
-        for chunk in whole(client, volume):
-            yield chunk[:65536]
-            raise OSError("disk read error")
-
-    monkeypatch.setattr(kept, "volume_stream", broken)
+    breaking(monkeypatch)
     target.create_kernel(move_spec(spec, source))
     [(event, report)] = [r for r in target.reports if r[0] != "restore_progress"]
     assert (event, report["kind"], report["provisioner"]) == (
-        "creation_failed", "restore", "restore-volume"), report
+        "creation_failed", "restore", step), report
     assert leftovers(second_engine, spec) == []
     assert names_on(docker_client, spec) == [f"kept.{spec['kernel_id']}"]
