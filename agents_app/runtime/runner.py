@@ -167,8 +167,11 @@ class KernelRunner:
                     scratch = ScratchVolume(client)
                     volume = runner.setup(scratch, spec["kernel_id"])
                 network = runner.setup_network(client, spec, warm)
+                sandbox = warm.sandbox(network) if warm is not None and network else None
+                if spec["cluster_hostname"] != networks.SANDBOX_HOSTNAME:
+                    sandbox = None  # its hostname is not the sandbox's: on the bridge itself
                 container = runner.setup(KernelContainer(client, agent_id), spec, volume,
-                                         network, mounts, device_args or None, image)
+                                         network, mounts, device_args or None, image, sandbox)
                 if spec.get("ssh_keypair"):
                     runner.setup(SSHKeys(), container, spec["ssh_keypair"],
                                  spec.get("cluster_hosts") or [spec["cluster_hostname"]], user)
