@@ -54,6 +54,7 @@ class KernelRunner:
         self.failure = None  # Docker's error when the container could not be torn down
         self.seconds = {}  # step name → seconds it took (provision_seconds)
         self.allocation = {}  # the kernel's devices ({slot: {device id: amount}})
+        self.sandboxed = False  # started in a warm bridge's sandbox (networks.make_sandbox)
 
     def setup(self, provisioner, *args):
         resource = self.step(provisioner.name, provisioner.setup, *args)
@@ -170,6 +171,7 @@ class KernelRunner:
                 sandbox = warm.sandbox(network) if warm is not None and network else None
                 if spec["cluster_hostname"] != networks.SANDBOX_HOSTNAME:
                     sandbox = None  # its hostname is not the sandbox's: on the bridge itself
+                runner.sandboxed = bool(sandbox)
                 container = runner.setup(KernelContainer(client, agent_id), spec, volume,
                                          network, mounts, device_args or None, image, sandbox)
                 if spec.get("ssh_keypair"):

@@ -137,7 +137,7 @@ class KernelStarts:
             return None
         if source is not None:
             restored["restored_bytes"] = source.done
-        trace = {**(trace or {}), "reported_at": time.time()}
+        trace = {**(trace or {}), "reported_at": time.time(), "sandboxed": runner.sandboxed}
         log.debug("kernel %s started: lookup %s s, steps %s", kernel_id, trace.get("lookup"),
                   runner.seconds, extra={"kernel_id": kernel_id, "agent_id": agent.id})
         agent.report(kernel_id, "kernel_started", container_id=container.id,

@@ -163,6 +163,7 @@ def test_a_warm_bridge_is_one_kernels_own_network_and_goes_with_it(agent, docker
         assert list(kernel_networks(docker_client, container)) == [warm]
         assert container.labels["ai.backend.network"] == warm
         assert container.exec_run(["hostname"]).output == b"main1\n"
+        assert agent.reports[0][1]["trace"]["sandboxed"] is True
         assert backend.container_address(container) == \
             kernel_networks(docker_client, container)[warm]["IPAddress"]
         assert agent.reports[0][1]["provision_seconds"]["session-network"] < 0.05
