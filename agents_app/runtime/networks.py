@@ -432,6 +432,7 @@ KERNEL_NETWORK = "ai.backend.network"  # the container's label (provisioners.NET
 # A warm bridge its kernel left is removed by the sweep this long after the claim's start
 # ended (a container made meanwhile is in the next heartbeat's list).
 SWEEP_AFTER = 30.0
+REFILL_YIELD = 2.0  # seconds a refill step waits at most for the kernels starting
 
 
 class WarmBridges:
@@ -511,8 +512,10 @@ class WarmBridges:
                     name = f"{WARM_BRIDGE_PREFIX}{key.hex[:12]}"
                     self._making.add(name)
                 try:
+                    self._after_starts()
                     create_session_network(self.agent.docker, name, str(key),
                                            labels={WARM_BRIDGE: self.agent.id})
+                    self._after_starts()
                     sandbox = self._make_sandbox(name)
                     with self._lock:
                         if sandbox:
@@ -527,6 +530,15 @@ class WarmBridges:
         finally:
             with self._lock:
                 self._filling = False
+
+    def _after_starts(self, longest=REFILL_YIELD):
+        """Wait while a kernel of this agent starts (up to `longest` s): the engine's work
+        for a refill beside a start slows that start (a sandboxed one's Docker start by
+        about 40 %), which is the latency the pool is for."""
+        deadline = time.monotonic() + longest
+        while self.agent.starts.starting() and time.monotonic() < deadline and \
+                not self.agent.stopping.is_set():
+            time.sleep(0.01)
 
     def _make_sandbox(self, name):
         try:

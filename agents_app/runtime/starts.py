@@ -28,6 +28,10 @@ class KernelStarts:
     def is_starting(self, kernel_id):
         return kernel_id in self._starting
 
+    def starting(self):
+        """Whether a kernel is being started now."""
+        return bool(self._starting)
+
     def died_while_starting(self, kernel_id):
         """Docker says the kernel's container died: True when it is being started (its
         exit is then reported after the start, by create)."""
