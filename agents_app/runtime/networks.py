@@ -367,9 +367,14 @@ def make_sandbox(client, agent_id, network, image):
 
 
 def remove_sandbox(client, network):
-    """The sandbox of warm bridge `network` removed, if it has one."""
-    with contextlib.suppress(NotFound):
+    """The sandbox of warm bridge `network` removed, if it has one. Docker's refusal is
+    logged: the bridge is then kept as in use, for the heartbeat's sweep to try again."""
+    try:
         client.api.remove_container(sandbox_name(network), force=True)
+    except NotFound:
+        pass
+    except APIError as exc:
+        log.info("sandbox of warm bridge %s not removed: %s", network, exc)
 
 
 def keep_sandbox(client, sandbox_id, kernel_id):
