@@ -537,12 +537,13 @@ class WarmBridges:
                 self._filling = False
 
     def _after_starts(self, longest=REFILL_YIELD):
-        """Wait while a kernel of this agent starts (up to `longest` s): the engine's work
-        for a refill beside a start slows that start (a sandboxed one's Docker start by
-        about 40 %), which is the latency the pool is for."""
+        """While a free one is left, wait while a kernel of this agent starts (up to
+        `longest` s): the engine's work for a refill beside a start slows that start (a
+        sandboxed one's Docker start by about 40 %), which is the latency the pool is for.
+        An empty pool is refilled at once: the next kernel would make its own bridge."""
         deadline = time.monotonic() + longest
-        while self.agent.starts.starting() and time.monotonic() < deadline and \
-                not self.agent.stopping.is_set():
+        while self._free and self.agent.starts.starting() and \
+                time.monotonic() < deadline and not self.agent.stopping.is_set():
             time.sleep(0.01)
 
     def _make_sandbox(self, name):
