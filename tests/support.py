@@ -186,6 +186,15 @@ class LiveSystem:
                         message=f"agent {self.agent_id} to heartbeat")
 
 
+def kernel_networks(docker_client, container):
+    """{name: endpoint} of the networks a kernel's container is on: its own, or those of
+    the warm bridge's sandbox whose network namespace it joined (issue 36)."""
+    mode = container.attrs["HostConfig"]["NetworkMode"]
+    if mode.startswith("container:"):
+        container = docker_client.containers.get(mode.split(":", 1)[1])
+    return container.attrs["NetworkSettings"]["Networks"]
+
+
 def remove_kernels_of(docker_client, agent_id):
     """The containers an agent left, and their sessions' networks."""
     sessions = set()
@@ -198,7 +207,11 @@ def remove_kernels_of(docker_client, agent_id):
         for network in docker_client.networks.list(names=[f"bai-session-{session_id}"]):
             with contextlib.suppress(docker.errors.APIError):  # a sibling elsewhere uses it
                 network.remove()
-    # The bridges it made ahead, and those its kernels took (a killed agent removes none).
+    # The bridges it made ahead, and those its kernels took (a killed agent removes none),
+    # after their sandboxes (networks.make_sandbox).
+    for sandbox in docker_client.containers.list(ignore_removed=True, all=True, filters={
+            "label": f"ai.backend.netns-agent={agent_id}"}):
+        sandbox.remove(force=True)
     for network in docker_client.networks.list(
             filters={"label": f"ai.backend.warm-bridge={agent_id}"}):
         with contextlib.suppress(docker.errors.APIError):

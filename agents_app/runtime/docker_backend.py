@@ -11,7 +11,7 @@ import re
 import time
 
 import docker
-from docker.errors import APIError, NotFound
+from docker.errors import APIError, DockerException, NotFound
 from docker.types import Ulimit
 
 from sessions_app.enums import SessionType
@@ -323,9 +323,23 @@ def cluster_size(container):
 
 
 def container_address(container):
-    """The container's address on its session's network (from its last inspection)."""
-    networks = container.attrs.get("NetworkSettings", {}).get("Networks", {})
+    """The container's address on its session's network (from its last inspection), or,
+    for a kernel in a warm bridge's sandbox (networks.make_sandbox), the sandbox's."""
+    attrs = container.attrs
+    sandbox = sandbox_of(container)
+    if sandbox:
+        try:
+            attrs = container.client.api.inspect_container(sandbox)
+        except (DockerException, OSError):
+            return ""
+    networks = attrs.get("NetworkSettings", {}).get("Networks", {})
     return next((n.get("IPAddress") for n in networks.values() if n.get("IPAddress")), "")
+
+
+def sandbox_of(container):
+    """The id of the container whose network namespace `container` joined, or None."""
+    mode = container.attrs.get("HostConfig", {}).get("NetworkMode") or ""
+    return mode.split(":", 1)[1] if mode.startswith("container:") else None
 
 
 def signal_process(api, container_id, pid):

@@ -70,6 +70,9 @@ class KeptKernels:
                     backend.KEPT_IMAGE_REPOSITORY):
                 images.append(container.attrs["Image"])  # it was moved here
             container.remove(force=True)
+            if backend.sandbox_of(container):  # it was kept with it (networks.keep_sandbox)
+                with contextlib.suppress(NotFound):
+                    client.api.remove_container(backend.sandbox_of(container), force=True)
             self._bytes.pop(container.id, None)
         elif backend.find_kernel_container(client, agent_id, kernel_id) is not None:
             log.info("kernel %s: nothing kept to drop, its container is back", kernel_id)

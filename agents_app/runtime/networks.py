@@ -18,10 +18,11 @@ import time
 import uuid
 
 from django.conf import settings
-from docker.errors import APIError, DockerException, NotFound
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import EndpointConfig, IPAMConfig, IPAMPool
 
-from agents_app.runtime.docker_backend import AGENT_ID, SESSION_ID
+from agents_app.runtime import errors
+from agents_app.runtime.docker_backend import AGENT_ID, KEPT_PREFIX, SESSION_ID
 
 log = logging.getLogger(__name__)
 
@@ -313,6 +314,8 @@ class ClusterNetwork:
     def teardown(self, name):
         if not name:
             return
+        if name.startswith(WARM_BRIDGE_PREFIX):
+            remove_sandbox(self.client, name)  # its kernel's container is gone by now
         try:
             network = self.client.networks.get(name)
             network.reload()
@@ -324,6 +327,83 @@ class ClusterNetwork:
             pass
         except APIError as exc:  # still in use by a sibling: it removes it
             log.info("network %s kept: %s", name, exc)
+
+
+# A warm bridge's network namespace, made ahead with it (issue 36): a sandbox container (the
+# kernel image's `sleep`, no capabilities, no slots) started on the bridge, whose network
+# namespace the kernel that claims the bridge joins (Docker's network mode container:<id>,
+# as the containers of a Kubernetes pod join its pause container's). Docker's start of a
+# container on a user-defined bridge makes its interface, its address and its embedded DNS
+# resolver (a dozen iptables runs in its namespace): about 200 of a 320 ms start here; a
+# start into a namespace made ahead does none of it. The kernel is still alone on its own
+# bridge behind the firewall; its hostname is its sandbox's. The sandbox goes with the
+# bridge (ClusterNetwork.teardown), and is kept, stopped and off the bridge, with a kept
+# kernel (keep_sandbox), which can start only in it.
+SANDBOX = "ai.backend.netns-sandbox"  # label: the warm bridge it was made on
+SANDBOX_AGENT = "ai.backend.netns-agent"
+SANDBOX_HOSTNAME = "main1"  # the cluster hostname of a single-kernel session's kernel
+
+
+def sandbox_name(network):
+    return f"{network}-netns"
+
+
+def make_sandbox(client, agent_id, network, image):
+    """The started sandbox of warm bridge `network`: its container id."""
+    container = client.containers.create(
+        image, ["sleep", "2147483647"], name=sandbox_name(network), detach=True,
+        hostname=SANDBOX_HOSTNAME, network=network,
+        labels={SANDBOX: network, SANDBOX_AGENT: agent_id}, user="65534:65534",
+        cap_drop=["ALL"], security_opt=["no-new-privileges"], mem_limit="16m", pids_limit=4,
+        **network_endpoint({"cluster_hostname": SANDBOX_HOSTNAME}, network,
+                           client.api.api_version))
+    try:
+        container.start()
+    except BaseException:
+        with contextlib.suppress(DockerException):
+            container.remove(force=True)
+        raise
+    return container.id
+
+
+def remove_sandbox(client, network):
+    """The sandbox of warm bridge `network` removed, if it has one. Docker's refusal is
+    logged: the bridge is then kept as in use, for the heartbeat's sweep to try again."""
+    try:
+        client.api.remove_container(sandbox_name(network), force=True)
+    except NotFound:
+        pass
+    except APIError as exc:
+        log.info("sandbox of warm bridge %s not removed: %s", network, exc)
+
+
+def keep_sandbox(client, sandbox_id, kernel_id):
+    """A kept kernel's sandbox: stopped, off its bridge (which can go), under a name of the
+    kernel's (the bridge's teardown leaves it). One gone is not an error here: the resume
+    says it (resume_sandbox)."""
+    try:
+        sandbox = client.containers.get(sandbox_id)
+    except NotFound:
+        return
+    with contextlib.suppress(APIError):  # not running
+        sandbox.kill()
+    leave_networks(client, sandbox)
+    if sandbox.name != f"{KEPT_PREFIX}{kernel_id}-netns":
+        sandbox.rename(f"{KEPT_PREFIX}{kernel_id}-netns")
+
+
+def resume_sandbox(client, sandbox_id, network, hostname, name):
+    """A kept kernel's sandbox back on `network` as `hostname`, running, under `name`."""
+    try:
+        sandbox = client.containers.get(sandbox_id)
+    except NotFound:
+        raise errors.RestoreFailed("the kept kernel's network sandbox is gone") from None
+    leave_networks(client, sandbox)
+    if network:
+        client.networks.get(network).connect(sandbox, aliases=[hostname])
+    if sandbox.name != name:
+        sandbox.rename(name)
+    sandbox.start()
 
 
 def leave_networks(client, container):
@@ -357,6 +437,7 @@ KERNEL_NETWORK = "ai.backend.network"  # the container's label (provisioners.NET
 # A warm bridge its kernel left is removed by the sweep this long after the claim's start
 # ended (a container made meanwhile is in the next heartbeat's list).
 SWEEP_AFTER = 30.0
+REFILL_YIELD = 2.0  # seconds a refill step waits at most for the kernels starting
 
 
 class WarmBridges:
@@ -371,6 +452,7 @@ class WarmBridges:
         self._making = set()
         self._claimed = {}  # name → when its kernel's start ended (None: starting)
         self._owners = {}  # kernel id → the name it claimed, while it starts
+        self._sandboxes = {}  # name of a free one → its sandbox's container id
         self._lock = threading.Lock()
         self._filling = False
 
@@ -386,6 +468,7 @@ class WarmBridges:
                 all=True, filters={"label": f"{AGENT_ID}={self.agent.id}"})}
             for network in self._listed():
                 if network.name not in named:
+                    remove_sandbox(self.agent.docker, network.name)
                     with contextlib.suppress(APIError):  # in use after all: the sweep
                         network.remove()
         except (DockerException, OSError) as exc:
@@ -400,6 +483,12 @@ class WarmBridges:
             if name:
                 self._claimed[name], self._owners[kernel_id] = None, name
         return name
+
+    def sandbox(self, name):
+        """The container id of the sandbox made with warm bridge `name` (make_sandbox), for
+        the kernel that claimed it; None when it has none (its image is not here)."""
+        with self._lock:
+            return self._sandboxes.pop(name, None)
 
     def done(self, kernel_id):
         """The start of kernel `kernel_id` has ended (its container made, or its network
@@ -428,9 +517,14 @@ class WarmBridges:
                     name = f"{WARM_BRIDGE_PREFIX}{key.hex[:12]}"
                     self._making.add(name)
                 try:
+                    self._after_starts()
                     create_session_network(self.agent.docker, name, str(key),
                                            labels={WARM_BRIDGE: self.agent.id})
+                    self._after_starts()
+                    sandbox = self._make_sandbox(name)
                     with self._lock:
+                        if sandbox:
+                            self._sandboxes[name] = sandbox
                         self._free.append(name)
                 except (DockerException, OSError) as exc:
                     log.info("warm bridge not made: %s", exc)
@@ -441,6 +535,26 @@ class WarmBridges:
         finally:
             with self._lock:
                 self._filling = False
+
+    def _after_starts(self, longest=REFILL_YIELD):
+        """While a free one is left, wait while a kernel of this agent starts (up to
+        `longest` s): the engine's work for a refill beside a start slows that start (a
+        sandboxed one's Docker start by about 40 %), which is the latency the pool is for.
+        An empty pool is refilled at once: the next kernel would make its own bridge."""
+        deadline = time.monotonic() + longest
+        while self._free and self.agent.starts.starting() and \
+                time.monotonic() < deadline and not self.agent.stopping.is_set():
+            time.sleep(0.01)
+
+    def _make_sandbox(self, name):
+        try:
+            return make_sandbox(self.agent.docker, self.agent.id, name,
+                                settings.DEFAULT_KERNEL_IMAGE)
+        except ImageNotFound:
+            return None  # its kernel starts on the bridge itself
+        except (DockerException, OSError) as exc:
+            log.info("sandbox of warm bridge %s not made: %s", name, exc)
+            return None
 
     def _listed(self):
         return [n for n in self.agent.docker.networks.list(
@@ -469,6 +583,7 @@ class WarmBridges:
                     continue
                 self._claimed.pop(network.name, None)
             log.info("removing warm bridge %s: its kernel is gone", network.name)
+            remove_sandbox(self.agent.docker, network.name)
             with contextlib.suppress(APIError):  # in use after all: the next sweep
                 network.remove()
         return found
@@ -477,8 +592,10 @@ class WarmBridges:
         """At the agent's stop: the free ones removed (an agent that comes back makes new)."""
         with self._lock:
             free, self._free = list(self._free), collections.deque()
+            self._sandboxes.clear()
         for name in free:
             with contextlib.suppress(DockerException, OSError):
+                remove_sandbox(self.agent.docker, name)
                 self.agent.docker.networks.get(name).remove()
 
 

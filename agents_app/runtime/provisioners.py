@@ -190,23 +190,25 @@ class KernelContainer:
     def __init__(self, client, agent_id):
         self.client, self.agent_id = client, agent_id
 
-    def setup(self, spec, volume, network, mounts=(), devices=None, image=None):
+    def setup(self, spec, volume, network, mounts=(), devices=None, image=None, sandbox=None):
         """`devices`: (allocation, ContainerArgs) of the kernel's devices, or None;
         `image`: the kept image a moved kernel is made from, instead of the spec's; its
         volume holds the kept files (being fetched meanwhile: RestoredVolume), into which
-        Docker must not copy the image's /home/work, as it does into an empty volume."""
+        Docker must not copy the image's /home/work, as it does into an empty volume;
+        `sandbox`: the container id of the warm bridge's sandbox (networks.make_sandbox),
+        whose network namespace the kernel joins instead of attaching to `network`."""
         try:
-            container = self._create(spec, volume, network, mounts, devices, image)
+            container = self._create(spec, volume, network, mounts, devices, image, sandbox)
         except ImageNotFound:
             if image:
                 raise
             log.warning("image %s of kernel %s is gone from this agent: pulling it again",
                         spec["image"], spec["kernel_id"])
             images.pull_image(self.client, spec["image"])
-            container = self._create(spec, volume, network, mounts, devices)
+            container = self._create(spec, volume, network, mounts, devices, sandbox=sandbox)
         return container
 
-    def _create(self, spec, volume, network, mounts, devices=None, image=None):
+    def _create(self, spec, volume, network, mounts, devices=None, image=None, sandbox=None):
         overlay = spec.get("network_driver") == "overlay"
         labels = {**backend.kernel_labels(self.agent_id, spec), SCRATCH_VOLUME: volume,
                   NETWORK: network or "", PRE_STOP: spec.get("pre_stop_command") or "",
@@ -216,17 +218,21 @@ class KernelContainer:
         allocation, device_args = devices or ({}, device_plugins.ContainerArgs())
         if allocation:  # the record of what it holds, read back by the allocation map
             labels[device_plugins.ALLOCATION_LABEL] = json.dumps(allocation)
+        if sandbox:  # its hostname and its place on the bridge are the sandbox's
+            placement = {"network_mode": f"container:{sandbox}"}
+        else:
+            placement = {"network": network, "hostname": spec["cluster_hostname"],
+                         **networks.network_endpoint(spec, network,
+                                                     self.client.api.api_version)}
         return self.client.containers.create(
             image or spec["image"], command=backend.kernel_command(spec),
-            name=backend.container_name(spec["image"], spec["kernel_id"]),
-            hostname=spec["cluster_hostname"], labels=labels,
+            name=backend.container_name(spec["image"], spec["kernel_id"]), labels=labels,
             environment={**backend.kernel_environment(spec), **device_args.environment},
             init=True, detach=True,
             volumes={volume: {"bind": "/home/work", "mode": "rw,nocopy" if image else "rw"},
                      **bind_mounts(mounts), **device_args.mounts},
-            network=network, **backend.resource_limits(spec["slots"]),
+            **placement, **backend.resource_limits(spec["slots"]),
             **backend.hardening(spec), **device_args.create_kwargs(),
-            **networks.network_endpoint(spec, network, self.client.api.api_version),
         )
 
     def teardown(self, container, grace_period=None, *, forced=False, on_hook_failure=None,
@@ -256,11 +262,20 @@ class KernelContainer:
                                        remove=remove)
 
     def keep(self, container):
-        """A stopped container kept: out of its networks (the session's bridge can go),
-        under its kept name. Again on a kept one, nothing changes."""
-        networks.leave_networks(self.client, container)
-        if not backend.is_kept(container):
-            container.rename(backend.kept_name(container.labels[backend.KERNEL_ID]))
+        """A stopped container kept (set_aside)."""
+        set_aside(self.client, container)
+
+
+def set_aside(client, container):
+    """A stopped kernel's container out of its networks (the session's bridge can go),
+    with the warm bridge's sandbox it joined (it can start only in that one:
+    networks.keep_sandbox), under its kept name. Again on a kept one, nothing changes."""
+    networks.leave_networks(client, container)
+    kernel_id = container.labels[backend.KERNEL_ID]
+    if backend.sandbox_of(container):
+        networks.keep_sandbox(client, backend.sandbox_of(container), kernel_id)
+    if not backend.is_kept(container):
+        container.rename(backend.kept_name(kernel_id))
 
 
 class KeptContainer:
@@ -284,7 +299,11 @@ class KeptContainer:
                 raise errors.RestoreFailed(f"kernel {kernel_id} keeps nothing on this agent")
         try:
             networks.leave_networks(self.client, container)
-            if network:
+            sandbox = backend.sandbox_of(container)
+            if sandbox:  # back on a bridge, under the name its network label's teardown finds
+                networks.resume_sandbox(self.client, sandbox, network, spec["cluster_hostname"],
+                                        networks.sandbox_name(container.labels.get(NETWORK)))
+            elif network:
                 self.client.networks.get(network).connect(container,
                                                           aliases=[spec["cluster_hostname"]])
             name = backend.container_name(spec["image"], kernel_id)
@@ -302,9 +321,7 @@ class KeptContainer:
         with contextlib.suppress(NotFound, APIError):  # not running: nothing to kill
             container.kill()
             container.wait(timeout=30)
-        networks.leave_networks(self.client, container)
-        if not backend.is_kept(container):
-            container.rename(backend.kept_name(container.labels[backend.KERNEL_ID]))
+        set_aside(self.client, container)
 
 
 class KeptSource:

@@ -55,6 +55,7 @@ class KernelRunner:
         self.failure = None  # Docker's error when the container could not be torn down
         self.seconds = {}  # step name → seconds it took (provision_seconds)
         self.allocation = {}  # the kernel's devices ({slot: {device id: amount}})
+        self.sandboxed = False  # started in a warm bridge's sandbox (networks.make_sandbox)
 
     def setup(self, provisioner, *args):
         resource = self.step(provisioner.name, provisioner.setup, *args)
@@ -182,8 +183,12 @@ class KernelRunner:
                     scratch = ScratchVolume(client)
                     volume = runner.setup(scratch, spec["kernel_id"])
                     network = runner.setup_network(client, spec, warm)
+                sandbox = warm.sandbox(network) if warm is not None and network else None
+                if spec["cluster_hostname"] != networks.SANDBOX_HOSTNAME:
+                    sandbox = None  # its hostname is not the sandbox's: on the bridge itself
+                runner.sandboxed = bool(sandbox)
                 container = runner.setup(KernelContainer(client, agent_id), spec, volume,
-                                         network, mounts, device_args or None, image)
+                                         network, mounts, device_args or None, image, sandbox)
                 if restoring is not None:  # what follows writes in the volume
                     runner.join(restoring)
                     source.report()

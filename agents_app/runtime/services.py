@@ -42,8 +42,7 @@ def app_activity(container, deadline=APP_PROBE_DEADLINE):
     port = jupyter_port(container.labels)
     if port is None:
         return None
-    networks = container.attrs.get("NetworkSettings", {}).get("Networks", {})
-    address = next((n.get("IPAddress") for n in networks.values() if n.get("IPAddress")), "")
+    address = container_address(container)
     if not address:
         return None
     # An app behind the stream proxy serves under its path there (the Jupyter image's

@@ -28,6 +28,10 @@ class KernelStarts:
     def is_starting(self, kernel_id):
         return kernel_id in self._starting
 
+    def starting(self):
+        """Whether a kernel is being started now."""
+        return bool(self._starting)
+
     def died_while_starting(self, kernel_id):
         """Docker says the kernel's container died: True when it is being started (its
         exit is then reported after the start, by create)."""
@@ -137,7 +141,7 @@ class KernelStarts:
             return None
         if source is not None:
             restored["restored_bytes"] = source.done
-        trace = {**(trace or {}), "reported_at": time.time()}
+        trace = {**(trace or {}), "reported_at": time.time(), "sandboxed": runner.sandboxed}
         log.debug("kernel %s started: lookup %s s, steps %s", kernel_id, trace.get("lookup"),
                   runner.seconds, extra={"kernel_id": kernel_id, "agent_id": agent.id})
         agent.report(kernel_id, "kernel_started", container_id=container.id,

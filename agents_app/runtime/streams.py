@@ -169,11 +169,9 @@ class StreamServer:
         labels = container.labels
         if labels.get(backend.AGENT_ID) != self.agent.id:
             return None
-        networks = container.attrs.get("NetworkSettings", {}).get("Networks", {})
-        address = next((n.get("IPAddress") for n in networks.values() if n.get("IPAddress")),
-                       "")
         return {"id": container.id, "kernel_id": labels.get(backend.KERNEL_ID),
-                "labels": labels, "status": container.status, "address": address}
+                "labels": labels, "status": container.status,
+                "address": backend.container_address(container)}
 
     # Terminals.
     async def pty(self, request):

@@ -81,6 +81,12 @@ class Agents:
                     network.remove()
                 with contextlib.suppress(ImageNotFound):
                     engine.images.remove(backend.kept_image(spec["kernel_id"]), force=True)
+            for sandbox in engine.containers.list(ignore_removed=True, all=True, filters={
+                    "label": f"{networks.SANDBOX_AGENT}={agent.id}"}):
+                sandbox.remove(force=True)
+            for network in engine.networks.list(
+                    filters={"label": f"{networks.WARM_BRIDGE}={agent.id}"}):
+                network.remove()
 
 
 @pytest.fixture
@@ -202,6 +208,53 @@ def test_a_stopped_kernel_is_kept_and_resumes_in_the_same_container_with_its_fil
     assert "main1" in aliases
     assert spec["kernel_id"] in [k["kernel_id"] for k in agent.heartbeat_info()["kernels"]]
     assert agent.heartbeat_info()["kept"] == []
+
+
+def test_a_kernel_in_a_warm_bridges_sandbox_is_kept_and_resumed_in_it(
+        agents, docker_client, keep_image):
+    # Issue 36: the kernel joined the network namespace of the sandbox made with its warm
+    # bridge, and can start in no other: the sandbox is kept with it, off the bridge.
+    agent = agents.agent(docker_client)
+    agent.networks = networks.AgentNetworks(agent, warm_bridges=1)
+    agent.networks.warm.start()
+
+    def sandbox_ready():
+        return docker_client.containers.list(filters={
+            "label": f"{networks.SANDBOX_AGENT}={agent.id}", "status": "running"})
+
+    wait_for(sandbox_ready, timeout=15, message="a warm bridge and its sandbox")
+    spec = spec_of(agent, keep_image)
+    container_id = start(agent, spec)
+    container = docker_client.containers.get(container_id)
+    sandbox_id, warm = backend.sandbox_of(container), container.labels[networks.KERNEL_NETWORK]
+    assert sandbox_id and warm.startswith(networks.WARM_BRIDGE_PREFIX)
+    write(docker_client, container_id)
+    before = run(docker_client, container_id, CHECK)
+
+    stop_keeping(agent, spec, container_id)
+    sandbox = docker_client.containers.get(sandbox_id)
+    assert (sandbox.name, sandbox.status) == (f"kept.{spec['kernel_id']}-netns", "exited")
+    assert sandbox.attrs["NetworkSettings"]["Networks"] == {}
+    assert docker_client.networks.list(names=[warm]) == []  # the bridge went
+
+    agent.reports.clear()
+    assert start(agent, {**spec, "restore": {"from": "local"}}) == container_id
+    assert run(docker_client, container_id, CHECK) == before + "start\n"
+    sandbox.reload()
+    assert (sandbox.name, sandbox.status) == (networks.sandbox_name(warm), "running")
+    bridge = networks.session_network_name(spec["session_id"])
+    assert list(sandbox.attrs["NetworkSettings"]["Networks"]) == [bridge]
+    assert "main1" in sandbox.attrs["NetworkSettings"]["Networks"][bridge]["Aliases"]
+    assert backend.container_address(docker_client.containers.get(container_id)) == \
+        sandbox.attrs["NetworkSettings"]["Networks"][bridge]["IPAddress"]
+
+    # Stopped again and dropped: its sandbox goes with it.
+    stop_keeping(agent, spec, container_id)
+    assert agent.drop_kept(spec["kernel_id"]) is True
+    with pytest.raises(NotFound):
+        docker_client.containers.get(sandbox_id)
+    agent.stopping.set()
+    agent.networks.warm.release_all()
 
 
 def test_a_resume_with_nothing_kept_fails_with_kind_restore(agents, docker_client,

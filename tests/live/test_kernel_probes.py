@@ -22,7 +22,14 @@ from identity_app.models import ResourcePolicy
 from sessions_app.models import Kernel
 from tests.live.test_agent_docker import S, create, wait_status
 from tests.live.test_kernel_hardening import execute
-from tests.support import IMAGE, Process, database_url_of_test_db, free_port, wait_for
+from tests.support import (
+    IMAGE,
+    Process,
+    database_url_of_test_db,
+    free_port,
+    kernel_networks,
+    wait_for,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -139,7 +146,7 @@ def test_every_probe_from_inside_a_kernel_is_refused_and_a_bomb_slows_no_other_s
     def network(session_id):
         container = docker_client.containers.get(
             Kernel.objects.get(session_id=session_id).container_id)
-        return container, next(iter(container.attrs["NetworkSettings"]["Networks"].values()))
+        return container, next(iter(kernel_networks(docker_client, container).values()))
 
     probe_container, probe_net = network(prober)
     neighbour_container, neighbour_net = network(neighbour)

@@ -26,7 +26,7 @@ from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
 from sessions_app.models import Session, SessionEvent
 from storage_app.models import Folder
-from tests.support import IMAGE, wait_for
+from tests.support import IMAGE, kernel_networks, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status
@@ -132,6 +132,12 @@ def warm_bridges_of(docker_client, agent):
         filters={"label": f"{networks.WARM_BRIDGE}={agent.id}"}))
 
 
+def sandboxes_of(docker_client, agent):
+    """The warm bridges whose sandbox runs (made after the bridge: then it is free)."""
+    return sorted(c.labels[networks.SANDBOX] for c in docker_client.containers.list(
+        filters={"label": f"{networks.SANDBOX_AGENT}={agent.id}"}))
+
+
 def test_a_warm_bridge_is_one_kernels_own_network_and_goes_with_it(agent, docker_client,
                                                                    monkeypatch):
     agent.networks = networks.AgentNetworks(agent, warm_bridges=1)
@@ -143,18 +149,27 @@ def test_a_warm_bridge_is_one_kernels_own_network_and_goes_with_it(agent, docker
     try:
         pool.start()
         wait_for(lambda: len(warm_bridges_of(docker_client, agent)) == 1 and
-                 leftover not in warm_bridges_of(docker_client, agent), timeout=15,
-                 message="the leftover removed and a warm bridge made")
+                 leftover not in warm_bridges_of(docker_client, agent) and
+                 sandboxes_of(docker_client, agent) == warm_bridges_of(docker_client, agent),
+                 timeout=15, message="the leftover removed and a warm bridge made")
         [warm] = warm_bridges_of(docker_client, agent)
         spec = kernel_spec(agent)
         agent.create_kernel(spec)
         assert agent.events() == ["kernel_started"], agent.reports
         container = docker_client.containers.get(agent.reports[0][1]["container_id"])
-        assert list(container.attrs["NetworkSettings"]["Networks"]) == [warm]
+        # In the network namespace of the sandbox made with the bridge: on it alone.
+        sandbox = docker_client.containers.get(networks.sandbox_name(warm))
+        assert container.attrs["HostConfig"]["NetworkMode"] == f"container:{sandbox.id}"
+        assert list(kernel_networks(docker_client, container)) == [warm]
         assert container.labels["ai.backend.network"] == warm
+        assert container.exec_run(["hostname"]).output == b"main1\n"
+        assert agent.reports[0][1]["trace"]["sandboxed"] is True
+        assert backend.container_address(container) == \
+            kernel_networks(docker_client, container)[warm]["IPAddress"]
         assert agent.reports[0][1]["provision_seconds"]["session-network"] < 0.05
         # Taken: the pool makes another; the heartbeat lists this one as the session's.
-        wait_for(lambda: len(warm_bridges_of(docker_client, agent)) == 2, timeout=15,
+        wait_for(lambda: len(warm_bridges_of(docker_client, agent)) == 2 and
+                 len(sandboxes_of(docker_client, agent)) == 2, timeout=15,
                  message="the pool refilled")
         assert pool.report([container]) == [{"name": warm, "session_id": spec["session_id"],
                                              "driver": "bridge", "scope": "local"}]
@@ -162,20 +177,27 @@ def test_a_warm_bridge_is_one_kernels_own_network_and_goes_with_it(agent, docker
         other = kernel_spec(agent)
         agent.create_kernel(other)
         second = docker_client.containers.get(agent.reports[1][1]["container_id"])
-        assert warm not in second.attrs["NetworkSettings"]["Networks"]
+        assert warm not in kernel_networks(docker_client, second)
         agent.destroy_kernel(spec["kernel_id"], container.id, forced=True)
         wait_for(lambda: warm not in warm_bridges_of(docker_client, agent), timeout=15,
                  message="the claimed bridge removed with its kernel")
+        assert not docker_client.containers.list(all=True, filters={
+            "label": f"{networks.SANDBOX}={warm}"})  # and its sandbox
         # One its kernel left (removed behind the agent's back) is swept by the heartbeat.
         left = second.labels["ai.backend.network"]
+        assert left.startswith(networks.WARM_BRIDGE_PREFIX)
         second.remove(force=True)
         monkeypatch.setattr(networks, "SWEEP_AFTER", 0.0)
         assert pool.report([]) == []
         assert left not in warm_bridges_of(docker_client, agent)
+        assert not docker_client.containers.list(all=True, filters={
+            "label": f"{networks.SANDBOX}={left}"})
     finally:
         agent.stopping.set()
         pool.release_all()
     assert warm_bridges_of(docker_client, agent) == []  # the free one removed at stop
+    assert not docker_client.containers.list(all=True, filters={
+        "label": f"{networks.SANDBOX_AGENT}={agent.id}"})
 
 
 def test_a_missing_storage_folder_fails_the_start_at_once_with_kind_agent_and_nothing_left(

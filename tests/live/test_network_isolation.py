@@ -13,7 +13,7 @@ from scheduling_app.models import ScalingGroup
 from sessions_app.models import Kernel
 from tests.live.test_agent_docker import S, create, wait_status
 from tests.live.test_kernel_hardening import execute
-from tests.support import free_port, wait_for
+from tests.support import free_port, kernel_networks, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -56,6 +56,10 @@ def session_networks(docker_client):
                 all=True, filters={"label": f"ai.backend.session-id={session_id}"}):
             names.add(container.labels.get("ai.backend.network"))  # a warm bridge it took
             container.remove(force=True)
+        for name in names - {None}:  # a warm bridge's sandbox
+            for sandbox in docker_client.containers.list(all=True, filters={
+                    "label": f"ai.backend.netns-sandbox={name}"}):
+                sandbox.remove(force=True)
         for network in docker_client.networks.list(names=sorted(names - {None})):
             if network.name in names:
                 network.remove()
@@ -67,9 +71,9 @@ def kernel_of(session_id):
 
 def network_of(docker_client, kernel):
     """The kernel's only network: its session's own bridge, or a warm one it took (its
-    label names which)."""
+    label names which), joined through that bridge's sandbox."""
     container = docker_client.containers.get(kernel.container_id)
-    networks = container.attrs["NetworkSettings"]["Networks"]
+    networks = kernel_networks(docker_client, container)
     assert list(networks) == [container.labels["ai.backend.network"]]
     name = list(networks)[0]
     assert name == f"bai-session-{kernel.session_id}" or name.startswith("bai-warm-")

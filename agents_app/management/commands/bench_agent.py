@@ -61,6 +61,7 @@ class Command(BaseCommand):
             keypair.resource_policy.max_concurrent_sessions, sessions + 1)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         celery = str(Path(sys.executable).with_name("celery"))
+        (ROOT / "var").mkdir(exist_ok=True)
         logs = open(ROOT / "var" / f"{tag}.log", "w")  # noqa: SIM115 (for both processes)
         processes = [
             subprocess.Popen([celery, "-A", "backendai_web", "worker", "-Q", "manager",
@@ -111,7 +112,7 @@ class Command(BaseCommand):
               Status.CREATING, Status.RUNNING]
 
     def _ours(self, keypair, user, group, count):
-        create, terminate, stages, traces = [], [], {}, {}
+        create, terminate, stages, traces, sandboxed = [], [], {}, {}, 0
 
         for i in range(count):
             session = create_session(keypair=keypair, user=user, name=f"b{i}",
@@ -129,6 +130,7 @@ class Command(BaseCommand):
                     since(session, later, earlier))
             for step, seconds in create_trace(session).items():
                 traces.setdefault(step, []).append(seconds)
+            sandboxed += bool(kernel_trace(session).get("sandboxed"))
         for session in Session.objects.filter(scaling_group__name=group):
             destroy_session(session, reason="user-requested")
             wait_until(lambda s=session: session_status(s) == Status.TERMINATED, "TERMINATED")
@@ -141,6 +143,7 @@ class Command(BaseCommand):
                 item[0]) if item[0] in TRACE_ORDER else len(TRACE_ORDER)):
             self.stdout.write(f"    {step:30} {statistics.median(values) * 1000:6.1f} / "
                               f"{percentile(values, 0.95) * 1000:6.1f} ms")
+        self.stdout.write(f"  started in a warm bridge's sandbox: {sandboxed} of {count}")
         return create, terminate
 
     @staticmethod
@@ -170,8 +173,7 @@ def create_trace(session):
     """CREATING -> RUNNING of the session's kernel split into its hops and the agent's
     steps, from the marks its kernel_started report carries (starts.KernelStarts.create):
     one clock, this host's."""
-    event = SessionEvent.objects.filter(session=session, name="kernel_started").first()
-    data = event.data if event else {}
+    data = kernel_started(session)
     trace, steps = data.get("trace") or {}, data.get("provision_seconds") or {}
     if not trace:
         return {}
@@ -185,6 +187,15 @@ def create_trace(session):
         "manager -> agent (task hop)"]
     result["agent -> manager (report hop)"] = running - reported
     return result
+
+
+def kernel_started(session):
+    event = SessionEvent.objects.filter(session=session, name="kernel_started").first()
+    return event.data if event else {}
+
+
+def kernel_trace(session):
+    return kernel_started(session).get("trace") or {}
 
 
 def session_status(session):
