@@ -19,6 +19,7 @@ from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
 from sessions_app.lifecycle import destroy_session
 from sessions_app.models import Session, SessionEvent
+from sessions_app.realtime.consumers import CATCH_UP_OVERLAP
 from tests.factories import make_agent, make_session
 from tests.support import IMAGE
 
@@ -201,7 +202,7 @@ async def test_a_reconnecting_client_catches_up_on_what_it_missed(alice, bob, lo
     assert all(set(m) == MESSAGE_KEYS for m in replayed[:-1])
 
     # Events older than `since` (less the overlap) are not replayed again.
-    later = timezone.now() + datetime.timedelta(minutes=1)
+    later = timezone.now() + CATCH_UP_OVERLAP + datetime.timedelta(minutes=1)
     await communicator.send_json_to({"since": later.isoformat()})
     assert [m["event"] for m in await receive_all(communicator)] == ["caught_up"]
     await communicator.disconnect()

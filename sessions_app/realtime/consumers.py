@@ -40,9 +40,12 @@ from sessions_app.models import Session, SessionEvent
 from sessions_app.realtime import fanout
 
 # A change is stamped inside its transaction and published after commit, so an event can
-# become visible after a later-stamped one; the replay reaches back this far to cover it.
-# Clients drop repeats by the message's "id".
-CATCH_UP_OVERLAP = datetime.timedelta(seconds=5)
+# become visible after a later-stamped one (seconds later on a loaded machine), and a
+# message can be lost on its way (a manager worker killed between its commit and its
+# publish: fan-out is at most once). The replay reaches back this far before the last
+# event a client saw, so that a client that reconnects, or asks again, within it has both.
+# Clients drop repeats by the message's "id"; past CATCH_UP_LIMIT they are told to reload.
+CATCH_UP_OVERLAP = datetime.timedelta(seconds=120)
 # Past this, replaying is slower than reloading: the client is told to reload.
 CATCH_UP_LIMIT = 1000
 
