@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import connections
 
 from agents_app.models import Agent, AgentStatus
+from agents_app.runtime.docker_backend import sandbox_of
 from sessions_app.lifecycle import progress
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,9 +190,9 @@ class LiveSystem:
 def kernel_networks(docker_client, container):
     """{name: endpoint} of the networks a kernel's container is on: its own, or those of
     the warm bridge's sandbox whose network namespace it joined (issue 36)."""
-    mode = container.attrs["HostConfig"]["NetworkMode"]
-    if mode.startswith("container:"):
-        container = docker_client.containers.get(mode.split(":", 1)[1])
+    sandbox = sandbox_of(container)
+    if sandbox:
+        container = docker_client.containers.get(sandbox)
     return container.attrs["NetworkSettings"]["Networks"]
 
 
