@@ -48,6 +48,10 @@ class Agent(models.Model):
     containers = models.JSONField(
         default=list, blank=True, editable=False,
         help_text="The containers its last heartbeat listed: kernel id, container id, state.")
+    stopping = models.JSONField(
+        default=list, blank=True, editable=False,
+        help_text="The kernels its last heartbeat said it is stopping or stopped a moment "
+                  "ago (a stopped one's container may be gone before its report arrives).")
     swarm = models.JSONField(
         default=dict, blank=True, editable=False,
         help_text="Its Docker engine's swarm membership: state, node id, manager, the "

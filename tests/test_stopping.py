@@ -19,6 +19,7 @@ from sessions_app.accounting import reconcile_usage
 from sessions_app.enums import Status
 from sessions_app.lifecycle import progress
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
+from sessions_app.lifecycle.heartbeats import handle_heartbeat
 from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import SessionEvent
 from tests.factories import make_session
@@ -219,6 +220,30 @@ def test_a_destroy_is_not_resent_while_the_agent_says_it_is_stopping_the_kernel(
     heartbeat_listing(kernel.agent, kernel, state, ago=ago, status=status)
     assert progress.terminate_sessions() == int(resent)
     assert len([1 for name, _ in sent if name == "agent.destroy_kernel"]) == int(resent)
+
+
+def test_a_kernel_stopped_a_moment_ago_is_not_resent_nor_missing_while_its_report_comes(
+        alice, frozen, sent):
+    # The stop is over and its container removed; the report of its end is on its way.
+    # The agent's heartbeat lists no container of it, but names it in `stopping`.
+    session = make_session(alice, S.TERMINATING)
+    kernel = session.kernels.get()
+    later(frozen, 31)
+    handle_heartbeat({"id": kernel.agent_id, "taken_at": clock.now().timestamp(),
+                      "kernels": [], "stopping": [str(kernel.pk)]})
+    kernel.refresh_from_db()
+    assert kernel.status == S.TERMINATING  # not ended as container-gone
+    assert progress.terminate_sessions() == 0
+    assert [name for name, _ in sent if name == "agent.destroy_kernel"] == []
+    missing = {check.name: check.violations for check in check_invariants()}
+    assert missing["live kernels without a container"] == []
+    # A later heartbeat names it no more, and no report came: it ended, as the agent has
+    # no container of it.
+    later(frozen, 62)
+    handle_heartbeat({"id": kernel.agent_id, "taken_at": clock.now().timestamp() - 3,
+                      "kernels": [], "stopping": []})
+    kernel.refresh_from_db()
+    assert kernel.status == S.TERMINATED
 
 
 def test_the_stuck_stop_is_still_killed_while_the_agent_says_it_is_stopping(

@@ -76,6 +76,7 @@ def handle_heartbeat(info):
         fields["containers"] = [{k: c.get(k) for k in ("kernel_id", "container_id", "state")}
                                 for c in info["kernels"]]
         fields["containers_at"] = _snapshot_time(info.get("taken_at"))
+        fields["stopping"] = [str(k) for k in info.get("stopping") or ()]
     if agent is None:
         agent = Agent.objects.create(id=info["id"], status=AgentStatus.ALIVE, first_contact=now,
                                      **fields)

@@ -64,7 +64,8 @@ def check_invariants(now=None):
         for kernel in Kernel.objects.filter(
                 agent=agent, status__in=[S.RUNNING, S.TERMINATING],
                 status_changed__lt=agent.containers_at - SNAPSHOT_MARGIN).exclude(
-                pk__in=[k for k, (a, _) in reported.items() if a.pk == agent.pk]):
+                pk__in=[k for k, (a, _) in reported.items() if a.pk == agent.pk]
+                + [k for k in agent.stopping or () if is_uuid(k)]):
             missing.violations.append(f"agent {agent.pk}: {kernel.status} kernel {kernel.pk} "
                                       f"of session {kernel.session_id}")
     agent_drift, keypair_drift = usage_drift()

@@ -116,15 +116,17 @@ def terminate_sessions():
 
 
 def being_stopped(kernels):
-    """The ids of `kernels` that their ALIVE agent listed as `stopping` in a heartbeat of
-    the last RESEND_AFTER (Agent.containers); an older list is no evidence."""
+    """The ids of `kernels` that their ALIVE agent said it is stopping in a heartbeat of
+    the last RESEND_AFTER: a container listed `stopping`, or a kernel in its `stopping`
+    list, which names those it stopped a moment ago too (their containers are gone while
+    the report of their end is on its way). An older heartbeat is no evidence."""
     recent = clock.now() - RESEND_AFTER
     stopping = set()
-    for containers in Agent.objects.filter(
+    for containers, listed in Agent.objects.filter(
             pk__in={k.agent_id for k in kernels if k.agent_id}, status=AgentStatus.ALIVE,
-            containers_at__gte=recent).values_list("containers", flat=True):
+            containers_at__gte=recent).values_list("containers", "stopping"):
         stopping |= {c.get("kernel_id") for c in containers or ()
-                     if c.get("state") == "stopping"}
+                     if c.get("state") == "stopping"} | set(listed or ())
     return {k.pk for k in kernels if str(k.pk) in stopping}
 
 

@@ -305,9 +305,10 @@ COUNTED_HOOK = "echo ran >> /home/work/hook-runs; sleep 1"
 def test_a_repeated_destroy_joins_the_stop_in_flight(live, as_alice, volume_reader,
                                                     docker_client, monkeypatch):
     # A stop of about 6 s (a 1 s hook, a workload taking 5 s of its 20 s grace) and the
-    # manager's resend interval lowered to 3 s (a heartbeat lists the kernel as stopping
-    # well within it, loaded machine or not): the terminate handler runs every 0.3 s.
-    monkeypatch.setattr(progress, "RESEND_AFTER", timedelta(seconds=3))
+    # manager's resend interval lowered to 4 s (a heartbeat names the kernel as stopping,
+    # and once its container is gone as stopped a moment ago, well within it, loaded
+    # machine or not): the terminate handler runs every 0.3 s.
+    monkeypatch.setattr(progress, "RESEND_AFTER", timedelta(seconds=4))
     session_id = create(as_alice, "once", grace_period=20, startup_command=SLOW_STOP,
                         pre_stop_command=COUNTED_HOOK)
     wait_status(session_id, S.RUNNING)
