@@ -30,3 +30,24 @@ def test_a_kernels_answer_is_read_only_when_well_formed():
                       [{"last_activity": "2026-01-01T10:00:00"}], "[]"):
         with pytest.raises(ValueError):
             services._kernels_report(malformed)
+
+
+def test_what_changes_seldom_is_read_again_only_after_its_interval(monkeypatch):
+    from agents_app.runtime import heartbeat as heartbeat_module
+
+    now = [100.0]
+    monkeypatch.setattr(heartbeat_module.time, "monotonic", lambda: now[0])
+    beat, reads = heartbeat_module.Heartbeat(agent=None), []
+
+    def read():
+        reads.append(now[0])
+        return len(reads)
+
+    assert [beat.seldom("images", read) for _ in range(3)] == [1, 1, 1]
+    now[0] += heartbeat_module.SELDOM_EVERY - 0.1
+    assert beat.seldom("images", read) == 1
+    now[0] += 0.1  # at the default 5 s interval: every heartbeat reads again
+    assert beat.seldom("images", read) == 2
+    beat._seldom.clear()  # what a heartbeat without Docker does
+    assert beat.seldom("images", read) == 3
+    assert len(reads) == 3

@@ -16,6 +16,7 @@ from agents_app.runtime.reports import HEARTBEAT_PRIORITY
 from backendai_web import __version__
 
 log = logging.getLogger("agent")
+SELDOM_EVERY = 4.5  # s: see Heartbeat.seldom (under the default 5 s interval)
 
 
 class Heartbeat:
@@ -24,6 +25,7 @@ class Heartbeat:
         self._cpu_samples = {}  # container id → (container cpu ns, system cpu ns)
         self._measuring = {}  # container id → (monotonic time, the measurement in flight)
         self._app_seen = {}  # container id → the last app report worth keeping
+        self._seldom = {}  # name → (monotonic time read, value): see seldom()
 
     def info(self):
         agent = self.agent
@@ -32,10 +34,13 @@ class Heartbeat:
                 "architecture": platform.machine(), "version": __version__,
                 "taken_at": time.time()}
         if not agent.docker_available():
+            self._seldom.clear()  # an engine that comes back may be another one
             # Still alive, but without Docker: no slots, no kernel list to reconcile.
             return {**info, "docker_error": agent.docker_error, "slots": {}, "images": []}
         containers = backend.list_kernel_containers(agent.docker, agent.id)
-        agent.networks.drop_orphan_holders()
+        held = networks.holders(agent.docker, agent.id)
+        listed = networks.engine_networks(agent.docker)  # after the holders: see there
+        agent.networks.drop_orphan_holders(held, listed)
         devices = agent.devices.describe(device_plugins.held_by(containers)) \
             if agent.devices else []
         return {
@@ -43,15 +48,27 @@ class Heartbeat:
             "docker_error": None,
             "slots": agent.slots(),
             "devices": devices,
-            "images": images.kernelspec_images(agent.docker),
+            "images": self.seldom("images", lambda: images.kernelspec_images(agent.docker)),
             "kernels": [self.container_report(c, devices) for c in containers
                         if not backend.is_kept(c)],
             "kept": agent.kept.report([c for c in containers if backend.is_kept(c)]),
             "stopping": agent.stops.stopping_kernels(),
-            "swarm": networks.swarm_state(agent.docker),
-            "networks": networks.session_networks(agent.docker, agent.id)
-            + agent.networks.warm.report(containers),
+            "swarm": self.seldom("swarm", lambda: networks.swarm_state(agent.docker)),
+            "networks": networks.session_networks(agent.docker, listed=listed, held=held)
+            + agent.networks.warm.report(containers, listed),
         }
+
+    def seldom(self, name, read):
+        """What changes seldom (the engine's images, its place in a swarm) read again at
+        most every SELDOM_EVERY s, and at the first heartbeat after Docker failed: every
+        heartbeat at the default 5 s interval, every tenth at the tests' 0.5 s. Each is a
+        request that costs Docker more than the container list (`docker info` most)."""
+        now = time.monotonic()
+        read_at, value = self._seldom.get(name, (None, None))
+        if read_at is None or now - read_at >= SELDOM_EVERY:
+            value = read()
+            self._seldom[name] = (now, value)
+        return value
 
     def container_report(self, container, devices=()):
         """What the manager reconciles: the state, samples of a running container, and the
@@ -137,6 +154,7 @@ class Heartbeat:
             info = self.info()
         except (DockerException, OSError) as exc:
             log.warning("heartbeat without Docker details: %s", exc)
+            self._seldom.clear()  # an engine that comes back may be another one
             info = {"id": agent.id, "addr": agent.addr, "scaling_group": agent.scaling_group,
                     "stream_addr": agent.stream_addr, "docker_error": str(exc)[:500],
                     "slots": agent.slots() if agent.fixed_slots else {}, "images": [],

@@ -146,17 +146,33 @@ def join_swarm(client, manager, token, advertise_addr=None):
             f"({'manager' if state['manager'] else 'worker'})"]
 
 
-def session_networks(client, agent_id=None):
+def engine_networks(client):
+    """Every network of this engine as Docker lists them (name, labels, driver, scope), in
+    one request: the heartbeat picks the session, warm and warm-bridge networks out of it
+    (`labelled`) instead of asking once for each label."""
+    return [client.networks.prepare_model(attrs) for attrs in client.api.networks()]
+
+
+def labelled(listed, label, value=None):
+    """The networks of `listed` with `label` (set to `value`, when given)."""
+    return [n for n in listed if label in (n.attrs.get("Labels") or {}) and
+            (value is None or n.attrs["Labels"][label] == value)]
+
+
+def session_networks(client, agent_id=None, *, listed=None, held=None):
     """This engine's session networks (bridges; on a swarm manager also the overlays):
     name, session id, driver. Warm overlay networks (no session yet: `warm`) are listed
-    too, `held` when this agent's holder container is attached to one here."""
+    too, `held` when this agent's holder container is attached to one here. `listed`
+    (engine_networks) and `held` (holders) when the caller has them already."""
+    listed = engine_networks(client) if listed is None else listed
     found = []
-    for network in client.networks.list(filters={"label": SESSION_ID}):
+    for network in labelled(listed, SESSION_ID):
         found.append({"name": network.name, "session_id": network.attrs["Labels"][SESSION_ID],
                       "driver": network.attrs.get("Driver", ""),
                       "scope": network.attrs.get("Scope", "")})
-    held = set(holders(client, agent_id)) if agent_id else set()
-    for network in client.networks.list(filters={"label": WARM_NETWORK}):
+    if held is None:
+        held = holders(client, agent_id) if agent_id else {}
+    for network in labelled(listed, WARM_NETWORK):
         found.append({"name": network.name, "session_id": "", "warm": True,
                       "driver": network.attrs.get("Driver", ""),
                       "scope": network.attrs.get("Scope", ""),
@@ -556,21 +572,25 @@ class WarmBridges:
             log.info("sandbox of warm bridge %s not made: %s", name, exc)
             return None
 
-    def _listed(self):
-        return [n for n in self.agent.docker.networks.list(
-            filters={"label": f"{WARM_BRIDGE}={self.agent.id}"})
-            if n.name.startswith(WARM_BRIDGE_PREFIX)]
+    def _listed(self, listed=None):
+        """This agent's warm bridges, out of `listed` (engine_networks) when given."""
+        if listed is None:
+            listed = self.agent.docker.networks.list(
+                filters={"label": f"{WARM_BRIDGE}={self.agent.id}"})
+        return [n for n in labelled(listed, WARM_BRIDGE, self.agent.id)
+                if n.name.startswith(WARM_BRIDGE_PREFIX)]
 
-    def report(self, containers):
+    def report(self, containers, listed=None):
         """For the heartbeat: the warm bridges this agent's kernels took, as their
         sessions' networks (the manager's reconcile and check_invariants see them as any
         session bridge). One no container names, neither free nor being claimed, is left
-        from a kernel that is gone: removed here."""
+        from a kernel that is gone: removed here. `listed`: the heartbeat's
+        engine_networks."""
         if self.size <= 0 and not self._claimed:
             return []
         named = {c.labels.get(KERNEL_NETWORK): c.labels.get(SESSION_ID) for c in containers}
         now, found = time.monotonic(), []
-        for network in self._listed():
+        for network in self._listed(listed):
             session_id = named.get(network.name)
             if session_id:
                 found.append({"name": network.name, "session_id": session_id,
@@ -651,14 +671,18 @@ class AgentNetworks:
         except (DockerException, OSError) as exc:
             log.info("holder of warm network %s not removed: %s", name, exc)
 
-    def drop_orphan_holders(self):
+    def drop_orphan_holders(self, held=None, listed=None):
         """Holders whose warm network this engine no longer has (it left the swarm): they
-        hold nothing, and nobody else would ask for their removal."""
+        hold nothing, and nobody else would ask for their removal. `held` (holders) and
+        `listed` (engine_networks, taken after `held`) when the heartbeat has them."""
         client = self.agent.docker
-        held = holders(client, self.agent.id)  # first: a running one's network is on
+        # The holders first: a running one's network is on the engine's list after.
+        held = holders(client, self.agent.id) if held is None else held
         if not held:
             return
-        warm = {n.name for n in client.networks.list(filters={"label": WARM_NETWORK})}
+        if listed is None:
+            listed = engine_networks(client)
+        warm = {n.name for n in labelled(listed, WARM_NETWORK)}
         for name, container in held.items():
             if name not in warm:
                 log.info("removing the holder of warm network %s: the network is gone", name)
