@@ -1,8 +1,13 @@
 """Heartbeats handled in batches (sessions_app/lifecycle/heartbeats.py, handle_heartbeats):
 the same rows as one at a time, one agent's bad heartbeat loses only its own, a fixed
-number of statements for the whole batch."""
+number of statements for the whole batch; and the batch taken from the real broker
+(backendai_web.celery.drained): heartbeats only, acknowledged after it, still in the
+broker when the worker is killed -9 before that."""
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
 
@@ -13,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 
 from accounting_app.models import UsageRecord
 from agents_app.models import Agent, AgentStatus, Image
+from agents_app.runtime.reports import HEARTBEAT_PRIORITY
 from agents_app.runtime.simulated import SimulatedAgent
 from common import clock
 from sessions_app.enums import Status
@@ -163,3 +169,102 @@ def test_a_bad_heartbeat_loses_only_its_own_agents(alice, kind):
     sampled = set(KernelStat.objects.filter(at__gt=T0).values_list("kernel__agent_id",
                                                                      flat=True))
     assert sampled == {"sim-good1", "sim-good2"}
+
+
+# The batch as a manager worker takes it from the real broker.
+
+def send(queue, count):
+    from backendai_web.celery import app
+
+    for n in range(count):
+        app.send_task("manager.heartbeat", kwargs={"info": {"id": f"a{n}"}}, queue=queue,
+                      priority=HEARTBEAT_PRIORITY)
+    app.send_task("manager.kernel_event", kwargs={"kernel_id": "k1", "event": "x"},
+                  queue=queue)
+
+
+def broker():
+    import redis
+    from django.conf import settings
+
+    return redis.Redis.from_url(settings.CELERY_BROKER_URL)
+
+
+@pytest.fixture
+def queue(redis_available):
+    from backendai_web.celery import app
+
+    name = f"test-drain-{uuid.uuid4().hex[:8]}"
+    yield name
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        broker().delete(*(channel._q_for_pri(name, p) for p in channel.priority_steps))
+
+
+def unacked(queue):
+    """The delivery tags of the queue's messages in the transport's unacknowledged set."""
+    return {tag.decode() for tag, record in broker().hgetall("unacked").items()
+            if json.loads(record)[2] == queue}
+
+
+def test_a_drain_takes_the_queued_heartbeats_and_leaves_the_reports(queue):
+    from backendai_web.celery import drained
+
+    send(queue, 3)
+    with drained("manager.heartbeat", queue=queue, priority=HEARTBEAT_PRIORITY,
+                 limit=10) as taken:
+        assert [kwargs["info"]["id"] for kwargs in taken] == ["a0", "a1", "a2"]
+        assert len(unacked(queue)) == 3  # not yet done
+    assert unacked(queue) == set()
+    assert broker().llen(queue) == 1  # the report, for the worker to take
+
+
+def test_a_drain_takes_no_more_than_its_limit(queue):
+    from backendai_web.celery import drained
+
+    send(queue, 3)
+    with drained("manager.heartbeat", queue=queue, priority=HEARTBEAT_PRIORITY,
+                 limit=2) as taken:
+        assert len(taken) == 2
+    with drained("manager.heartbeat", queue=queue, priority=HEARTBEAT_PRIORITY,
+                 limit=0) as taken:
+        assert taken == []
+    with drained("manager.heartbeat", queue=queue, priority=HEARTBEAT_PRIORITY,
+                 limit=5) as taken:
+        assert [kwargs["info"]["id"] for kwargs in taken] == ["a2"]
+
+
+KILLED_MID_BATCH = """
+import json, os, signal, sys
+import django
+django.setup()
+from backendai_web.celery import drained
+with drained("manager.heartbeat", queue=sys.argv[1], priority=9, limit=10) as taken:
+    print(json.dumps([kwargs["info"]["id"] for kwargs in taken]), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_heartbeats_of_a_worker_killed_mid_batch_stay_in_the_broker(queue):
+    """What a killed worker had taken stays in the transport's unacknowledged set, which
+    kombu puts back in the queue after the visibility timeout, as it does for the tasks
+    the worker was running (restore_by_tag: what that restore does for each message)."""
+    from backendai_web.celery import app, drained
+
+    send(queue, 2)
+    done = subprocess.run([sys.executable, "-c", KILLED_MID_BATCH, queue],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings"})
+    assert done.returncode == -9, done.stderr
+    assert json.loads(done.stdout) == ["a0", "a1"]
+    tags = unacked(queue)
+    assert len(tags) == 2
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for tag in tags:
+            channel.qos.restore_by_tag(tag)
+        assert broker().llen(channel._q_for_pri(queue, HEARTBEAT_PRIORITY)) == 2
+    assert unacked(queue) == set()
+    with drained("manager.heartbeat", queue=queue, priority=HEARTBEAT_PRIORITY,
+                 limit=10) as taken:
+        assert sorted(kwargs["info"]["id"] for kwargs in taken) == ["a0", "a1"]
