@@ -9,6 +9,7 @@ queries, not its rows (docs/benchmarks/scale.md). `handle_heartbeat(info)` is a 
 
 import logging
 import uuid
+from collections import namedtuple
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -295,6 +296,15 @@ def reconcile_networks(agent, networks, taken_at=None):
 SAMPLED_FIELDS = ("id", "session_id", "agent_id", "status", "status_changed", "stat_history")
 
 
+class _Sampled(namedtuple("_Sampled", SAMPLED_FIELDS)):
+    """What a sample needs of a kernel that is RUNNING and running."""
+    __slots__ = ()
+
+    @property
+    def pk(self):
+        return self.id
+
+
 @dataclass
 class ContainerList:
     """What one heartbeat says its agent runs (see reconcile_containers)."""
@@ -342,10 +352,16 @@ def reconcile_many(lists):
     # is read; whole rows, with their sessions, only of the kernels that need an action.
     # The same SELECT brings the agents' RUNNING and TERMINATING kernels that they no
     # longer list (none in the steady state: every one is listed).
-    kernels = {str(k.pk): k for k in Kernel.objects.filter(
+    # Plain tuples, not model instances: building a thousand of those cost more than the
+    # rest of the batch's Python.
+    kernels = {str(row[0]): _Sampled(*row) for row in Kernel.objects.filter(
         Q(pk__in=list(reported_ids))
         | Q(agent_id__in=agent_ids, status__in=[S.RUNNING, S.TERMINATING]))
-        .only(*SAMPLED_FIELDS)}
+        .values_list(*SAMPLED_FIELDS)}
+    holding = {}  # agent id → its RUNNING and TERMINATING kernels, (id, kernel)
+    for pk, kernel in kernels.items():
+        if kernel.status in (S.RUNNING, S.TERMINATING):
+            holding.setdefault(kernel.agent_id, []).append((pk, kernel))
     acting = [pk for containers in lists for pk in containers.by_kernel
               if pk in kernels and (containers.recovering or not (
                   kernels[pk].status == S.RUNNING
@@ -364,7 +380,7 @@ def reconcile_many(lists):
         for containers, points in zip(lists, points_of, strict=True):
             publish_stats_on_commit(points, containers.taken_at)
     for containers in lists:
-        _end_gone(containers, kernels)
+        _end_gone(containers, holding.get(containers.agent.pk, ()))
 
 
 def _reconcile_listed(containers, kernels, stats):
@@ -406,14 +422,14 @@ def _reconcile_listed(containers, kernels, stats):
     return points
 
 
-def _end_gone(containers, kernels):
-    """The agent's RUNNING and TERMINATING kernels it no longer lists (read again, after
-    the actions on its listed ones, as they are now)."""
+def _end_gone(containers, holding):
+    """The agent's RUNNING and TERMINATING kernels (`holding`: (id, kernel) as the batch
+    read them) that it no longer lists, read again, after the actions on its listed ones,
+    as they are now."""
     agent, settled = containers.agent, containers.snapshot_at - SNAPSHOT_MARGIN
     listed = {_canonical(k) for k in [*containers.by_kernel, *containers.stopping]}
-    candidates = [k.pk for pk, k in kernels.items()
-                  if k.agent_id == agent.pk and k.status in (S.RUNNING, S.TERMINATING)
-                  and k.status_changed and k.status_changed < settled and pk not in listed]
+    candidates = [kernel.pk for pk, kernel in holding if pk not in listed
+                  and kernel.status_changed and kernel.status_changed < settled]
     if not candidates:
         return
     actor = f"agent:{agent.pk}"
