@@ -25,7 +25,7 @@ from common.bulk import update_rows
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine, series
 from sessions_app.enums import Status, StatusGroup
-from sessions_app.events import publish_stats_on_commit
+from sessions_app.events import publish_heartbeats_stats_on_commit
 from sessions_app.lifecycle import stop
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.create import kick_scheduler
@@ -377,8 +377,8 @@ def reconcile_many(lists):
         usage_records.add_samples([(kernel_id, stat) for kernel_id, stat, _ in stats])
         series.record([p for points in points_of for session_points in points.values()
                        for p in session_points])
-        for containers, points in zip(lists, points_of, strict=True):
-            publish_stats_on_commit(points, containers.taken_at)
+        publish_heartbeats_stats_on_commit([(points, containers.taken_at) for containers, points
+                                            in zip(lists, points_of, strict=True)])
     for containers in lists:
         _end_gone(containers, holding.get(containers.agent.pk, ()))
 
