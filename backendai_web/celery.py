@@ -1,3 +1,5 @@
+import contextlib
+import json
 import logging
 import os
 import sys
@@ -38,6 +40,77 @@ def send_task_safely(name, *, queue, kwargs=None, countdown=None):
     except Exception as exc:  # kombu raises OperationalError and friends
         log.warning("could not send %s to %s: %s", name, queue, exc)
         return None
+
+
+@contextlib.contextmanager
+def drained(task_name, *, queue, priority, limit):
+    """Up to `limit` messages of `task_name` waiting in `queue` at `priority`, taken from
+    the broker now: a list of their kwargs.
+
+    kombu's Redis transport keeps each priority of a queue in a list of its own; only that
+    list is read, so nothing of a higher priority is taken. The messages are recorded in
+    the transport's unacknowledged set as a worker's are (acks_late) and acknowledged when
+    the block ends, however it ends: a worker killed -9 meanwhile leaves them there, and
+    kombu puts them back in the queue after the visibility timeout, as it does the tasks
+    that worker was running. Three round trips to Redis however many (pop, record,
+    acknowledge), where kombu's basic_get makes three per message. A broker that does not
+    answer gives none."""
+    with contextlib.ExitStack() as stack:
+        taken, tags, client = [], [], None
+        try:
+            if limit > 0:
+                connection = stack.enter_context(app.pool.acquire(block=True, timeout=5))
+                channel = connection.default_channel
+                if hasattr(channel, "_q_for_pri"):  # kombu's Redis transport
+                    client = channel.client
+                    tags = _take(channel, client, task_name, queue, priority, limit, taken)
+        except Exception as exc:  # kombu's OperationalError, redis' ConnectionError, ...
+            log.warning("could not take more %s messages from %s: %s", task_name, queue,
+                        exc)
+        try:
+            yield taken
+        finally:
+            if tags:
+                try:
+                    with client.pipeline() as pipe:
+                        pipe.zrem(channel.unacked_index_key, *tags)
+                        pipe.hdel(channel.unacked_key, *tags)
+                        pipe.execute()
+                except Exception as exc:  # then they come back after the visibility timeout
+                    log.warning("could not acknowledge %d %s messages: %s", len(tags),
+                                task_name, exc)
+
+
+def _take(channel, client, task_name, queue, priority, limit, taken):
+    """Pop up to `limit` messages of the list, record them as unacknowledged as kombu's
+    QoS.append does, and put their kwargs in `taken`; their delivery tags."""
+    name = channel._q_for_pri(queue, priority)  # the list of that priority
+    raw = client.rpop(name, limit) or []
+    ours, theirs, now = [], [], time.time()
+    for text in raw:
+        text = text.decode() if isinstance(text, bytes) else text
+        payload = json.loads(text)
+        (ours if payload.get("headers", {}).get("task") == task_name else theirs).append(
+            (text, payload))
+    tags = []
+    with client.pipeline() as pipe:
+        for text, payload in ours:
+            delivery = payload["properties"]["delivery_info"]
+            tag = payload["properties"]["delivery_tag"]
+            # kombu's record: [message, exchange, routing key] (the message's text as is)
+            pipe.zadd(channel.unacked_index_key, {tag: now})
+            pipe.hset(channel.unacked_key, tag, f"[{text}, {json.dumps(delivery['exchange'])}, "
+                                                f"{json.dumps(delivery['routing_key'])}]")
+            tags.append(tag)
+        for text, _ in theirs:  # not ours (none is expected): back where they were
+            pipe.rpush(name, text)
+        pipe.execute()
+    for _, payload in ours:
+        try:
+            taken.append(channel.Message(payload, channel=channel).decode()[1])
+        except Exception as exc:  # as a worker drops a message it cannot decode
+            log.warning("dropped a %s message that does not decode: %s", task_name, exc)
+    return tags
 
 
 def agent_queue(agent_id: str) -> str:

@@ -309,6 +309,10 @@ AGENT_HEARTBEAT_INTERVAL = float(env("AGENT_HEARTBEAT_INTERVAL", "5"))
 # An agent silent for 3 intervals is LOST for scheduling only; its kernels end after the
 # scaling group's lost_timeout (this is the default for new groups).
 AGENT_LOST_TIMEOUT = int(env("AGENT_LOST_TIMEOUT", "600"))
+# A manager worker that takes a heartbeat takes the others queued behind it too, up to this
+# many in all, and handles them as one batch: a few statements for many agents
+# (sessions_app/tasks.py; docs/benchmarks/scale.md). 1: one at a time.
+HEARTBEAT_BATCH = max(1, env_int("HEARTBEAT_BATCH", 50))
 DEFAULT_GRACE_PERIOD = env_int("DEFAULT_GRACE_PERIOD", 10)
 # The limits of every create request (sessions_app/spec.py), whatever interface it comes by.
 MAX_GRACE_PERIOD = env_int("MAX_GRACE_PERIOD", 3600)

@@ -324,9 +324,12 @@ class Bench:
             "lag_p95_ms": round(percentile(lag, 0.95) * 1000),
             "handling_p50_ms": round(percentile(handling, 0.5) * 1000, 1),
             "handling_p95_ms": round(percentile(handling, 0.95) * 1000, 1),
-            "queries_per_heartbeat": statistics.median(r["queries"] for r in beats)
+            "queries_per_heartbeat": round(statistics.median(r["queries"] for r in beats), 2)
             if beats else None,
+            "batch_p50": statistics.median(r.get("batch", 1) for r in beats) if beats else None,
             "worker_cpu": round(cpu, 3),
+            "worker_cpu_ms_per_heartbeat": round(cpu * 1000 * (t1 - t0) / len(beats), 2)
+            if beats else None,
             "worker_cpu_ms_per_agent_s": round(cpu * 1000 / agents, 3),
             "simulator_cpu": round((sim1 - sim0) / (t1 - t0), 3),
             "loadavg": loadavg(),
@@ -444,9 +447,11 @@ def main():
                   f"p50 {result['lag_p50_ms']} ms p95 {result['lag_p95_ms']} ms "
                   f"(handling p50 {result['handling_p50_ms']} ms), "
                   f"{result['heartbeats_per_s']}/{result['expected_per_s']} heartbeats/s, "
-                  f"{result['queries_per_heartbeat']} queries/heartbeat, worker CPU "
-                  f"{result['worker_cpu']} ({result['worker_cpu_ms_per_agent_s']} ms/s per "
-                  f"agent), simulator CPU {result['simulator_cpu']}; "
+                  f"{result['queries_per_heartbeat']} queries/heartbeat (batches of "
+                  f"{result['batch_p50']}), worker CPU {result['worker_cpu']} "
+                  f"({result['worker_cpu_ms_per_heartbeat']} ms per heartbeat, "
+                  f"{result['worker_cpu_ms_per_agent_s']} ms/s per agent), simulator CPU "
+                  f"{result['simulator_cpu']}; "
                   f"loadavg {' '.join(result['loadavg'])}", flush=True)
         for n in workers if count else ():
             result = bench.burst(agents, per_agent, count, n,

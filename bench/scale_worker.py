@@ -1,7 +1,8 @@
 """The manager worker of bench_scale: the real Celery app, and a record of every task it
 runs (one JSON line each, to BENCH_SCALE_RECORD): its name, when it was sent (a heartbeat's
 `taken_at`, else the simulated agent's `bai_sent_at` header), when it started and ended,
-and the database queries it made (django's connection.execute_wrapper).
+and the database queries it made (django's connection.execute_wrapper). A heartbeat task
+handles a batch (sessions_app/tasks.py): a line for each heartbeat of it.
 
     celery -A bench.scale_worker worker -Q manager ...
 """
@@ -40,13 +41,18 @@ def _ended(task=None, kwargs=None, **_):
         connection.execute_wrappers.remove(_count)
     if not RECORD:
         return
-    sent = None
     if task.name == "manager.heartbeat":
-        sent = ((kwargs or {}).get("info") or {}).get("taken_at")
-    if sent is None:
-        sent = getattr(task.request, "bai_sent_at", None)
-    line = json.dumps({"task": task.name, "event": (kwargs or {}).get("event"),
-                       "sent": sent, "started": _local.started, "ended": ended,
-                       "queries": _local.queries})
+        # The batch it handled (the others taken from the queue with it): a line for each,
+        # with its share of the batch's queries.
+        infos = getattr(task.request, "heartbeats", None) or [(kwargs or {}).get("info") or {}]
+        lines = [json.dumps({"task": task.name, "event": None, "sent": info.get("taken_at"),
+                             "started": _local.started, "ended": ended,
+                             "queries": _local.queries / len(infos), "batch": len(infos)})
+                 for info in infos]
+    else:
+        lines = [json.dumps({"task": task.name, "event": (kwargs or {}).get("event"),
+                             "sent": getattr(task.request, "bai_sent_at", None),
+                             "started": _local.started, "ended": ended,
+                             "queries": _local.queries})]
     with _write_lock, open(RECORD, "a") as record:
-        record.write(line + "\n")
+        record.write("".join(line + "\n" for line in lines))

@@ -92,10 +92,25 @@ def publish_many_on_commit(items):
 def publish_stats_on_commit(points, reported_at=None):
     """The kernels' samples of a heartbeat ({session id: [point]}) and when the agent sent
     it, after commit; never stored: a page that missed them reads the series again."""
-    if points:
-        transaction.on_commit(lambda: publish_batch(
-            [("raw", STATS_GROUP, {"type": "session.event", "group": STATS_GROUP,
-                                   "stats": points, "reported_at": reported_at})]))
+    publish_heartbeats_stats_on_commit([(points, reported_at)])
+
+
+def publish_heartbeats_stats_on_commit(heartbeats):
+    """The samples of several heartbeats, [(points, reported_at)], in one message: the
+    fan-out's cost is per message, and a batch of heartbeats made one each. Its
+    `reported_at` is then per session ({session id: when its agent sent it})."""
+    stats, reported = {}, {}
+    for points, reported_at in heartbeats:
+        for session_id, session_points in points.items():
+            stats.setdefault(session_id, []).extend(session_points)
+            reported[session_id] = reported_at
+    if not stats:
+        return
+    if len(heartbeats) == 1:
+        reported = heartbeats[0][1]
+    transaction.on_commit(lambda: publish_batch(
+        [("raw", STATS_GROUP, {"type": "session.event", "group": STATS_GROUP,
+                               "stats": stats, "reported_at": reported})]))
 
 
 def publish(groups, msg):

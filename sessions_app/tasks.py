@@ -1,14 +1,26 @@
 """Manager-side tasks that agents send: heartbeats and kernel events (queue `manager`)."""
 
 from celery import shared_task
+from django.conf import settings
 
+from agents_app.runtime.reports import HEARTBEAT_PRIORITY
+from backendai_web.celery import drained
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
-from sessions_app.lifecycle.heartbeats import handle_heartbeat
+from sessions_app.lifecycle.heartbeats import handle_heartbeats
 
 
 @shared_task(name="manager.heartbeat", ignore_result=True)
 def heartbeat(info):
-    handle_heartbeat(info)
+    """This heartbeat and the others queued behind it (up to HEARTBEAT_BATCH in all),
+    handled as one batch; the others are acknowledged after it (a worker killed -9 before
+    that leaves them to the broker, as it leaves this one). Heartbeats wait at the queue's
+    lowest priority, so a batch takes none of the reports or kicks."""
+    with drained("manager.heartbeat", queue=(heartbeat.request.delivery_info or {}).get(
+            "routing_key") or "manager", priority=HEARTBEAT_PRIORITY,
+            limit=settings.HEARTBEAT_BATCH - 1) as others:
+        infos = [info, *(kwargs["info"] for kwargs in others if "info" in kwargs)]
+        heartbeat.request.heartbeats = infos  # what the bench's worker records
+        handle_heartbeats(infos)
 
 
 @shared_task(name="manager.kernel_event", ignore_result=True)

@@ -296,3 +296,43 @@ async def test_a_page_following_a_session_gets_its_kernels_samples_and_no_others
     assert [m["event"] for m in await receive_all(listing)] == []
     await following.disconnect()
     await listing.disconnect()
+
+
+async def test_a_batch_of_heartbeats_gives_each_page_its_sessions_samples_as_its_agent_sent_them(
+        alice, login):
+    """Heartbeats handled as one batch publish their samples in one message; each page
+    still gets its own session's points and the time its own agent sent them."""
+    from sessions_app.lifecycle.heartbeats import handle_heartbeats
+
+    first = await new_session(alice, S.RUNNING, name="first")
+    second = await new_session(alice, S.RUNNING, name="second")
+
+    def move_second():
+        make_agent("ws-agent-2", group="no-agents")
+        second.kernels.update(agent_id="ws-agent-2")
+        return list(first.kernels.all()), list(second.kernels.all())
+
+    kernels_of_first, kernels_of_second = await database_sync_to_async(move_second)()
+    pages = []
+    for session in (first, second):
+        page, _, _ = await connect(login(alice), path=f"/ws/events/?session={session.pk}")
+        await page.receive_json_from()  # subscribed
+        pages.append(page)
+    at = timezone.now().timestamp()
+
+    def beat(agent_id, kernels, taken_at):
+        return {"id": agent_id, "scaling_group": "no-agents", "images": [],
+                "taken_at": taken_at,
+                "kernels": [{"kernel_id": str(k.pk), "container_id": k.container_id,
+                             "state": "running", "stat": {"at": taken_at, "cpu_percent": 1.0}}
+                            for k in kernels]}
+
+    await database_sync_to_async(handle_heartbeats)([
+        beat("ws-agent", kernels_of_first, at - 1), beat("ws-agent-2", kernels_of_second, at)])
+    for page, kernels, sent in ((pages[0], kernels_of_first, at - 1),
+                                (pages[1], kernels_of_second, at)):
+        message = await page.receive_json_from(timeout=5)
+        assert message["reported_at"] == sent
+        assert [p["kernel_id"] for p in message["points"]] == [str(kernels[0].pk)]
+        assert await receive_all(page) == []
+        await page.disconnect()

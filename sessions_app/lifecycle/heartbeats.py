@@ -1,12 +1,21 @@
 """Manager side of heartbeats: the Agent rows, the images they report, and reconciling
-what an agent runs with what the manager believes (after any restart of either)."""
+what an agent runs with what the manager believes (after any restart of either).
+
+Heartbeats are handled in batches (`handle_heartbeats`: what a manager worker finds queued
+when it takes one, sessions_app/tasks.py): one transaction and a few statements for many
+agents, since nearly all of a heartbeat's cost was building and running its handful of
+queries, not its rows (docs/benchmarks/scale.md). `handle_heartbeat(info)` is a batch of one.
+"""
 
 import logging
 import uuid
+from collections import namedtuple
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 
 from accounting_app import records as usage_records
 from agents_app import network_pool, rpc
@@ -16,7 +25,7 @@ from common.bulk import update_rows
 from scheduling_app.models import ScalingGroup
 from sessions_app import engine, series
 from sessions_app.enums import Status, StatusGroup
-from sessions_app.events import publish_stats_on_commit
+from sessions_app.events import publish_heartbeats_stats_on_commit
 from sessions_app.lifecycle import stop
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.create import kick_scheduler
@@ -33,12 +42,95 @@ SNAPSHOT_MARGIN = timedelta(seconds=2)
 
 @transaction.atomic
 def handle_heartbeat(info):
+    """One agent's heartbeat, in a transaction of its own (a batch of one); its Agent row."""
+    return _handle_batch([info])[0]
+
+
+def handle_heartbeats(infos):
+    """Heartbeats of many agents, each agent's in the order given: one transaction per
+    batch in which each agent appears once (an agent's later heartbeats make the next
+    batch). A batch that fails is handled again one heartbeat at a time, so that one
+    agent's bad heartbeat loses only its own. Returns how many were handled."""
+    handled = 0
+    for batch in _batches(infos):
+        try:
+            with transaction.atomic():
+                _handle_batch(batch)
+            handled += len(batch)
+            continue
+        except Exception:
+            if len(batch) == 1:
+                log.exception("heartbeat of agent %s failed", batch[0].get("id"))
+                continue
+            log.warning("a batch of %d heartbeats failed: each is handled on its own",
+                        len(batch), exc_info=True)
+        for info in batch:
+            try:
+                handle_heartbeat(info)
+                handled += 1
+            except Exception:
+                log.exception("heartbeat of agent %s failed", info.get("id"))
+    return handled
+
+
+def _batches(infos):
+    """The heartbeats split so that each agent appears at most once per batch, its own in
+    their order (its first in the first batch, its second in the second, ...)."""
+    batches, seen = [], {}
+    for info in infos:
+        n = seen[info.get("id")] = seen.get(info.get("id"), -1) + 1
+        if n == len(batches):
+            batches.append([])
+        batches[n].append(info)
+    return batches
+
+
+def _handle_batch(infos):
+    """Heartbeats of distinct agents, in the caller's transaction: their Agent rows."""
     now = clock.now()
+    # The agents' rows locked in one order (two workers' batches never wait for each other
+    # in a cycle), each with its group: no query for the group when the agent stays in it.
+    locked = {agent.pk: agent for agent in Agent.objects.select_for_update(of=("self",))
+              .select_related("scaling_group").filter(pk__in=[info["id"] for info in infos])
+              .order_by("pk")}
+    beats, updates = [], {}
+    for info in infos:
+        beat = _agent_heartbeat(locked.get(info["id"]), info, now)
+        beats.append(beat)
+        if beat.row is not None:
+            names, values = beat.row
+            updates.setdefault(names, []).append(values)
+    for names, rows in updates.items():  # the agents that stay ALIVE in their group
+        update_rows(Agent, list(names), rows)
+    images = {}  # architecture → the images reported, each once (the last report wins)
+    for beat in beats:
+        images.setdefault(beat.agent.architecture, []).extend(beat.info.get("images", []))
+    for architecture, reported in images.items():
+        record_images(architecture, reported)
+    reconcile_many([ContainerList(
+        beat.agent, beat.info["kernels"], beat.info.get("taken_at"),
+        stopping=beat.info.get("stopping", ()), recovering=beat.was_lost,
+        kept=beat.info.get("kept") or []) for beat in beats if "kernels" in beat.info])
+    for beat in beats:
+        _after_containers(beat)
+    return [beat.agent for beat in beats]
+
+
+@dataclass
+class _Heartbeat:
+    agent: Agent
+    info: dict
+    group: ScalingGroup
+    was_lost: bool
+    takes_kernels_again: bool
+    previous_swarm: dict
+    row: tuple | None  # (field names, (pk, *values)) for the batch's UPDATE, or None
+
+
+def _agent_heartbeat(agent, info, now):
+    """The agent's row as its heartbeat says: made or saved here when it joins, comes back
+    or changes groups; otherwise the values of the batch's one UPDATE."""
     group_name = info.get("scaling_group") or "default"
-    # Its group with it (the agent's row alone locked): no query for the group when the
-    # agent stays in it, as it does at nearly every heartbeat.
-    agent = Agent.objects.select_for_update(of=("self",)).select_related(
-        "scaling_group").filter(pk=info["id"]).first()
     if agent is not None and agent.scaling_group.name == group_name:
         group = agent.scaling_group
     else:
@@ -49,7 +141,6 @@ def handle_heartbeat(info):
         bool(agent.docker_error) and not info.get("docker_error"))
     was_lost = agent is not None and agent.status == AgentStatus.LOST
     fields = {
-        "scaling_group": group,
         "addr": info.get("addr", ""),
         "stream_addr": (info.get("stream_addr") or "")[:128],
         "region": info.get("region", ""),
@@ -77,12 +168,14 @@ def handle_heartbeat(info):
                                 for c in info["kernels"]]
         fields["containers_at"] = _snapshot_time(info.get("taken_at"))
         fields["stopping"] = [str(k) for k in info.get("stopping") or ()]
+    row = None
     if agent is None:
         agent = Agent.objects.create(id=info["id"], status=AgentStatus.ALIVE, first_contact=now,
-                                     **fields)
+                                     scaling_group=group, **fields)
         log.info("agent %s joined scaling group %s", agent.pk, group.name,
                  extra={"agent_id": agent.pk})
-    else:
+    elif agent.status != AgentStatus.ALIVE or agent.scaling_group_id != group.pk:
+        agent.scaling_group = group
         for name, value in fields.items():
             setattr(agent, name, value)
         if agent.status != AgentStatus.ALIVE:
@@ -90,22 +183,25 @@ def handle_heartbeat(info):
                         agent.lost_at)
             agent.status, agent.lost_at = AgentStatus.ALIVE, None
         agent.save()
-    record_images(agent.architecture, info.get("images", []))
-    if "kernels" in info:  # only a heartbeat that could list its containers
-        kept = info.get("kept") or []
-        reconcile_containers(agent, info["kernels"], info.get("taken_at"),
-                             stopping=info.get("stopping", ()), recovering=was_lost,
-                             kept=kept)
-        reconcile_kept(agent, kept, info.get("taken_at"))
-    if "swarm" in info and left_swarm(previous_swarm, info["swarm"]):
-        end_kernels_off_swarm(agent, previous_swarm, info["swarm"])
+    else:
+        for name, value in fields.items():
+            setattr(agent, name, value)
+        row = (tuple(fields), (agent.pk, *fields.values()))
+    return _Heartbeat(agent, info, group, was_lost, takes_kernels_again, previous_swarm, row)
+
+
+def _after_containers(beat):
+    agent, info = beat.agent, beat.info
+    if "kernels" in info:
+        reconcile_kept(agent, info.get("kept") or [], info.get("taken_at"))
+    if "swarm" in info and left_swarm(beat.previous_swarm, info["swarm"]):
+        end_kernels_off_swarm(agent, beat.previous_swarm, info["swarm"])
     if "networks" in info:
         reconcile_networks(agent, info["networks"], info.get("taken_at"))
         snapshot_at = _snapshot_time(info.get("taken_at"))
         network_pool.reconcile(agent, snapshot_at, snapshot_at - SNAPSHOT_MARGIN)
-    if takes_kernels_again:
-        transaction.on_commit(lambda: kick_scheduler(group.name))
-    return agent
+    if beat.takes_kernels_again:
+        transaction.on_commit(lambda: kick_scheduler(beat.group.name))
 
 
 def record_images(architecture, images):
@@ -198,7 +294,27 @@ def reconcile_networks(agent, networks, taken_at=None):
             n["session_id"], agent_id=agent.pk, name=n.get("name")))
 
 
-SAMPLED_FIELDS = ("id", "session_id", "status", "status_changed", "stat_history")
+SAMPLED_FIELDS = ("id", "session_id", "agent_id", "status", "status_changed", "stat_history")
+
+
+class _Sampled(namedtuple("_Sampled", SAMPLED_FIELDS)):
+    """What a sample needs of a kernel that is RUNNING and running."""
+    __slots__ = ()
+
+    @property
+    def pk(self):
+        return self.id
+
+
+@dataclass
+class ContainerList:
+    """What one heartbeat says its agent runs (see reconcile_containers)."""
+    agent: Agent
+    reported: list
+    taken_at: float | None = None
+    stopping: tuple | list = ()
+    recovering: bool = False
+    kept: list = field(default_factory=list)
 
 
 def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recovering=False,
@@ -217,20 +333,64 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
     - `recovering` (the agent was LOST): each kernel whose container still runs gets a
       kernel_recovered event.
     """
-    snapshot_at = _snapshot_time(taken_at)
-    by_kernel = {r["kernel_id"]: r for r in reported if r.get("kernel_id")}
+    reconcile_many([ContainerList(agent, reported, taken_at, stopping, recovering,
+                                  list(kept))])
+
+
+def reconcile_many(lists):
+    """reconcile_containers for the lists of several agents (one each) at once: their
+    kernels read in one SELECT, their samples written in one statement each."""
+    if not lists:
+        return
+    reported_ids, agent_ids = set(), []
+    for containers in lists:
+        containers.snapshot_at = _snapshot_time(containers.taken_at)
+        containers.by_kernel = {r["kernel_id"]: r for r in containers.reported
+                                if r.get("kernel_id")}
+        reported_ids.update(k for k in containers.by_kernel if is_uuid(k))
+        agent_ids.append(containers.agent.pk)
     # Nearly every kernel listed is RUNNING and running: of those only what a sample needs
     # is read; whole rows, with their sessions, only of the kernels that need an action.
-    kernels = {str(k.pk): k for k in Kernel.objects.filter(pk__in=[
-        k for k in by_kernel if is_uuid(k)]).only(*SAMPLED_FIELDS)}
-    acting = [pk for pk, k in kernels.items() if recovering or not (
-        k.status == S.RUNNING and by_kernel[pk]["state"] == "running")]
+    # The same SELECT brings the agents' RUNNING and TERMINATING kernels that they no
+    # longer list (none in the steady state: every one is listed).
+    # Plain tuples, not model instances: building a thousand of those cost more than the
+    # rest of the batch's Python.
+    kernels = {str(row[0]): _Sampled(*row) for row in Kernel.objects.filter(
+        Q(pk__in=list(reported_ids))
+        | Q(agent_id__in=agent_ids, status__in=[S.RUNNING, S.TERMINATING]))
+        .values_list(*SAMPLED_FIELDS)}
+    holding = {}  # agent id → its RUNNING and TERMINATING kernels, (id, kernel)
+    for pk, kernel in kernels.items():
+        if kernel.status in (S.RUNNING, S.TERMINATING):
+            holding.setdefault(kernel.agent_id, []).append((pk, kernel))
+    acting = [pk for containers in lists for pk in containers.by_kernel
+              if pk in kernels and (containers.recovering or not (
+                  kernels[pk].status == S.RUNNING
+                  and containers.by_kernel[pk]["state"] == "running"))]
     if acting:
         kernels.update({str(k.pk): k for k in Kernel.objects.filter(pk__in=acting)
                         .select_related("session")})
+    stats, points_of = [], []
+    for containers in lists:
+        points_of.append(_reconcile_listed(containers, kernels, stats))
+    if stats:
+        update_rows(Kernel, ["last_stat", "stat_history"], stats)
+        usage_records.add_samples([(kernel_id, stat) for kernel_id, stat, _ in stats])
+        series.record([p for points in points_of for session_points in points.values()
+                       for p in session_points])
+        publish_heartbeats_stats_on_commit([(points, containers.taken_at) for containers, points
+                                            in zip(lists, points_of, strict=True)])
+    for containers in lists:
+        _end_gone(containers, holding.get(containers.agent.pk, ()))
+
+
+def _reconcile_listed(containers, kernels, stats):
+    """The actions on one agent's listed containers; its samples appended to `stats`.
+    Returns its samples as points, {session id: [point]}."""
+    agent, snapshot_at = containers.agent, containers.snapshot_at
     actor = f"agent:{agent.pk}"
-    stats = []
-    for kernel_id, container in by_kernel.items():
+    points = {}
+    for kernel_id, container in containers.by_kernel.items():
         kernel = kernels.get(kernel_id)
         if kernel is None:
             log.warning("agent %s has a dangling container %s (unknown kernel %s)", agent.pk,
@@ -251,26 +411,34 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
             engine.mark_kernel_running(kernel, {"container_id": container["container_id"],
                                                 "adopted": True}, actor=actor)
         elif kernel.status == S.RUNNING and container["state"] == "running":
-            if recovering:
+            if containers.recovering:
                 engine.record_event(kernel.session, "kernel_recovered", kernel=kernel,
                                     actor=actor, reason=f"agent {agent.pk} is back; the "
                                     "container kept running")
             if container.get("stat"):
-                stats.append(_sample(kernel, container["stat"], snapshot_at))
-    if stats:
-        update_rows(Kernel, ["last_stat", "stat_history"], stats)
-        usage_records.add_samples([(kernel_id, stat) for kernel_id, stat, _ in stats])
-        points = {}  # session id → its kernels' points
-        for kernel_id, stat, _ in stats:
-            points.setdefault(str(kernels[str(kernel_id)].session_id), []).append(
-                series.point_of(kernel_id, stat, snapshot_at.timestamp()))
-        series.record([p for session_points in points.values() for p in session_points])
-        publish_stats_on_commit(points, taken_at)
-    kept_by_kernel = {entry["kernel_id"]: entry for entry in kept if entry.get("kernel_id")}
-    gone = Kernel.objects.filter(
-        agent=agent, status__in=[S.RUNNING, S.TERMINATING],
-        status_changed__lt=snapshot_at - SNAPSHOT_MARGIN,
-    ).exclude(pk__in=[k for k in [*by_kernel, *stopping] if is_uuid(k)])
+                sample = _sample(kernel, container["stat"], snapshot_at)
+                stats.append(sample)
+                points.setdefault(str(kernel.session_id), []).append(
+                    series.point_of(sample[0], sample[1], snapshot_at.timestamp()))
+    return points
+
+
+def _end_gone(containers, holding):
+    """The agent's RUNNING and TERMINATING kernels (`holding`: (id, kernel) as the batch
+    read them) that it no longer lists, read again, after the actions on its listed ones,
+    as they are now."""
+    agent, settled = containers.agent, containers.snapshot_at - SNAPSHOT_MARGIN
+    listed = {_canonical(k) for k in [*containers.by_kernel, *containers.stopping]}
+    candidates = [kernel.pk for pk, kernel in holding if pk not in listed
+                  and kernel.status_changed and kernel.status_changed < settled]
+    if not candidates:
+        return
+    actor = f"agent:{agent.pk}"
+    kept_by_kernel = {entry["kernel_id"]: entry for entry in containers.kept
+                      if entry.get("kernel_id")}
+    gone = Kernel.objects.filter(pk__in=candidates, agent=agent,
+                                 status__in=[S.RUNNING, S.TERMINATING],
+                                 status_changed__lt=settled)
     for kernel in gone:
         if kernel.status == S.TERMINATING and kernel.status_data.get(Key.REQUEUE):
             requeue_stopped_kernel(kernel, actor=actor)  # its report was lost on the way
@@ -284,6 +452,14 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
             continue
         reason = kernel.status_info if kernel.status == S.TERMINATING else "container-gone"
         engine.mark_kernel_terminated(kernel, reason=reason, actor=actor)
+
+
+def _canonical(kernel_id):
+    """A kernel id as str(uuid) writes it; anything else as it is (it matches none)."""
+    try:
+        return str(uuid.UUID(str(kernel_id)))
+    except ValueError:
+        return kernel_id
 
 
 def reconcile_kept(agent, kept, taken_at=None):
