@@ -53,16 +53,18 @@ class Heartbeat:
                         if not backend.is_kept(c)],
             "kept": agent.kept.report([c for c in containers if backend.is_kept(c)]),
             "stopping": agent.stops.stopping_kernels(),
-            "swarm": self.seldom("swarm", lambda: networks.swarm_state(agent.docker)),
+            "swarm": networks.swarm_state(agent.docker),
             "networks": networks.session_networks(agent.docker, listed=listed, held=held)
             + agent.networks.warm.report(containers, listed),
         }
 
     def seldom(self, name, read):
-        """What changes seldom (the engine's images, its place in a swarm) read again at
-        most every SELDOM_EVERY s, and at the first heartbeat after Docker failed: every
-        heartbeat at the default 5 s interval, every tenth at the tests' 0.5 s. Each is a
-        request that costs Docker more than the container list (`docker info` most)."""
+        """What changes seldom (the engine's images) read again at most every
+        SELDOM_EVERY s, and at the first heartbeat after Docker failed: every heartbeat at
+        the default 5 s interval, every tenth at the tests' 0.5 s. The image list costs
+        Docker more than the container list. Not the swarm state: while an engine that
+        left the swarm still says it is in it, the manager asks it to hold warm overlay
+        networks, and each such request blocks its agent for up to 15 s."""
         now = time.monotonic()
         read_at, value = self._seldom.get(name, (None, None))
         if read_at is None or now - read_at >= SELDOM_EVERY:
