@@ -89,28 +89,20 @@ def publish_many_on_commit(items):
         transaction.on_commit(after_commit)
 
 
-def publish_stats_on_commit(points, reported_at=None):
-    """The kernels' samples of a heartbeat ({session id: [point]}) and when the agent sent
-    it, after commit; never stored: a page that missed them reads the series again."""
-    publish_heartbeats_stats_on_commit([(points, reported_at)])
-
-
 def publish_heartbeats_stats_on_commit(heartbeats):
-    """The samples of several heartbeats, [(points, reported_at)], in one message: the
-    fan-out's cost is per message, and a batch of heartbeats made one each. Its
-    `reported_at` is then per session ({session id: when its agent sent it})."""
+    """The kernels' samples of one or more heartbeats, [({session id: [point]},
+    reported_at)], after commit, in one message (the fan-out's cost is per message); never
+    stored: a page that missed them reads the series again. Its `reported_at` is per
+    session: {session id: when its agent sent the heartbeat}."""
     stats, reported = {}, {}
     for points, reported_at in heartbeats:
         for session_id, session_points in points.items():
             stats.setdefault(session_id, []).extend(session_points)
             reported[session_id] = reported_at
-    if not stats:
-        return
-    if len(heartbeats) == 1:
-        reported = heartbeats[0][1]
-    transaction.on_commit(lambda: publish_batch(
-        [("raw", STATS_GROUP, {"type": "session.event", "group": STATS_GROUP,
-                               "stats": stats, "reported_at": reported})]))
+    if stats:
+        transaction.on_commit(lambda: publish_batch(
+            [("raw", STATS_GROUP, {"type": "session.event", "group": STATS_GROUP,
+                                   "stats": stats, "reported_at": reported})]))
 
 
 def publish(groups, msg):

@@ -159,11 +159,10 @@ class EventsConsumer(AsyncJsonWebsocketConsumer):
         if event.get("group") == STATS_GROUP:
             points = self.session_id and event["stats"].get(str(self.session_id))
             if points:
-                reported_at = event.get("reported_at")
-                if isinstance(reported_at, dict):  # a batch of heartbeats: per session
-                    reported_at = reported_at.get(str(self.session_id))
                 await self.send_json({"event": "kernel_stat", "session_id": str(self.session_id),
-                                      "points": points, "reported_at": reported_at})
+                                      "points": points,
+                                      "reported_at": event["reported_at"].get(
+                                          str(self.session_id))})
             return
         if self.session_events_only and event["message"]["event"].startswith("kernel_"):
             return
