@@ -54,7 +54,7 @@ class Heartbeat:
             "kept": agent.kept.report([c for c in containers if backend.is_kept(c)]),
             "stopping": agent.stops.stopping_kernels(),
             "swarm": networks.swarm_state(agent.docker),
-            "networks": networks.session_networks(agent.docker, listed=listed, held=held)
+            "networks": networks.session_networks(listed, held)
             + agent.networks.warm.report(containers, listed),
         }
 

@@ -159,19 +159,16 @@ def labelled(listed, label, value=None):
             (value is None or n.attrs["Labels"][label] == value)]
 
 
-def session_networks(client, agent_id=None, *, listed=None, held=None):
-    """This engine's session networks (bridges; on a swarm manager also the overlays):
-    name, session id, driver. Warm overlay networks (no session yet: `warm`) are listed
-    too, `held` when this agent's holder container is attached to one here. `listed`
-    (engine_networks) and `held` (holders) when the caller has them already."""
-    listed = engine_networks(client) if listed is None else listed
+def session_networks(listed, held):
+    """This engine's session networks (bridges; on a swarm manager also the overlays) out
+    of `listed` (engine_networks): name, session id, driver. Warm overlay networks (no
+    session yet: `warm`) are listed too, `held` when this agent's holder container is
+    attached to one here (`held`: holders)."""
     found = []
     for network in labelled(listed, SESSION_ID):
         found.append({"name": network.name, "session_id": network.attrs["Labels"][SESSION_ID],
                       "driver": network.attrs.get("Driver", ""),
                       "scope": network.attrs.get("Scope", "")})
-    if held is None:
-        held = holders(client, agent_id) if agent_id else {}
     for network in labelled(listed, WARM_NETWORK):
         found.append({"name": network.name, "session_id": "", "warm": True,
                       "driver": network.attrs.get("Driver", ""),
@@ -671,17 +668,11 @@ class AgentNetworks:
         except (DockerException, OSError) as exc:
             log.info("holder of warm network %s not removed: %s", name, exc)
 
-    def drop_orphan_holders(self, held=None, listed=None):
+    def drop_orphan_holders(self, held, listed):
         """Holders whose warm network this engine no longer has (it left the swarm): they
-        hold nothing, and nobody else would ask for their removal. `held` (holders) and
-        `listed` (engine_networks, taken after `held`) when the heartbeat has them."""
-        client = self.agent.docker
-        # The holders first: a running one's network is on the engine's list after.
-        held = holders(client, self.agent.id) if held is None else held
-        if not held:
-            return
-        if listed is None:
-            listed = engine_networks(client)
+        hold nothing, and nobody else would ask for their removal. `held`: holders;
+        `listed`: engine_networks, taken after `held` (a running holder's network is on
+        the engine's list after it)."""
         warm = {n.name for n in labelled(listed, WARM_NETWORK)}
         for name, container in held.items():
             if name not in warm:
