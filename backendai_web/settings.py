@@ -247,6 +247,12 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "sessions_app.api.schema.AutoSchema",
 }
 
+# The Backend.AI GraphQL routes (sessions_app/compat/graphql.py) run no graphene middleware.
+# graphene-django adds its SQL debug middleware when DEBUG is on; the schema has no `_debug`
+# field to read it, so the middleware's cursor wrapper stayed on each connection it touched
+# and recorded every later query of that thread (on SQLite it broke executemany).
+GRAPHENE = {"MIDDLEWARE": []}
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "backendai-web API",
     "DESCRIPTION": "Compute sessions on Docker agents. Authenticate with a Backend.AI keypair "

@@ -7,6 +7,7 @@ server are in live/test_compat_cli_graphql.py."""
 import json
 
 import pytest
+from django.db import connection
 
 from sessions_app.enums import Status
 from tests.factories import make_agent, make_session
@@ -299,3 +300,13 @@ def test_a_page_of_sessions_costs_the_same_queries_for_one_or_many(client, alice
     for number in range(4):
         make_session(alice, Status.RUNNING, agent=agent, name=f"more{number}")
     assert queries() == few
+
+
+def test_a_query_leaves_no_sql_recorder_on_the_database_connection(client, alice_keypair,
+                                                                      sessions):
+    """graphene-django adds its SQL debug middleware when DEBUG is on as it loads (the
+    default of a development server, and of a test run that imports the schema while
+    collecting): its cursor wrapper stayed on the connection and recorded every later
+    query, and on SQLite it broke executemany (the usage rollup's)."""
+    session_list(client, alice_keypair)
+    assert not hasattr(connection, "_graphene_cursor")
