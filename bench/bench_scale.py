@@ -57,6 +57,33 @@ def cpu_seconds(pid):
     return sum(int(f) for f in fields[11:15]) / ticks
 
 
+def steady_history(now, interval):
+    """A kernel's utilization samples as its heartbeats leave them once it has run long
+    enough to fill what they keep (sessions_app.utilization.add_sample): a fresh kernel's
+    few samples cost a heartbeat much less than a long-running one's."""
+    from django.conf import settings
+
+    from sessions_app.utilization import add_sample
+
+    history = []
+    span = 2 * settings.IDLE_UTILIZATION["window"] + 120  # more than is kept
+    for n in range(int(span / interval), 0, -1):
+        history = add_sample(history, [round(now - n * interval, 3), 12.5, 3.25])
+    return history
+
+
+def postgres_cpu():
+    """CPU seconds of this machine's PostgreSQL processes (every database's: on a quiet
+    machine, the bench's; connections that end in between are not counted)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            name, fields = stat.read_text().split("(", 1)[1].rsplit(")", 1)
+            if name == "postgres":
+                total += sum(int(f) for f in fields.split()[11:13])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 class Bench:
     def __init__(self):
         import django
@@ -107,11 +134,13 @@ class Bench:
     def reset(self):
         from django.db import transaction
 
+        from accounting_app.models import UsageRecord
         from agents_app.models import Agent
         from identity_app.models import KeyPair
         from sessions_app.models import Kernel, Session, SessionEvent
 
         with transaction.atomic():
+            UsageRecord.objects.filter(scaling_group=self.group).delete()
             SessionEvent.objects.filter(session__scaling_group=self.group).delete()
             Kernel.objects.filter(session__scaling_group=self.group).delete()
             Session.objects.filter(scaling_group=self.group).delete()
@@ -123,6 +152,8 @@ class Bench:
         """Agent rows and `per_agent` RUNNING single-kernel sessions on each: the kernels
         file the simulated agents adopt. Rows written as they would be at the end of
         their starts (a fixture, not a status change)."""
+        from accounting_app.models import UsageRecord
+        from accounting_app.records import local_day
         from agents_app.models import Agent
         from common import clock
         from identity_app.models import KeyPair
@@ -157,8 +188,19 @@ class Bench:
             sessions.append(session)
             kernels.append(kernel)
             kernels_of[agent_id].append(str(kernel.pk))
+        # As after a window's heartbeats: each kernel's utilization samples (what a
+        # heartbeat reads and writes back) and its open usage record (what it adds to).
+        history = steady_history(now.timestamp(), self.interval)
+        for kernel in kernels:
+            kernel.stat_history = history
         Session.objects.bulk_create(sessions, batch_size=2000)
         Kernel.objects.bulk_create(kernels, batch_size=2000)
+        UsageRecord.objects.bulk_create([UsageRecord(
+            kernel_id=k.pk, session_id=s.pk, session_name=s.name, user_id=s.user_id,
+            project_id=s.project_id, domain_id=s.domain_id, scaling_group_id=self.group.pk,
+            agent_id=k.agent_id, kind=UsageRecord.Kind.RUNNING, day=local_day(now.timestamp()),
+            start_ts=now.timestamp(), cpu=1, mem=268435456)
+            for s, k in zip(sessions, kernels, strict=True)], batch_size=2000)
         for keypair in self.keypairs:
             KeyPair.objects.filter(pk=keypair.pk).update(
                 concurrency_used=sum(1 for s in sessions if s.keypair_id == keypair.pk))
@@ -176,7 +218,9 @@ class Bench:
         redis.Redis.from_url(settings.REDIS_URL).flushdb()
         self.reset()
         kernels_file = self.seed(agents, per_agent)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # As in production (docs/operations.md): without Django's debug cursor, which
+        # keeps every query's SQL.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "DEBUG": os.environ.get("DEBUG", "0")}
         celery = str(Path(sys.executable).with_name("celery"))
         self.records = []
         for n in range(workers):
@@ -308,9 +352,9 @@ class Bench:
     def steady(self, agents, per_agent, window):
         self.start(agents, per_agent, 1)
         worker, sim = self.pid("worker-0"), self.pid("agents")
-        cpu0, sim0, t0 = cpu_seconds(worker), cpu_seconds(sim), time.time()
+        cpu0, sim0, pg0, t0 = cpu_seconds(worker), cpu_seconds(sim), postgres_cpu(), time.time()
         time.sleep(window)
-        cpu1, sim1, t1 = cpu_seconds(worker), cpu_seconds(sim), time.time()
+        cpu1, sim1, pg1, t1 = cpu_seconds(worker), cpu_seconds(sim), postgres_cpu(), time.time()
         rows = self.read_records(t0, t1)
         beats = [r for r in rows if r["task"] == "manager.heartbeat"]
         lag = [r["ended"] - r["sent"] for r in beats if r["sent"]]
@@ -332,6 +376,7 @@ class Bench:
             if beats else None,
             "worker_cpu_ms_per_agent_s": round(cpu * 1000 / agents, 3),
             "simulator_cpu": round((sim1 - sim0) / (t1 - t0), 3),
+            "postgres_cpu": round((pg1 - pg0) / (t1 - t0), 3),
             "loadavg": loadavg(),
         }
 
@@ -451,7 +496,7 @@ def main():
                   f"{result['batch_p50']}), worker CPU {result['worker_cpu']} "
                   f"({result['worker_cpu_ms_per_heartbeat']} ms per heartbeat, "
                   f"{result['worker_cpu_ms_per_agent_s']} ms/s per agent), simulator CPU "
-                  f"{result['simulator_cpu']}; "
+                  f"{result['simulator_cpu']}, PostgreSQL CPU {result['postgres_cpu']}; "
                   f"loadavg {' '.join(result['loadavg'])}", flush=True)
         for n in workers if count else ():
             result = bench.burst(agents, per_agent, count, n,

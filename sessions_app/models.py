@@ -195,7 +195,8 @@ class Kernel(StatusFields):
                                                       "kept when it was removed.")
     stat_history = models.JSONField(
         default=list, blank=True, editable=False,
-        help_text="Recent samples [time, cpu %, mem %] for utilization-based idle checks.")
+        help_text="Recent utilization samples for the idle checks, summed in buckets "
+                  "(sessions_app/utilization.py).")
     created_at = models.DateTimeField(auto_now_add=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
     device_allocation = models.JSONField(

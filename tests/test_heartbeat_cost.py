@@ -10,6 +10,7 @@ from agents_app.runtime.simulated import SIMULATED_IMAGE, SimulatedAgent
 from sessions_app.enums import Status
 from sessions_app.lifecycle.heartbeats import handle_heartbeat
 from tests.factories import make_session
+from tests.support import need
 
 S = Status
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("sent")]
@@ -73,3 +74,18 @@ def test_a_heartbeat_costs_the_same_queries_for_one_kernel_or_twenty(alice):
     # more was counted once in a full parallel run, in both heartbeats alike (a step that
     # depends on the time between them, not identified): the bound allows it
     assert twenty <= 9
+
+
+
+def test_the_rows_every_heartbeat_rewrites_leave_room_in_their_pages():
+    """Agents, kernels and open usage records are rewritten at every heartbeat: their
+    tables keep room for a HOT update (common/fillfactor.py)."""
+    if connection.vendor != "postgresql":
+        need("PostgreSQL", f"DATABASE_URL names {connection.vendor}, not PostgreSQL")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relname, reloptions FROM pg_class WHERE relname IN "
+                       "('agents_app_agent', 'sessions_app_kernel', "
+                       "'accounting_app_usagerecord')")
+        options = dict(cursor.fetchall())
+    assert options == {table: ["fillfactor=70"] for table in (
+        "agents_app_agent", "sessions_app_kernel", "accounting_app_usagerecord")}

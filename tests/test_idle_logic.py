@@ -96,8 +96,56 @@ def utilization_settings(settings):
 
 
 def usage(cpu, mem, start=100, end=200, step=5, window=60):
-    samples = [[at(t).timestamp(), cpu, mem] for t in range(start, end + 1, step)]
-    return utilization.summarize(samples, window)
+    history = []  # as the heartbeats keep it
+    for t in range(start, end + 1, step):
+        history = utilization.add_sample(history, [at(t).timestamp(), cpu, mem], window)
+    return utilization.summarize(history, window)
+
+
+def history_of(samples, window):
+    history = []
+    for sample in samples:
+        history = utilization.add_sample(history, sample, window)
+    return history
+
+
+def test_a_long_running_kernel_keeps_twenty_odd_buckets_and_their_exact_averages():
+    """Two hours of 5-second samples, a 600 s window: 22 buckets of 30 s at most (not
+    the 252 samples of 21 minutes), and the window's averages as the samples' own."""
+    samples = [[float(t), float(t % 7), 50.0 + t % 3] for t in range(0, 7200, 5)]
+    history = history_of(samples, 600)
+    assert len(history) <= 22
+    summary = utilization.summarize(history, 600)
+    # The buckets that reach into the window: from 6570 (bucket 219 holds 6570..6595).
+    counted = [s for s in samples if s[0] >= 6570]
+    assert summary["count"] == len(counted) and summary["until"] == 7195
+    assert summary["since"] == 7195 - 600
+    assert summary["cpu"] == round(sum(s[1] for s in counted) / len(counted), 1)
+    assert summary["mem"] == round(sum(s[2] for s in counted) / len(counted), 1)
+
+
+def test_the_window_takes_at_most_one_bucket_of_older_samples():
+    """Busy until t=1000, idle after, 600 s window (30 s buckets): once the window starts
+    past the bucket that holds the last busy sample, the average is the idle one."""
+    samples = [[float(t), 80.0 if t <= 1000 else 0.2, 0.5] for t in range(0, 2000, 5)]
+    assert utilization.summarize(history_of(samples[:(1020 + 600) // 5 + 1], 600),
+                                 600)["cpu"] == 0.2
+    late = utilization.summarize(history_of(samples[:(1000 + 600) // 5 + 1], 600), 600)
+    assert 0.2 < late["cpu"] < 80 * 4 / 120  # three busy samples of 990..1000 among ~124
+
+
+def test_samples_kept_before_the_buckets_are_read_as_they_were():
+    window = 600
+    old = [[float(t), 0.5, 2.0] for t in range(0, 1300, 5)]  # what a row held before
+    before, buckets = (utilization.summarize(old, window),
+                       utilization.summarize(history_of(old, window), window))
+    assert before["count"] == 121 and buckets["count"] == 122  # one more: 690 is in 690..719
+    assert {k: before[k] for k in ("cpu", "mem", "since", "until")} == {
+        "cpu": 0.5, "mem": 2.0, "since": 695.0, "until": 1295.0} == {
+        k: buckets[k] for k in ("cpu", "mem", "since", "until")}
+    # An old row's next heartbeat: its samples become buckets, those the window left go.
+    history = utilization.add_sample(old, [1300.0, 0.5, 2.0], window)
+    assert history[0][0] == 670.0 and utilization.summarize(history, window)["count"] == 121
 
 
 def test_utilization_grace_period_then_idle_or_busy(utilization_settings):

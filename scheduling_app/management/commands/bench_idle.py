@@ -21,7 +21,7 @@ from scheduling_app.idle import CHECKERS, check_idle
 from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
 from sessions_app.models import Kernel, Session, SessionEvent
-from sessions_app.utilization import summarize
+from sessions_app.utilization import add_sample, summarize
 
 
 class Command(BaseCommand):
@@ -43,8 +43,9 @@ class Command(BaseCommand):
                                      available_slots={"cpu": "100000", "mem": "100000g"})
         project = default_project()
         now = clock.now()
-        history = [[(now - timedelta(seconds=s)).timestamp(), 40.0, 30.0]
-                   for s in range(1200, -1, -5)]
+        history = []  # as a kernel's heartbeats leave it after 20 minutes
+        for s in range(1200, -1, -5):
+            history = add_sample(history, [(now - timedelta(seconds=s)).timestamp(), 40.0, 30.0])
         usage = summarize(history, settings.IDLE_UTILIZATION["window"])
         try:
             made = [Session(name=f"r{i}", keypair=keypair, user=user, domain=project.domain,
