@@ -626,9 +626,16 @@ class AgentNetworks:
     _overlay_lock = threading.Lock()
     _hold_lock = threading.Lock()
 
+    # A hold that failed (its network never came within HOLD_WAIT s: this engine left the
+    # swarm, say) is not tried again for HOLD_RETRY_AFTER s: the manager asks at every
+    # heartbeat, and the asks queued behind a failing one would each wait HOLD_WAIT s.
+    HOLD_WAIT = 15
+    HOLD_RETRY_AFTER = 10
+
     def __init__(self, agent, warm_bridges=0):
         self.agent = agent
         self.warm = WarmBridges(agent, warm_bridges)
+        self._hold_failed = {}  # network name → time.monotonic() of its hold's failure
 
     def create(self, session_id=None, internal=False, name=None):
         """{"name"} of the session's overlay network (or of warm network `name`), made if
@@ -654,11 +661,16 @@ class AgentNetworks:
     def hold(self, name, image):
         """Attach this engine to warm network `name` with a holder container, so that a
         kernel's start finds the network made here (agents_app/network_pool.py)."""
-        try:
-            with self._hold_lock:
-                hold_network(self.agent.docker, self.agent.id, name, image)
-        except (DockerException, OSError) as exc:
-            log.info("warm network %s not held: %s", name, exc)
+        with self._hold_lock:
+            failed = self._hold_failed.get(name)
+            if failed is not None and time.monotonic() - failed < self.HOLD_RETRY_AFTER:
+                return
+            try:
+                hold_network(self.agent.docker, self.agent.id, name, image, self.HOLD_WAIT)
+                self._hold_failed.pop(name, None)
+            except (DockerException, OSError) as exc:
+                self._hold_failed[name] = time.monotonic()
+                log.info("warm network %s not held: %s", name, exc)
 
     def release(self, name):
         if not name:

@@ -8,6 +8,7 @@ does not know with a 500 (`rpc error: code = NotFound`), not a 404."""
 import threading
 import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from docker.errors import APIError
@@ -64,3 +65,24 @@ def test_a_holder_whose_network_never_comes_leaves_no_container(docker_client, n
     assert networks.network_not_there_yet(raised.value)
     assert not docker_client.containers.list(ignore_removed=True,
         all=True, filters={"label": f"{networks.HOLDER}={name}"})
+
+
+def test_a_hold_whose_network_never_comes_is_not_tried_again_at_every_ask(docker_client,
+                                                                          name):
+    """The manager asks at every heartbeat while the agent's engine says it is in the swarm
+    (one that just left it still says so): each ask waited for the network that does not
+    come, and the asks queued behind one another (2026-11-28's leave-swarm failures)."""
+    held = networks.AgentNetworks(SimpleNamespace(docker=docker_client, id="holder-a"))
+    held.HOLD_WAIT, held.HOLD_RETRY_AFTER = 1, 3
+    started = time.monotonic()
+    held.hold(name, IMAGE)  # the network is not there: one wait, then it gives up
+    assert time.monotonic() - started >= 0.9
+    started = time.monotonic()
+    for _ in range(5):
+        held.hold(name, IMAGE)  # asked again at once: not tried
+    assert time.monotonic() - started < 0.5 and networks.holders(docker_client,
+                                                                  "holder-a") == {}
+    docker_client.networks.create(name, driver="bridge")
+    time.sleep(3)
+    held.hold(name, IMAGE)  # asked after the pause: tried, and held
+    assert list(networks.holders(docker_client, "holder-a")) == [name]
