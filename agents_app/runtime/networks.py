@@ -635,7 +635,7 @@ class AgentNetworks:
     def __init__(self, agent, warm_bridges=0):
         self.agent = agent
         self.warm = WarmBridges(agent, warm_bridges)
-        self._hold_failed = {}  # network name → time.monotonic() of its hold's failure
+        self._hold_failed = {}  # network name → time.monotonic() of its hold's recent failure
 
     def create(self, session_id=None, internal=False, name=None):
         """{"name"} of the session's overlay network (or of warm network `name`), made if
@@ -662,12 +662,13 @@ class AgentNetworks:
         """Attach this engine to warm network `name` with a holder container, so that a
         kernel's start finds the network made here (agents_app/network_pool.py)."""
         with self._hold_lock:
-            failed = self._hold_failed.get(name)
-            if failed is not None and time.monotonic() - failed < self.HOLD_RETRY_AFTER:
+            now = time.monotonic()
+            self._hold_failed = {n: at for n, at in self._hold_failed.items()
+                                 if now - at < self.HOLD_RETRY_AFTER}
+            if name in self._hold_failed:
                 return
             try:
                 hold_network(self.agent.docker, self.agent.id, name, image, self.HOLD_WAIT)
-                self._hold_failed.pop(name, None)
             except (DockerException, OSError) as exc:
                 self._hold_failed[name] = time.monotonic()
                 log.info("warm network %s not held: %s", name, exc)
