@@ -8,6 +8,7 @@ import json
 
 import pytest
 from django.db import connection
+from graphene_django.settings import DEFAULTS, IMPORT_STRINGS, GrapheneSettings
 
 from sessions_app.enums import Status
 from tests.factories import make_agent, make_session
@@ -308,5 +309,9 @@ def test_a_query_leaves_no_sql_recorder_on_the_database_connection(client, alice
     default of a development server, and of a test run that imports the schema while
     collecting): its cursor wrapper stayed on the connection and recorded every later
     query, and on SQLite it broke executemany (the usage rollup's)."""
+    # The settings win over the defaults graphene-django builds with DEBUG on, whatever
+    # DEBUG was when it loaded in this run:
+    debug_defaults = {**DEFAULTS, "MIDDLEWARE": ("graphene_django.debug.DjangoDebugMiddleware",)}
+    assert GrapheneSettings(None, debug_defaults, IMPORT_STRINGS).MIDDLEWARE == []
     session_list(client, alice_keypair)
     assert not hasattr(connection, "_graphene_cursor")
