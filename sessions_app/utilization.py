@@ -22,7 +22,7 @@ def add_sample(history, sample, window=None):
     cutoff = at - window - width
     buckets = [b for b in map(_bucket, history or ()) if b[1] >= cutoff]
     if buckets and buckets[-1][0] // width == at // width and at >= buckets[-1][1]:
-        last = buckets[-1]
+        last = buckets[-1] = list(buckets[-1])  # a copy: the caller's history stays as it was
     else:
         last = [at, at, 0, 0, 0, 0, 0]
         buckets.append(last)

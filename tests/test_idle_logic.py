@@ -146,6 +146,8 @@ def test_samples_kept_before_the_buckets_are_read_as_they_were():
     # An old row's next heartbeat: its samples become buckets, those the window left go.
     history = utilization.add_sample(old, [1300.0, 0.5, 2.0], window)
     assert history[0][0] == 670.0 and utilization.summarize(history, window)["count"] == 121
+    again = utilization.add_sample(history, [1301.0, 0.5, 2.0], window)  # the same bucket
+    assert history[-1][2] == 2 and again[-1][2] == 3  # the history given is left as it was
 
 
 def test_utilization_grace_period_then_idle_or_busy(utilization_settings):
