@@ -4,12 +4,16 @@ from celery import shared_task
 
 from agents_app import rpc
 from scheduling_app import idle, scheduler
+from scheduling_app.scheduler import kicks
 from sessions_app import series
 from sessions_app.lifecycle import progress, stop
 
 
 @shared_task(name="scheduling.schedule", ignore_result=True)
-def schedule(scaling_group_name=None):
+def schedule(scaling_group_name=None, kick=None):
+    # A kick that a pass begun since it was sent has answered runs none (kicks.py).
+    if kicks.answered(scaling_group_name, kick):
+        return 0
     # The next step at once, in the same write: placed kernels go on to PREPARING and
     # their agents are asked for the image after commit.
     return len(scheduler.schedule(scaling_group_name, check_image=rpc.send_check_and_pull))

@@ -2,6 +2,7 @@
 timeout at a time (no broker: what would be sent is recorded)."""
 
 from datetime import timedelta
+from unittest.mock import ANY
 
 import pytest
 import time_machine
@@ -52,7 +53,7 @@ def test_a_kernel_stuck_scheduled_is_rescheduled_on_another_agent(
     assert (kernel.status, kernel.agent_id) == (S.PENDING, None)
     assert kernel.status_info == "scheduled-timeout: SCHEDULED for over 60s"
     assert session.status_data["excluded_agents"] == {"stuck": "2026-01-01T10:06:01+00:00"}
-    assert sends(sent, "scheduling.schedule") == [{"scaling_group_name": "default"}]
+    assert sends(sent, "scheduling.schedule") == [{"scaling_group_name": "default", "kick": ANY}]
 
 
 @pytest.mark.parametrize(("status", "field", "error"), [

@@ -15,6 +15,7 @@ from common.collector import collector_paused
 from common.devices import device_part
 from common.slots import ResourceSlots
 from scheduling_app.models import ScalingGroup
+from scheduling_app.scheduler import kicks
 from scheduling_app.scheduler.predicates import Failure, validators_for
 from scheduling_app.scheduler.preemption import Preemptor, load_candidates, preempt
 from scheduling_app.scheduler.selectors import AgentIndex
@@ -57,6 +58,7 @@ def schedule(scaling_group_name=None, *, check_image=None):
             # Two passes on one group never overlap. NO KEY UPDATE lets new sessions
             # reference the group (their FK check takes KEY SHARE) while a pass runs.
             locked = ScalingGroup.objects.select_for_update(no_key=True).get(pk=group.pk)
+            kicks.passing(group.name)
             with metrics.Timer("scheduler_pass_seconds", scaling_group=group.name), \
                     collector_paused():
                 scheduled = run_pass(locked, check_image=check_image).scheduled

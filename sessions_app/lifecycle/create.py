@@ -6,10 +6,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.db import IntegrityError, transaction
 
-from backendai_web.celery import send_task_safely
 from common import clock
 from identity_app import audit
-from scheduling_app.scheduler import dry_run
+from scheduling_app.scheduler import dry_run, kicks
 from sessions_app import engine
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.manager_state import check_not_frozen
@@ -134,8 +133,7 @@ def cluster_keypair():
 
 
 def kick_scheduler(scaling_group_name):
-    send_task_safely("scheduling.schedule", queue="manager",
-                     kwargs={"scaling_group_name": scaling_group_name})
+    kicks.kick(scaling_group_name)
 
 
 @transaction.atomic

@@ -18,6 +18,7 @@ from backendai_web import metrics, redis_conn
 from backendai_web.celery import send_task_safely
 from common import clock
 from scheduling_app.models import ScalingGroup
+from scheduling_app.scheduler import kicks
 from sessions_app import engine
 from sessions_app.enums import SessionResult, Status, StatusGroup
 from sessions_app.lifecycle import stop
@@ -484,8 +485,7 @@ def _back_to_pending(session, kernels, reason, *, actor, changes, drop=(), **ses
     if session_fields:
         engine.set_session_data(session, **session_fields)
     group = session.scaling_group.name
-    transaction.on_commit(lambda: send_task_safely("scheduling.schedule", queue="manager",
-                                                   kwargs={"scaling_group_name": group}))
+    transaction.on_commit(lambda: kicks.kick(group))
     return session
 
 

@@ -11,12 +11,12 @@ from datetime import timedelta
 from django.db import transaction
 
 from agents_app import rpc
-from backendai_web.celery import send_task_safely
 from common import clock
 from common.slots import ResourceSlots, total
 from identity_app import audit
 from identity_app.roles import is_admin
 from scheduling_app.models import ScalingGroup
+from scheduling_app.scheduler import kicks
 from sessions_app import engine
 from sessions_app.enums import SessionType, Status, StatusGroup
 from sessions_app.models import Kernel, Session
@@ -167,8 +167,7 @@ def _resume_session(session, *, actor, keypair):
         engine.set_session_data(current, starts_at=None, last_activity=None,
                                 last_activity_check=None)
         group = current.scaling_group.name
-        transaction.on_commit(lambda: send_task_safely(
-            "scheduling.schedule", queue="manager", kwargs={"scaling_group_name": group}))
+        transaction.on_commit(lambda: kicks.kick(group))
     log.info("RESUME (s:%s, by:%s)", session.name, actor_name,
              extra={"session_id": str(session.pk)})
     current.refresh_from_db()

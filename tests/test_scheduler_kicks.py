@@ -1,0 +1,72 @@
+"""Scheduler kicks are numbered in Redis, and a kick that a pass begun after it was sent has
+answered runs no pass of its own (scheduling_app/scheduler/kicks.py); without Redis, each
+kick runs one, as before (real Redis; no broker: what would be sent is recorded)."""
+
+import pytest
+import redis
+
+from scheduling_app import tasks
+from scheduling_app.scheduler import kicks
+from sessions_app.enums import Status
+from sessions_app.lifecycle.create import kick_scheduler
+from tests.factories import make_agent, make_session
+from tests.support import free_port
+
+pytestmark = pytest.mark.usefixtures("redis_available")
+
+
+def kicks_sent(sent):
+    return [kwargs for name, kwargs in sent if name == "scheduling.schedule"]
+
+
+def test_a_kick_sent_before_a_pass_began_runs_none_and_one_sent_after_it_does(
+        transactional_db, alice, sent):
+    make_agent()
+    kick_scheduler("default")
+    kick_scheduler("default")
+    first, second = (kwargs["kick"] for kwargs in kicks_sent(sent))
+    assert second == first + 1
+
+    assert tasks.schedule(scaling_group_name="default", kick=first) == 0  # nothing waits
+    # That pass began after both were sent: the second is answered without a pass, so a
+    # session created since then waits for its own kick.
+    session = make_session(alice)
+    assert tasks.schedule(scaling_group_name="default", kick=second) == 0
+    session.refresh_from_db()
+    assert session.status == Status.PENDING
+
+    third = kicks_sent(sent)[-1]  # the create's own kick, numbered after that pass
+    assert third == {"scaling_group_name": "default", "kick": second + 1}
+    assert tasks.schedule(**third) == 1
+    session.refresh_from_db()
+    assert session.status != Status.PENDING
+
+
+def test_groups_are_counted_apart_and_an_unnumbered_kick_always_runs_a_pass(
+        transactional_db, alice, sent):
+    make_agent()
+    make_agent("gpu-agent", group="gpus")
+    kick_scheduler("gpus")
+    tasks.schedule(scaling_group_name="gpus")  # a pass over gpus answers its kicks only
+    kick_scheduler("default")
+    (gpus, default) = kicks_sent(sent)
+    assert kicks.answered("gpus", gpus["kick"])
+    assert not kicks.answered("default", default["kick"])
+    assert not kicks.answered("default", None)
+
+    make_session(alice)
+    assert tasks.schedule(scaling_group_name="default") == 1  # as the periodic pass sends
+
+
+def test_without_redis_a_kick_is_sent_unnumbered_and_runs_a_pass(
+        transactional_db, alice, sent, monkeypatch):
+    make_agent()
+    # A Redis that refuses connections: a port nothing listens on.
+    monkeypatch.setattr(kicks, "_client", redis.Redis(port=free_port(), socket_timeout=1,
+                                                      socket_connect_timeout=1))
+    session = make_session(alice)
+    kick_scheduler("default")
+    assert kicks_sent(sent)[-1] == {"scaling_group_name": "default"}
+    assert tasks.schedule(scaling_group_name="default", kick=None) == 1
+    session.refresh_from_db()
+    assert session.status != Status.PENDING
