@@ -27,6 +27,10 @@ from sessions_app.lifecycle import progress
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE = settings.DEFAULT_KERNEL_IMAGE
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# The settings the live systems' processes (web servers, manager workers, agents) run with:
+# production's, DEBUG off. Django's debug cursor, which records every query, cost a manager
+# worker a quarter of its CPU per heartbeat.
+PROCESS_SETTINGS = {"DJANGO_SETTINGS_MODULE": "backendai_web.settings", "DEBUG": "false"}
 
 
 def need(service, problem):
@@ -142,7 +146,7 @@ class LiveSystem:
     def __init__(self, log_dir):
         self.log_dir = log_dir
         self.agent_id = f"test-{uuid.uuid4().hex[:8]}"
-        base_env = {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+        base_env = {**os.environ, **PROCESS_SETTINGS,
                     "REDIS_URL": settings.REDIS_URL, "PYTHONUNBUFFERED": "1"}
         self.manager_env = {**base_env, "DATABASE_URL": database_url_of_test_db()}
         self.agent_env = {**base_env, "DATABASE_URL": NO_DATABASE_URL}

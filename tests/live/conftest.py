@@ -24,6 +24,7 @@ from identity_app.models import ensure_defaults
 from tests.live import assets
 from tests.support import (
     IMAGE,
+    PROCESS_SETTINGS,
     LiveSystem,
     Process,
     database_url_of_test_db,
@@ -134,7 +135,7 @@ def live(live_system, transactional_db):
 @pytest.fixture(scope="session")
 def web_server(django_db_setup, django_db_blocker, redis_available, tmp_path_factory):
     port = free_port()
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+    env = {**os.environ, **PROCESS_SETTINGS,
            "REDIS_URL": settings.REDIS_URL, "DATABASE_URL": database_url_of_test_db(),
            "PYTHONUNBUFFERED": "1"}
     process = Process("web", serve.command(port), env,

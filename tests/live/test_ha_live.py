@@ -46,6 +46,7 @@ from tests.signing import SignedClient
 from tests.support import (
     IMAGE,
     NO_DATABASE_URL,
+    PROCESS_SETTINGS,
     ROOT,
     Process,
     database_url_of_test_db,
@@ -76,7 +77,7 @@ class System:
         self.log_dir = log_dir
         self.lb_port, self.web_ports = free_port(), [free_port(), free_port()]
         self.url = f"http://127.0.0.1:{self.lb_port}"
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+        env = {**os.environ, **PROCESS_SETTINGS,
                "REDIS_URL": self.redis_url, "PYTHONUNBUFFERED": "1",
                "DATABASE_URL": database_url_of_test_db(),
                # A task a killed worker held comes back in seconds, not 10 minutes.

@@ -24,6 +24,7 @@ from tests.live.test_agent_docker import S, create, wait_status
 from tests.live.test_kernel_hardening import execute
 from tests.support import (
     IMAGE,
+    PROCESS_SETTINGS,
     Process,
     database_url_of_test_db,
     free_port,
@@ -106,7 +107,7 @@ def web_on_every_address(tmp_path):
     """The web process bound to every address, as one behind a load balancer may be."""
     port = free_port()
     process = Process("web-probes", serve.command(port, host="0.0.0.0"),
-                      {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+                      {**os.environ, **PROCESS_SETTINGS,
                        "REDIS_URL": settings.REDIS_URL,
                        "DATABASE_URL": database_url_of_test_db()},
                       tmp_path).start()

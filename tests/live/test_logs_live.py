@@ -22,6 +22,7 @@ from sessions_app.lifecycle.create import create_session
 from sessions_app.models import Session
 from tests.support import (
     IMAGE,
+    PROCESS_SETTINGS,
     Process,
     database_url_of_test_db,
     free_port,
@@ -55,7 +56,7 @@ def quiet_system(transactional_db, docker_client, tmp_path):
     redis = Process("redis", command(port, redis_dir, False), os.environ, tmp_path).start()
     wait_for(lambda: _answers(port), timeout=10, message="the test's redis-server")
     agent_id = f"logs-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+    env = {**os.environ, **PROCESS_SETTINGS,
            "REDIS_URL": f"redis://127.0.0.1:{port}/0", "PYTHONUNBUFFERED": "1",
            "LOG_FORMAT": "json", "LOG_LEVEL": "INFO",
            "DATABASE_URL": database_url_of_test_db()}

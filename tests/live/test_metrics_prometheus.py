@@ -16,7 +16,14 @@ from scheduling_app.models import ScalingGroup
 from sessions_app import series
 from sessions_app.enums import Status
 from tests.factories import make_agent, make_session
-from tests.support import Process, database_url_of_test_db, free_port, need, wait_for
+from tests.support import (
+    PROCESS_SETTINGS,
+    Process,
+    database_url_of_test_db,
+    free_port,
+    need,
+    wait_for,
+)
 
 TOKEN = "s3cret-metrics-token"
 
@@ -26,7 +33,7 @@ TOKEN = "s3cret-metrics-token"
 @pytest.fixture
 def web_with_token(transactional_db, redis_available, tmp_path):
     port = free_port()
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "backendai_web.settings",
+    env = {**os.environ, **PROCESS_SETTINGS,
            "REDIS_URL": settings.REDIS_URL, "DATABASE_URL": database_url_of_test_db(),
            "METRICS_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
     web = Process("web", serve.command(port), env, tmp_path).start()
