@@ -11,12 +11,14 @@ from sessions_app.lifecycle import progress, stop
 
 @shared_task(name="scheduling.schedule", ignore_result=True)
 def schedule(scaling_group_name=None, kick=None):
-    # A kick that a pass begun since it was sent has answered runs none (kicks.py).
+    # A kick answered by a pass that read the sessions after it was sent runs none
+    # (kicks.py); checked again once the pass holds the group's lock.
     if kicks.answered(scaling_group_name, kick):
         return 0
     # The next step at once, in the same write: placed kernels go on to PREPARING and
     # their agents are asked for the image after commit.
-    return len(scheduler.schedule(scaling_group_name, check_image=rpc.send_check_and_pull))
+    return len(scheduler.schedule(scaling_group_name, check_image=rpc.send_check_and_pull,
+                                  kick=kick))
 
 
 @shared_task(name="scheduling.retry_kernel", ignore_result=True)

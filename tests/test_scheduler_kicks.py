@@ -1,11 +1,13 @@
-"""Scheduler kicks are numbered in Redis, and a kick that a pass begun after it was sent has
-answered runs no pass of its own (scheduling_app/scheduler/kicks.py); without Redis, each
-kick runs one, as before (real Redis; no broker: what would be sent is recorded)."""
+"""Scheduler kicks are numbered in Redis, and a kick answered by a pass that read the
+sessions after it was sent, and committed, runs no pass of its own
+(scheduling_app/scheduler/kicks.py); without Redis, each kick runs one, as before (real
+Redis; no broker: what would be sent is recorded)."""
 
 import pytest
 import redis
+from django.db import transaction
 
-from scheduling_app import tasks
+from scheduling_app import scheduler, tasks
 from scheduling_app.scheduler import kicks
 from sessions_app.enums import Status
 from sessions_app.lifecycle.create import kick_scheduler
@@ -40,6 +42,24 @@ def test_a_kick_sent_before_a_pass_began_runs_none_and_one_sent_after_it_does(
     assert tasks.schedule(**third) == 1
     session.refresh_from_db()
     assert session.status != Status.PENDING
+
+
+class RolledBack(Exception):
+    pass
+
+
+def test_a_pass_that_does_not_commit_answers_no_kick(transactional_db, alice, sent):
+    make_agent()
+    session = make_session(alice)
+    (kick,) = kicks_sent(sent)
+    # A pass whose transaction is rolled back (an error, or its worker killed mid-pass).
+    with pytest.raises(RolledBack), transaction.atomic():
+        assert len(scheduler.schedule("default")) == 1
+        raise RolledBack
+    assert not kicks.answered("default", kick["kick"])
+    session.refresh_from_db()
+    assert session.status == Status.PENDING
+    assert tasks.schedule(**kick) == 1  # the kick, delivered again, runs its pass
 
 
 def test_groups_are_counted_apart_and_an_unnumbered_kick_always_runs_a_pass(

@@ -45,10 +45,11 @@ class PassResult:
     cancelled: dict = field(default_factory=dict)  # session id → reason
 
 
-def schedule(scaling_group_name=None, *, check_image=None):
+def schedule(scaling_group_name=None, *, check_image=None, kick=None):
     """A pass over each active scaling group (or the named one); returns the placed ids.
     With `check_image` (a function of a kernel), placed kernels go on to PREPARING in the
-    same write and `check_image` is called for each after commit."""
+    same write and `check_image` is called for each after commit. With `kick` (a kick's
+    number, kicks.py), none where a pass since that kick has answered it."""
     groups = ScalingGroup.objects.filter(is_active=True).order_by("name")
     if scaling_group_name:
         groups = groups.filter(name=scaling_group_name)
@@ -58,7 +59,10 @@ def schedule(scaling_group_name=None, *, check_image=None):
             # Two passes on one group never overlap. NO KEY UPDATE lets new sessions
             # reference the group (their FK check takes KEY SHARE) while a pass runs.
             locked = ScalingGroup.objects.select_for_update(no_key=True).get(pk=group.pk)
-            kicks.passing(group.name)
+            if kicks.answered(group.name, kick):  # by the pass this one waited for
+                continue
+            count = kicks.sent(group.name)
+            transaction.on_commit(lambda name=group.name, count=count: kicks.passed(name, count))
             with metrics.Timer("scheduler_pass_seconds", scaling_group=group.name), \
                     collector_paused():
                 scheduled = run_pass(locked, check_image=check_image).scheduled

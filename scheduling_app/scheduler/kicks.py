@@ -6,10 +6,12 @@ pass reads the whole group (its agents, their kernels) whatever the number of se
 waiting: one pass per kick spent the workers' time reading the same snapshot again.
 
 Each kick takes the next number of its group's count in Redis as it is sent. A pass,
-once it holds its group's lock, records the count it starts from; a kick whose number is
-not above it was sent after its transaction's commit and before the pass read the
-sessions, so the pass saw what it was for, and the kick is dropped unrun. Passes on one
-group hold its lock in turn, so the count recorded only grows.
+once it holds its group's lock, reads the count it starts from, and records it once its
+transaction has committed. A kick whose number is not above the count recorded was sent
+(after its own transaction's commit) before a pass that has since committed read the
+sessions: that pass saw what the kick was for, and the kick is dropped unrun, before it
+waits for the group's lock and again once it holds it. A pass that fails or whose worker
+dies records nothing, so its kicks run again when they are delivered again.
 
 When Redis does not answer, a kick goes without a number and always runs a pass: as
 before, one per kick. The periodic pass (every 10 s) still runs whatever the kicks.
@@ -60,13 +62,29 @@ def answered(scaling_group_name, number):
     return passed is not None and int(passed) >= number
 
 
-def passing(scaling_group_name):
-    """Called by a pass once it holds the group's lock, before it reads the sessions:
-    every kick numbered so far is answered by it."""
+def sent(scaling_group_name):
+    """The group's kicks numbered so far (None when Redis does not answer): read by a pass
+    that holds the group's lock, before it reads the sessions."""
     try:
-        client = _redis()
-        sent = client.get(SENT + scaling_group_name)
-        if sent is not None:
-            client.set(PASSED + scaling_group_name, sent)
+        count = _redis().get(SENT + scaling_group_name)
+    except redis.RedisError as exc:
+        log.warning("scheduler pass not counted, Redis did not answer: %s", exc)
+        return None
+    return int(count) if count is not None else 0
+
+
+# The count recorded only grows: a pass that commits late records no less than its
+# successor did.
+_RAISE = "if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then " \
+         "redis.call('SET', KEYS[1], ARGV[1]) end"
+
+
+def passed(scaling_group_name, number):
+    """After a pass's commit: the kicks up to `number` (what sent() said as it began) are
+    answered."""
+    if not number:
+        return
+    try:
+        _redis().eval(_RAISE, 1, PASSED + scaling_group_name, number)
     except redis.RedisError as exc:
         log.warning("scheduler pass not recorded, Redis did not answer: %s", exc)
