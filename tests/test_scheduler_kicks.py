@@ -4,7 +4,7 @@ sessions after it was sent, and committed, runs no pass of its own
 Redis; no broker: what would be sent is recorded)."""
 
 import pytest
-import redis
+from django.conf import settings
 from django.db import transaction
 
 from scheduling_app import scheduler, tasks
@@ -82,8 +82,8 @@ def test_without_redis_a_kick_is_sent_unnumbered_and_runs_a_pass(
         transactional_db, alice, sent, monkeypatch):
     make_agent()
     # A Redis that refuses connections: a port nothing listens on.
-    monkeypatch.setattr(kicks, "_client", redis.Redis(port=free_port(), socket_timeout=1,
-                                                      socket_connect_timeout=1))
+    monkeypatch.setattr(kicks, "_client", None)
+    monkeypatch.setattr(settings, "REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
     session = make_session(alice)
     kick_scheduler("default")
     assert kicks_sent(sent)[-1] == {"scaling_group_name": "default"}
