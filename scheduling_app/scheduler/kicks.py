@@ -20,8 +20,6 @@ before, one per kick. The periodic pass (every 10 s) still runs whatever the kic
 import logging
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from backendai_web import redis_conn
 from backendai_web.celery import send_task_safely
@@ -37,10 +35,7 @@ _client = None
 def _redis():
     global _client
     if _client is None:
-        # No retries: redis-py's default three, with backoff, held a kick ~4 s when Redis
-        # was down, and a kick that is not numbered still runs its pass.
-        _client = redis_conn.client(socket_timeout=1, socket_connect_timeout=1,
-                                    retry=Retry(NoBackoff(), 0))
+        _client = redis_conn.client(socket_timeout=1, socket_connect_timeout=1)
     return _client
 
 
