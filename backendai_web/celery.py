@@ -81,6 +81,20 @@ def drained(task_name, *, queue, priority, limit):
                                 task_name, exc)
 
 
+def waiting(queue, *, priority):
+    """How many messages wait in `queue` at `priority` (kombu's Redis transport keeps each
+    priority in a list of its own); None when the broker does not answer."""
+    try:
+        with app.pool.acquire(block=True, timeout=5) as connection:
+            channel = connection.default_channel
+            if not hasattr(channel, "_q_for_pri"):  # not kombu's Redis transport
+                return None
+            return channel.client.llen(channel._q_for_pri(queue, priority))
+    except Exception as exc:  # kombu's OperationalError, redis' ConnectionError, ...
+        log.warning("could not count the messages waiting in %s: %s", queue, exc)
+        return None
+
+
 def _take(channel, client, task_name, queue, priority, limit, taken):
     """Pop up to `limit` messages of the list, record them as unacknowledged as kombu's
     QoS.append does, and put their kwargs in `taken`; their delivery tags."""

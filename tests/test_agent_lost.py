@@ -9,6 +9,8 @@ import time_machine
 from django.core.management import CommandError, call_command
 
 from agents_app.models import Agent, AgentStatus, HeartbeatWatch
+from agents_app.runtime.reports import HEARTBEAT_PRIORITY
+from backendai_web.celery import app
 from common import clock
 from identity_app.models import KeyPair
 from scheduling_app.models import ScalingGroup
@@ -110,6 +112,32 @@ def test_while_the_broker_does_not_answer_no_agent_is_lost(lost_setup, settings)
     assert [sweep_at(t) for t in range(5, 65, 5)] == [[]] * 12  # no heartbeat can arrive
     assert HeartbeatWatch.objects.get().listening_since is None
     settings.CELERY_BROKER_URL = settings.REDIS_URL
+    assert sweep_at(65) == []  # the silence counts from here
+    assert sweep_at(79) == []
+    assert sweep_at(81) == [agent.pk]
+
+
+@pytest.fixture
+def heartbeat_list(settings):
+    """The broker's list of the manager queue's heartbeats (kombu's name for its priority),
+    emptied after the test."""
+    with app.pool.acquire(block=True, timeout=5) as connection:
+        channel = connection.default_channel
+        client, name = channel.client, channel._q_for_pri("manager", HEARTBEAT_PRIORITY)
+        client.delete(name)
+        yield client, name
+        client.delete(name)
+
+
+def test_while_more_heartbeats_wait_than_there_are_agents_no_agent_is_lost(
+        lost_setup, heartbeat_list):
+    agent, _, _ = lost_setup
+    client, name = heartbeat_list
+    sweep_at(0)
+    client.lpush(name, "a heartbeat", "another")  # one agent, two heartbeats waiting
+    assert [sweep_at(t) for t in range(5, 65, 5)] == [[]] * 12
+    assert HeartbeatWatch.objects.get().listening_since is None
+    client.rpop(name)  # one waits: the workers are no more than an interval behind
     assert sweep_at(65) == []  # the silence counts from here
     assert sweep_at(79) == []
     assert sweep_at(81) == [agent.pk]

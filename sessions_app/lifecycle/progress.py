@@ -14,8 +14,9 @@ from django.db import transaction
 from agents_app import rpc
 from agents_app.models import Agent, AgentStatus, HeartbeatWatch
 from agents_app.runtime import errors
+from agents_app.runtime.reports import HEARTBEAT_PRIORITY
 from backendai_web import metrics, redis_conn
-from backendai_web.celery import send_task_safely
+from backendai_web.celery import send_task_safely, waiting
 from common import clock
 from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler import kicks
@@ -564,9 +565,12 @@ def _listening_since(now):
     it cannot now. Heartbeats reach it through the broker, a manager worker and the
     database, and this sweep through beat, the broker and a worker too: the broker not
     answering, or a gap since the previous sweep longer than the silence that makes an
-    agent LOST, means the manager was deaf, which is no agent's fault."""
+    agent LOST, means the manager was deaf, which is no agent's fault. So do more
+    heartbeats waiting in the queue than there are agents: the workers are over an
+    interval behind (a burst's reports go first), and an agent's last handled heartbeat
+    says nothing of it."""
     gap = timedelta(seconds=3 * settings.AGENT_HEARTBEAT_INTERVAL)
-    hearing = broker_answers()
+    hearing = broker_answers() and not heartbeats_behind()
     with transaction.atomic():
         watch, _ = HeartbeatWatch.objects.select_for_update().get_or_create(pk=1)
         if not hearing:
@@ -578,6 +582,20 @@ def _listening_since(now):
         watch.last_sweep = now
         watch.save()
     return watch.listening_since
+
+
+def heartbeats_behind():
+    """Whether more heartbeats wait in the manager queue than there are agents to send
+    them (False when that cannot be told)."""
+    queued = waiting("manager", priority=HEARTBEAT_PRIORITY)
+    if not queued:
+        return False
+    agents = Agent.objects.exclude(status=AgentStatus.TERMINATED).count()
+    if queued <= agents:
+        return False
+    log.warning("%d heartbeats wait to be handled, more than the %d agents send in an "
+                "interval: no agent is judged LOST until the workers catch up", queued, agents)
+    return True
 
 
 def broker_answers():
