@@ -1,4 +1,5 @@
-"""Scheduler kicks, numbered so that one pass answers all those sent before it began.
+"""Scheduler kicks, numbered so that one committed pass answers all those sent before it
+began.
 
 Every change that may let a session start (a create, a kernel's end, an agent back) sends
 a kick for its scaling group after its commit. In a burst that is dozens a second, and a
@@ -14,7 +15,10 @@ waits for the group's lock and again once it holds it. A pass that fails or whos
 dies records nothing, so its kicks run again when they are delivered again.
 
 When Redis does not answer, a kick goes without a number and always runs a pass: as
-before, one per kick. The periodic pass (every 10 s) still runs whatever the kicks.
+before, one per kick. The periodic pass (every 10 s) still runs whatever the kicks, and
+bounds the delay where the counts are wrong: a Redis that comes back without the count of
+kicks but with the count recorded (a replica promoted before it had the latest) takes
+kicks for answered until the kicks' count passes it again.
 """
 
 import logging
@@ -27,7 +31,7 @@ from backendai_web.celery import send_task_safely
 log = logging.getLogger(__name__)
 
 SENT = "bai-scheduler-kicks:"  # + group: the kicks numbered so far
-PASSED = "bai-scheduler-passed:"  # + group: the number the latest pass started from
+PASSED = "bai-scheduler-passed:"  # + group: the count read by the latest committed pass
 
 _client = None
 
@@ -51,8 +55,8 @@ def kick(scaling_group_name):
 
 
 def answered(scaling_group_name, number):
-    """Whether a pass that began after the kick numbered `number` was sent has run or is
-    running (False when that is not known)."""
+    """Whether a pass that began after the kick numbered `number` was sent has committed
+    (False when that is not known)."""
     if number is None or not scaling_group_name:
         return False
     try:
