@@ -10,7 +10,6 @@ from django.db import transaction
 from scheduling_app import scheduler, tasks
 from scheduling_app.scheduler import kicks
 from sessions_app.enums import Status
-from sessions_app.lifecycle.create import kick_scheduler
 from tests.factories import make_agent, make_session
 from tests.support import free_port
 
@@ -24,8 +23,8 @@ def kicks_sent(sent):
 def test_a_kick_sent_before_a_pass_began_runs_none_and_one_sent_after_it_does(
         transactional_db, alice, sent):
     make_agent()
-    kick_scheduler("default")
-    kick_scheduler("default")
+    kicks.kick("default")
+    kicks.kick("default")
     first, second = (kwargs["kick"] for kwargs in kicks_sent(sent))
     assert second == first + 1
 
@@ -66,9 +65,9 @@ def test_groups_are_counted_apart_and_an_unnumbered_kick_always_runs_a_pass(
         transactional_db, alice, sent):
     make_agent()
     make_agent("gpu-agent", group="gpus")
-    kick_scheduler("gpus")
+    kicks.kick("gpus")
     tasks.schedule(scaling_group_name="gpus")  # a pass over gpus answers its kicks only
-    kick_scheduler("default")
+    kicks.kick("default")
     (gpus, default) = kicks_sent(sent)
     assert kicks.answered("gpus", gpus["kick"])
     assert not kicks.answered("default", default["kick"])
@@ -85,7 +84,7 @@ def test_without_redis_a_kick_is_sent_unnumbered_and_runs_a_pass(
     monkeypatch.setattr(kicks, "_client", None)
     monkeypatch.setattr(settings, "REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
     session = make_session(alice)
-    kick_scheduler("default")
+    kicks.kick("default")
     assert kicks_sent(sent)[-1] == {"scaling_group_name": "default"}
     assert tasks.schedule(scaling_group_name="default", kick=None) == 1
     session.refresh_from_db()

@@ -245,7 +245,7 @@ async def test_unsigned_and_foreign_stream_handshakes_are_refused(settings, alic
     # Out of the live system's way, as in tests/test_websocket.py: this test commits, and a
     # manager worker or agent of a `live` test would otherwise schedule or reconcile its
     # container-less kernel under the test's own locks (a deadlock, seen once in CI).
-    monkeypatch.setattr("sessions_app.lifecycle.create.kick_scheduler", lambda group: None)
+    monkeypatch.setattr("scheduling_app.scheduler.kicks.kick", lambda group: None)
     agent = await database_sync_to_async(make_agent)(
         "streams-refusal-agent", group="streams-no-agents", schedulable=False)
     session = await database_sync_to_async(make_session)(

@@ -51,7 +51,7 @@ def out_of_the_live_schedulers_way(defaults, monkeypatch):
     test would otherwise schedule (or, with the image not registered yet, cancel) their
     PENDING sessions and add events of its own.
     """
-    monkeypatch.setattr("sessions_app.lifecycle.create.kick_scheduler", lambda group_name: None)
+    monkeypatch.setattr("scheduling_app.scheduler.kicks.kick", lambda group_name: None)
     ScalingGroup.objects.create(name="no-agents")
     Image.objects.get_or_create(name=IMAGE)
     make_agent("ws-agent", schedulable=False)

@@ -13,11 +13,11 @@ from django.db import transaction
 from agents_app import rpc
 from agents_app.runtime import errors
 from common import clock
+from scheduling_app.scheduler import kicks
 from sessions_app import commits, engine
 from sessions_app import events as events_module
 from sessions_app.enums import SessionResult, SessionType, Status, StatusGroup
 from sessions_app.lifecycle import stop
-from sessions_app.lifecycle.create import kick_scheduler
 from sessions_app.lifecycle.progress import (
     end_with_kernel,
     requeue_stopped_kernel,
@@ -119,7 +119,7 @@ def _terminated(kernel, data, actor):
         # Its slots are free either way; the session's re-queue asks for a pass itself.
         moved = requeue_stopped_kernel(kernel, actor=actor)
         if moved == "stopped":
-            transaction.on_commit(lambda: kick_scheduler(kernel.session.scaling_group.name))
+            transaction.on_commit(lambda: kicks.kick(kernel.session.scaling_group.name))
         return moved
     # A quick command can end before its kernel_started report is handled: CREATING too.
     # A main kernel stopped because another kernel ended still gives the batch result.
@@ -137,7 +137,7 @@ def _terminated(kernel, data, actor):
     if moved:
         if ended_by_itself and kernel.session.cluster_size > 1:
             end_with_kernel(moved, exit_code)
-        transaction.on_commit(lambda: kick_scheduler(kernel.session.scaling_group.name))
+        transaction.on_commit(lambda: kicks.kick(kernel.session.scaling_group.name))
     elif kernel.status in (S.RUNNING, S.TERMINATING):
         # A report for a kernel that was not in a live status we expected: nothing to do.
         log.info("kernel_terminated for %s in %s ignored", kernel.pk, kernel.status)

@@ -90,7 +90,7 @@ def _create_from_spec(spec, *, keypair, user, actor=None) -> Session:
         add_mounts(session, spec.mounts)
         engine.record_enqueued(session, actor=actor or user.get_username())
         group_name = spec.scaling_group.name
-        transaction.on_commit(lambda: kick_scheduler(group_name))
+        transaction.on_commit(lambda: kicks.kick(group_name))
     return session
 
 
@@ -130,10 +130,6 @@ def cluster_keypair():
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                            serialization.PublicFormat.OpenSSH).decode()
     return {"private": private, "public": public + " backendai-cluster\n"}
-
-
-def kick_scheduler(scaling_group_name):
-    kicks.kick(scaling_group_name)
 
 
 @transaction.atomic

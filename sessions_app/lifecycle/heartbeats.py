@@ -23,12 +23,12 @@ from agents_app.models import Agent, AgentStatus, Image, resource_limits
 from common import clock
 from common.bulk import update_rows
 from scheduling_app.models import ScalingGroup
+from scheduling_app.scheduler import kicks
 from sessions_app import engine, series
 from sessions_app.enums import Status, StatusGroup
 from sessions_app.events import publish_heartbeats_stats_on_commit
 from sessions_app.lifecycle import stop
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
-from sessions_app.lifecycle.create import kick_scheduler
 from sessions_app.lifecycle.progress import end_with_kernel, requeue_stopped_kernel
 from sessions_app.models import Kernel, Session
 from sessions_app.status_data import Key
@@ -201,7 +201,7 @@ def _after_containers(beat):
         snapshot_at = _snapshot_time(info.get("taken_at"))
         network_pool.reconcile(agent, snapshot_at, snapshot_at - SNAPSHOT_MARGIN)
     if beat.takes_kernels_again:
-        transaction.on_commit(lambda: kick_scheduler(beat.group.name))
+        transaction.on_commit(lambda: kicks.kick(beat.group.name))
 
 
 def record_images(architecture, images):
