@@ -46,7 +46,7 @@ def reconcile_usage():
     # takes these rows' locks, so none commits between the two reads. (Read first, a
     # kernel that ended and released its slots meanwhile was counted again: over-counted
     # slots, seen with two manager workers and forced destroys, tests/live/test_ha_live.py.)
-    locked_agents = list(Agent.objects.select_for_update().order_by("pk"))
+    locked_agents = list(Agent.objects.select_for_update(no_key=True).order_by("pk"))
     locked_keypairs = list(KeyPair.objects.select_for_update().order_by("pk"))
     agents, keypairs = usage_drift(locked_agents, locked_keypairs)
     for agent, expected in agents:

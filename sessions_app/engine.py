@@ -290,7 +290,7 @@ def _keypairs(keypair_id_query):
 
 
 def release_agent_slots(agent_id, slots):
-    agent = Agent.objects.select_for_update().filter(pk=agent_id).first()
+    agent = Agent.objects.select_for_update(no_key=True).filter(pk=agent_id).first()
     if agent is None:
         return
     occupied = ResourceSlots.parse(agent.occupied_slots) - ResourceSlots.parse(slots)
@@ -425,7 +425,8 @@ def schedule_sessions(placements, *, actor="scheduler", check_image=None, alloca
     slots_of = SlotsCache()  # a pass sees few distinct sizes and occupancies
     agent_ids = sorted({a for _, placement in placements for a in placement.values()})
     # Only the columns the allocator needs: a dispersed pass locks thousands of agents.
-    agents = {row[0]: row for row in Agent.objects.select_for_update().filter(pk__in=agent_ids)
+    agents = {row[0]: row for row in Agent.objects.select_for_update(no_key=True)
+              .filter(pk__in=agent_ids)
               .order_by("pk").values_list("id", "addr", "available_slots", "occupied_slots")}
     free = {pk: slots_of(available) - slots_of(occupied)
             for pk, _, available, occupied in agents.values()}

@@ -13,6 +13,7 @@ from sessions_app.accounting import reconcile_usage
 from sessions_app.enums import Status
 from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
+from sessions_app.lifecycle.heartbeats import handle_heartbeat
 from sessions_app.models import Kernel, Session, SessionEvent
 from sessions_app.spec import DestroyRefused
 from tests.factories import make_agent, make_session
@@ -227,3 +228,37 @@ def test_a_destroy_does_not_wait_for_a_scheduler_pass_over_its_group(postgres, a
         holder.join(15)
     assert result.status == "terminating"
     assert waited < 2, waited
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_heartbeat_never_deadlocks_with_a_write_that_refers_to_its_agent(
+        postgres, alice, no_broker):
+    """A heartbeat locks its agent's row, then writes its kernels' samples. A kernel report
+    holds its kernel's row and writes rows that refer to that agent, whose foreign key
+    check takes the agent row's FOR KEY SHARE lock. Under the heartbeat's FOR UPDATE that
+    waited, and the heartbeat waited for the kernel: a deadlock, one of them lost."""
+    agent = make_agent("hb-agent", slots={"cpu": "8", "mem": "8g"})
+    running = make_session(alice, Status.RUNNING, agent=agent, name="running")
+    kernel = running.kernels.get()
+    other = make_session(alice, name="other").kernels.get()
+    report_holds_the_kernel = threading.Event()
+
+    def report():
+        with transaction.atomic():
+            Kernel.objects.select_for_update().get(pk=kernel.pk)
+            report_holds_the_kernel.set()
+            time.sleep(1)  # the heartbeat now holds the agent and waits for the kernel
+            Kernel.objects.filter(pk=other.pk).update(agent=agent)  # a foreign key check
+        return "report committed"
+
+    def heartbeat():
+        report_holds_the_kernel.wait(10)
+        handle_heartbeat({"id": agent.pk, "scaling_group": "default", "taken_at": time.time(),
+                          "kernels": [{"kernel_id": str(kernel.pk), "state": "running",
+                                       "container_id": kernel.container_id,
+                                       "stat": {"cpu_percent": 5.0, "mem_bytes": 1}}]})
+        return "heartbeat committed"
+
+    assert race(report, heartbeat) == ["report committed", "heartbeat committed"]
+    kernel.refresh_from_db()
+    assert kernel.last_stat["cpu_percent"] == 5.0

@@ -143,6 +143,29 @@ def test_a_resumed_session_goes_through_the_scheduler_back_to_the_agent_keeping_
     assert other.pk != kernel.agent_id
 
 
+def test_a_resumed_kernel_whose_report_was_lost_is_restored_by_the_heartbeat_that_adopts_it(
+        alice, sent, django_capture_on_commit_callbacks):
+    keeper = make_agent("keeper")
+    session = stopped_session(alice, keeper)
+    stop.resume_session(session, actor=alice)
+    assert schedule("default") == [session.pk]
+    kernel = session.kernels.get()
+    from sessions_app import engine
+    for step in (S.PREPARING, S.PREPARED, S.CREATING):
+        kernel.refresh_from_db()
+        engine.transition_kernel(kernel, step)
+    kernel.refresh_from_db()
+    # Its kernel_started report never came (a deadlock ended it, seen in a live run); the
+    # heartbeat lists the container running.
+    with django_capture_on_commit_callbacks(execute=True):
+        heartbeat("keeper", [], [{"kernel_id": str(kernel.pk), "state": "running",
+                                  "container_id": kernel.kept["container_id"]}])
+    kernel.refresh_from_db()
+    assert kernel.status == S.RUNNING
+    assert (kernel.kept_on, kernel.kept) == ("", {})
+    assert not sends(sent, "agent.drop_kept")  # the same container runs again
+
+
 def test_a_session_moved_to_another_agent_gets_a_token_and_its_old_agent_drops_its_copy(
         alice, sent, django_capture_on_commit_callbacks):
     keeper = make_agent("keeper", slots={"cpu": "1", "mem": "1g"},

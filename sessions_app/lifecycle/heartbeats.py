@@ -90,7 +90,11 @@ def _handle_batch(infos):
     now = clock.now()
     # The agents' rows locked in one order (two workers' batches never wait for each other
     # in a cycle), each with its group: no query for the group when the agent stays in it.
-    locked = {agent.pk: agent for agent in Agent.objects.select_for_update(of=("self",))
+    # FOR NO KEY UPDATE: a kernel report's writes check their foreign key to the agent
+    # (FOR KEY SHARE), which a plain FOR UPDATE blocks; with the kernel rows this batch
+    # then waits for, that was a deadlock (a report lost to it).
+    locked = {agent.pk: agent for agent in Agent.objects.select_for_update(of=("self",),
+                                                                          no_key=True)
               .select_related("scaling_group").filter(pk__in=[info["id"] for info in infos])
               .order_by("pk")}
     beats, updates = [], {}
@@ -408,8 +412,10 @@ def _reconcile_listed(containers, kernels, stats):
                 "agent_id": agent.pk, "exit_code": container.get("exit_code"),
                 "reason": container.get("reason") or "self-terminated"})
         elif kernel.status == S.CREATING and container["state"] == "running":
-            engine.mark_kernel_running(kernel, {"container_id": container["container_id"],
-                                                "adopted": True}, actor=actor)
+            moved = engine.mark_kernel_running(kernel, {"container_id": container["container_id"],
+                                                        "adopted": True}, actor=actor)
+            if moved is not None and moved.kept_on:
+                stop.restored(moved)  # resumed, as its lost report would have said
         elif kernel.status == S.RUNNING and container["state"] == "running":
             if containers.recovering:
                 engine.record_event(kernel.session, "kernel_recovered", kernel=kernel,
