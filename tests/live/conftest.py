@@ -23,12 +23,14 @@ from backendai_web import serve
 from identity_app.models import ensure_defaults
 from tests.live import assets
 from tests.support import (
+    HEARTBEAT_INTERVAL,
     IMAGE,
     PROCESS_SETTINGS,
     LiveSystem,
     Process,
     database_url_of_test_db,
     docker_problem,
+    forget_agent,
     free_port,
     need,
     remove_kernels_of,
@@ -107,7 +109,7 @@ def live_system(django_db_setup, django_db_blocker, docker_client, redis_availab
 
 
 @pytest.fixture(scope="module")
-def mock_gpu_agents(live_system, docker_client):
+def mock_gpu_agents(live_system, docker_client, django_db_blocker):
     """Two more agents, in scaling group `gpus`, each offering two mock CUDA devices
     (run_agent --mock-devices 2: a device node of its own per device under /dev), for the
     tests of one module: the other modules' tests see no more agents than before."""
@@ -118,6 +120,8 @@ def mock_gpu_agents(live_system, docker_client):
     for agent_id, process in agents.items():
         process.stop()
         remove_kernels_of(docker_client, agent_id)
+        with django_db_blocker.unblock():
+            forget_agent(agent_id)
         for node in Path("/dev").glob(f"bai-mock-{agent_id}-*"):
             node.unlink()
 
@@ -167,28 +171,71 @@ def install_client(release):
         need(*exc.args)
 
 
+class ForkServers:
+    """The Backend.AI client's fork server (tests/live/cli_forkserver.py) of each release,
+    started at its first use and kept for the session: the CLI's runs and the SDK scripts'
+    (sdk_*.py) are forks of it, not interpreters that import the client again (1.3-2.5 s
+    of CPU each). None with BACKENDAI_CLI_FORKSERVER=0."""
+
+    def __init__(self, tmp_path_factory):
+        self.tmp_path_factory = tmp_path_factory
+        self.processes, self.sockets = [], {}
+
+    def get(self, release):
+        if os.environ.get("BACKENDAI_CLI_FORKSERVER", "1") == "0":
+            return None
+        if release not in self.sockets:
+            path = install_client(release)
+            socket_path = self.tmp_path_factory.mktemp("cli") / "forkserver.sock"
+            process = Process(f"cli-{release}", [str(path.with_name("python")),
+                                                 str(LIVE / "cli_forkserver.py"),
+                                                 str(socket_path)],
+                              {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"},
+                              socket_path.parent).start()
+            self.processes.append(process)
+            try:
+                wait_for(socket_path.exists, timeout=120, message="the CLI's fork server")
+            except AssertionError:
+                process.stop()
+                pytest.fail(f"the CLI's fork server did not start:\n"
+                            f"{process.output()[-3000:]}")
+            self.sockets[release] = socket_path
+        return self.sockets[release]
+
+    def python(self, release, args, env, *, timeout=120, cwd=None, tmp_path):
+        """`python *args` of client `release` (a script and its arguments, or `-c` and
+        code), as subprocess.run with capture_output and text gives it; through the fork
+        server when there is one."""
+        server = self.get(release)
+        if server is None:
+            return subprocess.run([str(install_client(release).with_name("python")), *args],
+                                  env=env, capture_output=True, text=True, timeout=timeout,
+                                  cwd=cwd)
+        if args[0] == "-c":
+            request = {"python": args[1], "argv": list(args[2:])}
+        else:
+            request = {"script": str(args[0]), "argv": [str(a) for a in args[1:]]}
+        return forked_run(server, request, env, cwd, timeout, tmp_path)
+
+    def stop(self):
+        for process in self.processes:
+            process.stop()
+
+
+@pytest.fixture(scope="session")
+def client_forkservers(tmp_path_factory):
+    servers = ForkServers(tmp_path_factory)
+    yield servers
+    servers.stop()
+
+
 @pytest.fixture(scope="session", params=list(BACKENDAI_CLIENTS), ids=lambda r: f"cli-{r}")
-def backendai_cli(request, tmp_path_factory):
+def backendai_cli(request, client_forkservers):
     """The `backend.ai` command of each client release in turn: a test that takes this
     fixture runs once with each. `.release` tells which; `.forkserver` is the socket of its
-    fork server (tests/live/cli_forkserver.py), or None with BACKENDAI_CLI_FORKSERVER=0."""
+    fork server (see ForkServers), or None with BACKENDAI_CLI_FORKSERVER=0."""
     path = install_client(request.param)
-    if os.environ.get("BACKENDAI_CLI_FORKSERVER", "1") == "0":
-        yield CLIPath(path, request.param)
-        return
-    socket_path = tmp_path_factory.mktemp("cli") / "forkserver.sock"
-    process = Process(f"cli-{request.param}", [str(path.with_name("python")),
-                                                str(LIVE / "cli_forkserver.py"),
-                                                str(socket_path)],
-                      {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"},
-                      socket_path.parent).start()
-    try:
-        wait_for(socket_path.exists, timeout=120, message="the CLI's fork server")
-    except AssertionError:
-        process.stop()
-        pytest.fail(f"the CLI's fork server did not start:\n{process.output()[-3000:]}")
-    yield CLIPath(path, request.param, socket_path)
-    process.stop()
+    return CLIPath(path, request.param, client_forkservers.get(request.param))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +254,7 @@ class CLIPath(os.PathLike):
 
 
 @pytest.fixture
-def backendai(backendai_cli, web_server, live, tmp_path):
+def backendai(backendai_cli, client_forkservers, web_server, live, tmp_path):
     """Runs the CLI (each release in turn, see `backendai_cli`) as the owner of `keypair`;
     answers (exit code, stdout + stderr). `.release` tells which client runs."""
 
@@ -235,17 +282,19 @@ def backendai(backendai_cli, web_server, live, tmp_path):
     def python(keypair, code, timeout=120):
         """Runs `code` with the client's SDK (in its venv's Python) as the owner of
         `keypair`, for what its CLI cannot do; answers as `run` does."""
-        if backendai_cli.forkserver:
-            return forked(backendai_cli.forkserver, {"python": code}, environment(keypair),
-                          None, timeout, tmp_path)
-        done = subprocess.run([str(Path(backendai_cli).with_name("python")), "-c", code],
-                              env=environment(keypair), capture_output=True, text=True,
-                              timeout=timeout)
+        done = script(keypair, "-c", code, timeout=timeout)
         return done.returncode, done.stdout + done.stderr
+
+    def script(keypair, *args, timeout=120):
+        """`python *args` in the client's venv as the owner of `keypair`: a
+        subprocess.CompletedProcess (ForkServers.python)."""
+        return client_forkservers.python(backendai_cli.release, args, environment(keypair),
+                                         timeout=timeout, tmp_path=tmp_path)
 
     run.start = start
     run.environment = environment
     run.python = python
+    run.script = script
     run.release = backendai_cli.release
     return run
 
@@ -254,9 +303,23 @@ def forked(server, request, env, cwd, timeout, tmp_path):
     """One run of the client through its fork server: (exit code, stdout + stderr), as
     subprocess.run with capture_output gives them; TimeoutExpired after `timeout` seconds,
     the run killed."""
+    done = forked_run(server, request, env, cwd, timeout, tmp_path)
+    return done.returncode, done.stdout + done.stderr
+
+
+def forked_run(server, request, env, cwd, timeout, tmp_path):
+    """forked's run as a subprocess.CompletedProcess (stdout and stderr apart); a run that
+    died without answering (killed by a signal) has the exit code -1. TimeoutExpired
+    carries what the run had written."""
     outputs = tmp_path / f"cli-{uuid.uuid4().hex[:8]}"
     request = {**request, "env": env, "cwd": str(cwd) if cwd else str(tmp_path),
                "stdout": f"{outputs}.out", "stderr": f"{outputs}.err"}
+
+    def written():
+        return tuple(Path(f"{outputs}.{kind}").read_text(errors="replace")
+                     if Path(f"{outputs}.{kind}").exists() else "" for kind in ("out", "err"))
+
+    args = request.get("argv") or ["python"]
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(timeout)
         connection.connect(str(server))
@@ -268,11 +331,10 @@ def forked(server, request, env, cwd, timeout, tmp_path):
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            raise subprocess.TimeoutExpired(request.get("argv") or "python", timeout) from None
-    out = Path(f"{outputs}.out").read_text(errors="replace") + Path(
-        f"{outputs}.err").read_text(errors="replace")
-    # A run that died without answering (killed by a signal) is a failure, as its exit.
-    return (int(line) if line.strip() else -1), out
+            stdout, stderr = written()
+            raise subprocess.TimeoutExpired(args, timeout, stdout, stderr) from None
+    stdout, stderr = written()
+    return subprocess.CompletedProcess(args, int(line) if line.strip() else -1, stdout, stderr)
 
 
 # A client older than the server's API version (23.9.10 against v8) says so at every
@@ -325,5 +387,6 @@ def jupyter_image(docker_client):
 
 @pytest.fixture
 def fast_heartbeats(settings):
-    """What the live agent does (its interval is 0.5 s), as the manager's sweeps judge it."""
-    settings.AGENT_HEARTBEAT_INTERVAL = 0.5
+    """What the live agents do (their interval is HEARTBEAT_INTERVAL), as the manager's
+    sweeps judge it."""
+    settings.AGENT_HEARTBEAT_INTERVAL = HEARTBEAT_INTERVAL

@@ -17,7 +17,7 @@ from scheduling_app.models import ScalingGroup
 from sessions_app.enums import Status
 from sessions_app.lifecycle import progress
 from sessions_app.models import Kernel, Session
-from tests.support import IMAGE, Process, wait_for
+from tests.support import HEARTBEAT_INTERVAL, IMAGE, Process, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status
@@ -155,7 +155,7 @@ def test_docker_unreachable_for_a_while_the_agent_keeps_its_heartbeat_and_recove
     env = {**live.agent_env, "DOCKER_HOST": f"unix://{proxy.path}"}
     agent = Process("agent-proxied", [
         sys.executable, "manage.py", "run_agent", "--id", agent_id, "--scaling-group",
-        "proxied", "--heartbeat-interval", "0.5", "--slots", "cpu=1,mem=1g",
+        "proxied", "--heartbeat-interval", str(HEARTBEAT_INTERVAL), "--slots", "cpu=1,mem=1g",
     ], env, live.log_dir).start()
     try:
         row = wait_for(lambda: Agent.objects.filter(pk=agent_id, docker_error="").first(),

@@ -44,6 +44,7 @@ from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import Session, SessionEvent
 from tests.signing import SignedClient
 from tests.support import (
+    HEARTBEAT_INTERVAL,
     IMAGE,
     NO_DATABASE_URL,
     PROCESS_SETTINGS,
@@ -102,7 +103,8 @@ class System:
                for i in (1, 2)},
             "agent": Process("agent", [
                 sys.executable, "manage.py", "run_agent", "--id", self.tag, "--scaling-group",
-                self.tag, "--heartbeat-interval", "0.5", "--slots", "cpu=8,mem=4g"],
+                self.tag, "--heartbeat-interval", str(HEARTBEAT_INTERVAL),
+                "--slots", "cpu=8,mem=4g"],
                 {**env, "DATABASE_URL": NO_DATABASE_URL}, log_dir),
         }
 

@@ -22,7 +22,7 @@ from sessions_app.models import Kernel, Session, SessionEvent
 from tests.live.test_agent_docker import S, create, wait_status
 from tests.live.test_network_isolation import host_listener  # noqa: F401 (a fixture)
 from tests.live.two_hosts import HOST2_ADDR, NETNS, SecondHost, tools_problem
-from tests.support import IMAGE, Process, need, wait_for
+from tests.support import HEARTBEAT_INTERVAL, IMAGE, Process, need, wait_for
 
 pytestmark = pytest.mark.docker
 RUNNING_TIMEOUT = 120  # two engines, a swarm and two other helpers' tests on 2 cores
@@ -35,7 +35,7 @@ def second_host(live_system, tmp_path_factory):
     agent = Process("agent-h2", [
         live_system.agent.args[0], "manage.py", "run_agent", "--id",
         f"{live_system.agent_id}-h2", "--scaling-group", "default",
-        "--heartbeat-interval", "0.5", "--slots", "cpu=2,mem=2g",
+        "--heartbeat-interval", str(HEARTBEAT_INTERVAL), "--slots", "cpu=2,mem=2g",
     ], {**live_system.agent_env, "DOCKER_HOST": host.url},
         tmp_path_factory.mktemp("h2")).start()
     host.agent_id = f"{live_system.agent_id}-h2"

@@ -18,7 +18,7 @@ from sessions_app.lifecycle.create import create_session
 from sessions_app.lifecycle.destroy import destroy_session
 from sessions_app.lifecycle.invariants import check_invariants
 from sessions_app.models import Session
-from tests.support import Process, wait_for
+from tests.support import HEARTBEAT_INTERVAL, Process, wait_for
 
 S = Status
 AGENTS = 20
@@ -29,7 +29,8 @@ def simulated_agents(live):
     group = f"sim-{uuid.uuid4().hex[:6]}"
     process = Process("simulated-agents", [
         sys.executable, "manage.py", "run_simulated_agents", "--count", str(AGENTS),
-        "--prefix", group, "--scaling-group", group, "--heartbeat-interval", "0.5",
+        "--prefix", group, "--scaling-group", group,
+        "--heartbeat-interval", str(HEARTBEAT_INTERVAL),
         "--start-delay", "0.2", "--stop-delay", "0.1", "--slots", "cpu=1,mem=1g",
     ], live.agent_env, live.log_dir).start()
     try:

@@ -28,7 +28,14 @@ from tests.live.test_browser import (  # noqa: F401 (fixtures)
     web,
 )
 from tests.live.two_hosts import SecondHost, tools_problem
-from tests.support import IMAGE, Process, need, wait_for
+from tests.support import (
+    HEARTBEAT_INTERVAL,
+    IMAGE,
+    Process,
+    forget_agent,
+    need,
+    wait_for,
+)
 
 pytestmark = pytest.mark.docker
 STARTUP = "echo start >> /home/work/starts"
@@ -134,7 +141,7 @@ def test_a_batch_session_cannot_be_stopped(live, as_alice):
 
 
 @pytest.fixture(scope="module")
-def second_engine_agent(live_system, tmp_path_factory):
+def second_engine_agent(live_system, tmp_path_factory, django_db_blocker):
     """An agent on a second Docker engine (its own network namespace; no swarm: a one-host
     session's move needs none), in the default scaling group."""
     need("a second Docker engine", tools_problem())
@@ -143,13 +150,15 @@ def second_engine_agent(live_system, tmp_path_factory):
     agent_id = f"{live_system.agent_id}-r2"
     agent = Process("agent-r2", [
         live_system.agent.args[0], "manage.py", "run_agent", "--id", agent_id,
-        "--scaling-group", "default", "--heartbeat-interval", "0.5", "--slots",
+        "--scaling-group", "default", "--heartbeat-interval", str(HEARTBEAT_INTERVAL), "--slots",
         "cpu=2,mem=2g"], {**live_system.agent_env, "DOCKER_HOST": host.url},
         tmp_path_factory.mktemp("r2")).start()
     host.agent_id = agent_id
     yield host
     agent.stop()
     host.down()
+    with django_db_blocker.unblock():
+        forget_agent(agent_id)
 
 
 def test_a_session_resumed_where_its_agent_is_full_moves_with_its_files(
