@@ -12,7 +12,8 @@ code after the interpreter's exit functions, as a process that exits does.
 
 Protocol, one request per connection: the client sends one JSON line
 {"argv": [...], "env": {...}, "cwd": "...", "stdout": path, "stderr": path} (or
-{"python": code, ...} to run code as `python -c` would); the child answers a line with its
+{"python": code, ...} to run code as `python -c` would, or {"script": path, "argv": [...],
+...} to run a script as `python path ...` would); the child answers a line with its
 pid, then, when the command is over, a line with its exit code.
 """
 
@@ -22,6 +23,7 @@ import importlib
 import json
 import os
 import pkgutil
+import runpy
 import signal
 import socket
 import sys
@@ -61,6 +63,10 @@ def run_child(connection, main):
         if "python" in request:
             sys.argv = ["-c", *request.get("argv", [])]
             exec(compile(request["python"], "<string>", "exec"), {"__name__": "__main__"})
+        elif "script" in request:
+            sys.argv = [request["script"], *request.get("argv", [])]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(request["script"])))
+            runpy.run_path(request["script"], run_name="__main__")
         else:
             sys.argv = ["backend.ai", *request["argv"]]
             code = main()

@@ -6,7 +6,6 @@ is refused: bad paths, links out of it, another user's session."""
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -35,10 +34,7 @@ def python_session(backendai, alice, jupyter_image):
 
 def sdk(backendai, backendai_cli, keypair, *args, timeout=120):
     """(exit code, the JSON lines) of sdk_streams.py under the client's own Python."""
-    python = Path(str(backendai_cli)).with_name("python")
-    done = subprocess.run([str(python), str(SDK_SCRIPT), *args],
-                          env=backendai.environment(keypair), capture_output=True, text=True,
-                          timeout=timeout)
+    done = backendai.script(keypair, SDK_SCRIPT, *args, timeout=timeout)
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     return done.returncode, lines, done.stdout + done.stderr
 

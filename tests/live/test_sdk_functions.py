@@ -22,7 +22,6 @@ from scheduling_app.models import ResourcePreset
 from scheduling_app.scheduler import schedule
 from sessions_app.enums import Status
 from sessions_app.models import ManagerState, Session, SessionTemplate
-from tests.live.conftest import install_client
 from tests.support import IMAGE, wait_for
 
 pytestmark = pytest.mark.docker
@@ -32,10 +31,9 @@ NOT_IMPLEMENTED = "https://api.backend.ai/probs/not-implemented"
 
 
 @pytest.fixture
-def sdk(web_server, live, tmp_path):
+def sdk(web_server, live, client_forkservers, tmp_path):
     """Runs one class's functions with the 26.9.6 SDK as the owner of `keypair`: answers
     {call label: its JSON line}."""
-    python = install_client("26.9.6").with_name("python")
 
     def run(keypair, cls, *args, timeout=240):
         env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
@@ -43,8 +41,8 @@ def sdk(web_server, live, tmp_path):
                "BACKEND_ACCESS_KEY": keypair.access_key,
                "BACKEND_SECRET_KEY": keypair.secret_key}
         try:
-            done = subprocess.run([str(python), str(SCRIPT), cls, *args], env=env,
-                                  capture_output=True, text=True, timeout=timeout)
+            done = client_forkservers.python("26.9.6", [SCRIPT, cls, *args], env,
+                                             timeout=timeout, tmp_path=tmp_path)
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"{cls} did not finish in {timeout}s; it said:\n{exc.stdout}"
                         f"{exc.stderr}")
@@ -328,15 +326,14 @@ def test_the_cli_lists_a_sessions_files(backendai, alice, tmp_path):
 @pytest.mark.parametrize("release, negotiated", [("26.9.6", "(8, '20240915')"),
                                                  ("23.9.10", "(7, '20230615')")])
 def test_each_client_negotiates_its_api_version_and_the_older_one_advises_an_upgrade(
-        web_server, live, alice, tmp_path, release, negotiated):
+        web_server, live, alice, client_forkservers, tmp_path, release, negotiated):
     keypair = main_keypair(alice)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BACKEND_ENDPOINT": web_server.url,
            "BACKEND_ENDPOINT_TYPE": "api", "BACKEND_ACCESS_KEY": keypair.access_key,
            "BACKEND_SECRET_KEY": keypair.secret_key}
     code = ("from ai.backend.client.session import Session\n"
             "with Session() as api:\n    print(api.api_version)\n")
-    done = subprocess.run([str(install_client(release).with_name("python")), "-c", code],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = client_forkservers.python(release, ["-c", code], env, tmp_path=tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == negotiated, done
     advice = "The server API version is higher than the client." in done.stderr
     assert advice == (release == "23.9.10"), done.stderr

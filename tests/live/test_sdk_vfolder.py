@@ -4,7 +4,6 @@ the client's own Python against a real web server: each works, or answers Backen
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,27 +12,21 @@ from identity_app.keypairs import main_keypair
 from identity_app.models import Project
 from scheduling_app.models import ScalingGroup
 from storage_app.models import Folder, FolderGrant
-from tests.live.conftest import install_client
 
 SCRIPT = Path(__file__).with_name("sdk_vfolder.py")
 NOT_IMPLEMENTED = "https://api.backend.ai/probs/not-implemented"
 
 
-@pytest.fixture(scope="module")
-def sdk_python():
-    return install_client("26.9.6").with_name("python")
-
-
 @pytest.fixture
-def sdk(sdk_python, web_server, tmp_path):
+def sdk(client_forkservers, web_server, tmp_path):
     def run(user, *args):
         keypair = main_keypair(user)
         env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8",
                "BACKEND_ENDPOINT": web_server.url, "BACKEND_ENDPOINT_TYPE": "api",
                "BACKEND_ACCESS_KEY": keypair.access_key,
                "BACKEND_SECRET_KEY": keypair.secret_key, "SDK_WORKDIR": str(tmp_path)}
-        done = subprocess.run([str(sdk_python), str(SCRIPT), *args], env=env,
-                              capture_output=True, text=True, timeout=300)
+        done = client_forkservers.python("26.9.6", [SCRIPT, *args], env, timeout=300,
+                                         tmp_path=tmp_path)
         calls = {}
         for line in done.stdout.splitlines():
             if line.startswith("{"):
