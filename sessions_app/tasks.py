@@ -1,7 +1,11 @@
 """Manager-side tasks that agents send: heartbeats and kernel events (queue `manager`)."""
 
+import logging
+
 from celery import shared_task
 from django.conf import settings
+from django.db import OperationalError
+from psycopg.errors import DeadlockDetected
 
 from agents_app.runtime.reports import HEARTBEAT_PRIORITY
 from backendai_web.celery import drained
@@ -23,6 +27,20 @@ def heartbeat(info):
         handle_heartbeats(infos)
 
 
+log = logging.getLogger(__name__)
+DEADLOCK_TRIES = 3
+
+
 @shared_task(name="manager.kernel_event", ignore_result=True)
 def kernel_event(kernel_id, event, data=None):
-    handle_kernel_event(kernel_id, event, data)
+    """An agent's report of a kernel. One that PostgreSQL chose as a deadlock's victim
+    (its transaction rolled back: nothing of it was written) is handled again: the other
+    transaction goes on once this one is gone. A report that is lost costs more than its
+    status, which the heartbeats would find: a log tail, an exit code, a restore."""
+    for attempt in range(1, DEADLOCK_TRIES + 1):
+        try:
+            return handle_kernel_event(kernel_id, event, data)
+        except OperationalError as exc:
+            if attempt == DEADLOCK_TRIES or not isinstance(exc.__cause__, DeadlockDetected):
+                raise
+            log.warning("%s of kernel %s lost a deadlock: handled again", event, kernel_id)

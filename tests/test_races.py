@@ -262,3 +262,37 @@ def test_a_heartbeat_never_deadlocks_with_a_write_that_refers_to_its_agent(
     assert race(report, heartbeat) == ["report committed", "heartbeat committed"]
     kernel.refresh_from_db()
     assert kernel.last_stat["cpu_percent"] == 5.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_kernel_report_that_loses_a_deadlock_is_handled_again(postgres, alice, no_broker):
+    """The other order of the same two rows: a heartbeat holds the agent and asks for the
+    kernel after the report (a container that exited: TERMINATED, its slots released on
+    the agent's row) holds the kernel and waits for the agent. PostgreSQL ends the
+    transaction that waited first, the report's; the task handles it again."""
+    from agents_app.models import Agent
+    from sessions_app.tasks import kernel_event
+
+    agent = make_agent("dl-agent", slots={"cpu": "8", "mem": "8g"})
+    kernel = make_session(alice, Status.RUNNING, agent=agent, name="exits").kernels.get()
+    heartbeat_holds_the_agent = threading.Event()
+
+    def heartbeat():
+        with transaction.atomic():
+            Agent.objects.select_for_update(no_key=True).get(pk=agent.pk)
+            heartbeat_holds_the_agent.set()
+            time.sleep(0.5)  # the report holds the kernel and waits for the agent
+            Kernel.objects.filter(pk=kernel.pk).update(last_stat={"cpu_percent": 1.0})
+        return "heartbeat committed"
+
+    def report():
+        heartbeat_holds_the_agent.wait(10)
+        kernel_event(str(kernel.pk), "kernel_terminated",
+                     {"agent_id": agent.pk, "exit_code": 3, "reason": "self-terminated"})
+        return "report handled"
+
+    assert race(heartbeat, report) == ["heartbeat committed", "report handled"]
+    kernel.refresh_from_db()
+    assert kernel.status == Status.TERMINATED and kernel.exit_code == 3
+    agent.refresh_from_db()
+    assert agent.occupied_slots.get("cpu", "0") == "0"
