@@ -58,57 +58,69 @@ endef
 
 # The tests in two steps. First those without live processes on TEST_WORKERS workers at
 # once (they use no Docker), and beside them the serial ones (they make the main Docker
-# engine a swarm manager: alone on Docker; their output is printed after). Then the live
-# ones (pytest-xdist, a test file per worker; each worker its own test database, Redis
-# database and live system of processes, which runs for the worker's whole session: hence
-# apart from the others), and beside them those that stop and start Redis and PostgreSQL,
-# on a cluster and a server of their own (scripts/private_services.sh; where it cannot make
-# them, alone on the shared ones, after the rest). Meanwhile, at the lowest CPU priority,
-# what the live tests build once (kernel images, the Backend.AI client venvs:
-# tests/live/assets.py) is made ahead: on a new machine that is minutes of downloads and
-# unpacking, which the first step leaves room for.
+# engine a swarm manager: alone on Docker; their output is printed after), the lint, and
+# the start of a PostgreSQL cluster and a Redis server for the second step. Then the live
+# ones on LIVE_WORKERS (pytest-xdist, a test file per worker; each worker its own test
+# database, Redis database and live system of processes, which runs for the worker's whole
+# session: hence apart from the others), and beside them those that stop and start Redis
+# and PostgreSQL, on that cluster and server (scripts/private_services.sh; where it cannot
+# make them, alone on the shared ones, after the rest). Meanwhile what the live tests build
+# once (kernel images, the Backend.AI client venvs: tests/live/assets.py) is made ahead: on
+# a new machine that is minutes of downloads and unpacking, at the lowest CPU priority while
+# the first step runs and at the tests' own after it (renice needs root); a live test that
+# needs what is not made yet waits for it (a lock under var/locks).
 TEST_WORKERS ?= 3
+# With 3, the live step's workers left its 2 cores idle 15 % of the time (waiting for
+# processes, engines and timeouts); a fourth fills that (596 s -> 542 s, BENCHMARKS.md).
+LIVE_WORKERS ?= 4
 # A live test that fails runs once more (pytest-rerunfailures; the output marks it R and
 # the summary lists it): real engines and browsers on 2 shared cores have rare timing
 # failures, which the rerun shows instead of hiding: a "rerun test summary info" section
 # names each with the traceback of its failed attempt. LIVE_RERUNS= turns it off.
 LIVE_RERUNS ?= --reruns 1 --reruns-delay 2 --rerun-show-tracebacks
-XDIST = PYTHONPATH=. $(VENV)/bin/pytest -p tests.xdist_isolation -n $(TEST_WORKERS)
+XDIST = PYTHONPATH=. $(VENV)/bin/pytest -p tests.xdist_isolation
 # The tests start a few hundred Python processes (pytest's, and the live systems' agents,
 # workers and web servers): each would compile the project's modules again, and each
 # pytest rewrite the test modules' asserts again (~5 s), where an environment sets
 # PYTHONDONTWRITEBYTECODE. Empty, it is unset: the bytecode caches are written once.
 test test-fast: export PYTHONDONTWRITEBYTECODE =
 test: services $(STAMP) $(NPM_STAMP)
-	$(call with_test_redis, $(VENV)/bin/ruff check .; \
-		$(PY) manage.py makemigrations --check --dry-run -v 0; \
-		mkdir -p var; nice -n 19 $(PY) -m tests.live.assets > var/test-assets.log 2>&1 & \
-		assets=$$!; \
-		status=0; \
+	$(call with_test_redis, mkdir -p var; status=0; \
+		nice -n 19 $(PY) -m tests.live.assets > var/test-assets.log 2>&1 & assets=$$!; \
+		{ $(VENV)/bin/ruff check . && \
+			$(PY) manage.py makemigrations --check --dry-run -v 0; } > var/test-lint.log 2>&1 & \
+		lint=$$!; \
+		scripts/private_services.sh start > var/test-private.env 2> var/test-private.log & \
+		private=$$!; \
 		$(VENV)/bin/pytest -m serial $(LIVE_RERUNS) $(PYTEST_ARGS) > var/test-serial.log 2>&1 & \
 		serial=$$!; \
-		$(XDIST) -m "not live" $(PYTEST_ARGS) || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
+		$(XDIST) -n $(TEST_WORKERS) -m "not live" --ignore=tests/live $(PYTEST_ARGS) \
+			|| { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
+		renice -n 0 -g $$assets > /dev/null 2>&1 || true; \
+		echo "== the lint beside them (ruff, makemigrations --check):"; \
+		cat var/test-lint.log; wait $$lint || status=1; \
 		wait $$serial || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
 		echo "== the serial tests (the main Docker engine in a swarm) beside those above:"; \
 		cat var/test-serial.log; \
-		wait $$assets || echo "make test: not every live-test asset was made ahead" \
-			"(var/test-assets.log); the tests that need one make it and say why not"; \
 		restarts=; \
-		if private=$$(scripts/private_services.sh start); then \
-			env $$private $(VENV)/bin/pytest -m restarts_services $(LIVE_RERUNS) \
-				$(PYTEST_ARGS) > var/test-restarts-services.log 2>&1 & restarts=$$!; \
-		fi; \
-		$(XDIST) --dist loadfile --no-loadscope-reorder \
+		if wait $$private; then \
+			env $$(cat var/test-private.env) $(VENV)/bin/pytest -m restarts_services \
+				$(LIVE_RERUNS) $(PYTEST_ARGS) > var/test-restarts-services.log 2>&1 & \
+			restarts=$$!; \
+		else cat var/test-private.log; fi; \
+		$(XDIST) -n $(LIVE_WORKERS) --dist loadfile --no-loadscope-reorder \
 			-m "live and not serial and not restarts_services" \
 			$(LIVE_RERUNS) $(PYTEST_ARGS) || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
 		if [ -n "$$restarts" ]; then \
 			wait $$restarts || { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
-			echo "== the tests that restart Redis and PostgreSQL ($$private):"; \
+			echo "== the tests that restart Redis and PostgreSQL ($$(cat var/test-private.env)):"; \
 			cat var/test-restarts-services.log; scripts/private_services.sh stop; \
 		else \
 			$(VENV)/bin/pytest -m restarts_services $(LIVE_RERUNS) $(PYTEST_ARGS) \
 				|| { rc=$$?; [ $$rc = 5 ] || status=$$rc; }; \
 		fi; \
+		wait $$assets || echo "make test: not every live-test asset was made ahead" \
+			"(var/test-assets.log); the tests that need one made it or said why not"; \
 		exit $$status)
 
 # The fast half: no Docker, no browser, no live processes (tests/live/ is left out), on every
