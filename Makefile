@@ -71,7 +71,7 @@ endef
 # needs what is not made yet waits for it (a lock under var/locks).
 TEST_WORKERS ?= 3
 # With 3, the live step's workers left its 2 cores idle 15 % of the time (waiting for
-# processes, engines and timeouts); a fourth fills that (596 s -> 542 s, BENCHMARKS.md).
+# processes, engines and timeouts); a fourth fills that (596 s -> 542 s on 2 cores).
 LIVE_WORKERS ?= 4
 # A live test that fails runs once more (pytest-rerunfailures; the output marks it R and
 # the summary lists it): real engines and browsers on 2 shared cores have rare timing
