@@ -10,16 +10,25 @@ only replies to connections the host opened (the agent asking a kernel's app for
 activity, the terminal proxy); kernels of one session still reach each other (bridge
 traffic never leaves the bridge) and, where allowed, the internet (FORWARD).
 
-What they reach beyond the host goes through FORWARD, where Docker's own rules for each
-new network come first but for its DOCKER-USER chain (kept on top for operators' rules):
-from there a jump into a second chain of this project's drops link-local destinations
-(169.254.0.0/16), the cloud metadata address 169.254.169.254 among them, where a cloud
-machine hands its credentials to whoever asks.
+What they reach beyond the host goes through FORWARD, which Docker rewrites whenever it
+makes a network: it inserts the new network's accept rules on top, then deletes and
+re-inserts its jump to DOCKER-USER above them. For that moment every session network's
+accept rule comes first, so a rule in DOCKER-USER misses some packets. The drop of
+link-local destinations (169.254.0.0/16, the cloud metadata address 169.254.169.254
+among them, where a cloud machine hands its credentials to whoever asks) is therefore
+in the mangle table's PREROUTING, which Docker never writes and every packet from a
+kernel passes before routing.
+
+Several agents on one host (tests, a second engine) may refresh the chains at once: the
+refresh holds an exclusive lock on a file, so no two interleave their inserts and deletes.
 """
 
+import fcntl
 import logging
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +43,16 @@ RULES = [
     ["-j", "DROP"],
 ]
 OUTBOUND_CHAIN = "BAI-KERNELS-OUT"
+OUTBOUND_TABLE = "mangle"
 LINK_LOCAL = "169.254.0.0/16"
 OUTBOUND_RULES = [["-d", LINK_LOCAL, "-j", "DROP"]]
-DOCKER_USER = "DOCKER-USER"  # Docker makes it when it starts, with its iptables on
+DOCKER_USER = "DOCKER-USER"  # where releases before 2026-11-29 jumped to OUTBOUND_CHAIN
+LOCK = Path(tempfile.gettempdir()) / "backendai-kernel-firewall.lock"
 
 
-def _iptables(*args):
-    return subprocess.run(["iptables", "-w", "5", *args], capture_output=True, text=True,
-                          timeout=30)
+def _iptables(*args, table="filter"):
+    return subprocess.run(["iptables", "-w", "5", "-t", table, *args], capture_output=True,
+                          text=True, timeout=30)
 
 
 def install():
@@ -49,16 +60,32 @@ def install():
     if shutil.which("iptables") is None:
         log.warning("iptables not found: kernels can reach this host's own services")
         return False
-    closed = _chain(CHAIN, RULES, "INPUT", "kernels can reach this host's own services")
-    if closed:
-        log.info("kernel firewall in place: INPUT from %s and %s goes to %s", INTERFACES,
-                 SWARM_GATEWAY, CHAIN)
-    link_local = _chain(OUTBOUND_CHAIN, OUTBOUND_RULES, DOCKER_USER,
-                        f"kernels can reach link-local addresses ({LINK_LOCAL})")
+    with open(LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        closed = _chain(CHAIN, RULES, "INPUT", "kernels can reach this host's own services")
+        if closed:
+            log.info("kernel firewall in place: INPUT from %s and %s goes to %s",
+                     INTERFACES, SWARM_GATEWAY, CHAIN)
+        link_local = _chain(OUTBOUND_CHAIN, OUTBOUND_RULES, "PREROUTING",
+                            f"kernels can reach link-local addresses ({LINK_LOCAL})",
+                            table=OUTBOUND_TABLE)
+        if link_local:
+            _forget_docker_user_jumps()
     return closed and link_local
 
 
-def _chain(chain, rules, parent, consequence):
+def _forget_docker_user_jumps():
+    """The jumps (and chain) an earlier release put in the filter table's DOCKER-USER."""
+    for interfaces in (INTERFACES, SWARM_GATEWAY):
+        while _iptables("-D", DOCKER_USER, "-i", interfaces, "-j", OUTBOUND_CHAIN
+                        ).returncode == 0:
+            pass
+    if _iptables("-n", "-L", OUTBOUND_CHAIN).returncode == 0:
+        _iptables("-F", OUTBOUND_CHAIN)
+        _iptables("-X", OUTBOUND_CHAIN)
+
+
+def _chain(chain, rules, parent, consequence, table="filter"):
     """`chain` made, or its rules made `rules`, and a jump to it first in `parent` for
     traffic from kernels' interfaces; False (and a warning) when iptables refuses.
 
@@ -67,30 +94,33 @@ def _chain(chain, rules, parent, consequence):
     restore can undo rules Docker adds meanwhile for a new network): rules already as
     wanted are left alone, and otherwise the wanted ones go in on top before the old ones
     are deleted below them, one command each."""
-    if _iptables("-n", "-L", chain).returncode != 0:
-        created = _iptables("-N", chain)
+    def iptables(*args):
+        return _iptables(*args, table=table)
+
+    if iptables("-n", "-L", chain).returncode != 0:
+        created = iptables("-N", chain)
         if created.returncode != 0:
             log.warning("%s: iptables -N %s: %s", consequence, chain, created.stderr.strip())
             return False
     wanted = [" ".join(["-A", chain, *rule]) for rule in rules]
-    if _rules_of(chain) != wanted:
+    if _rules_of(chain, table) != wanted:
         for position, rule in enumerate(rules, start=1):
-            inserted = _iptables("-I", chain, str(position), *rule)
+            inserted = iptables("-I", chain, str(position), *rule)
             if inserted.returncode != 0:
                 log.warning("%s: %s", consequence, inserted.stderr.strip())
                 return False
-        while len(_rules_of(chain)) > len(rules):
-            _iptables("-D", chain, str(len(rules) + 1))
+        while len(_rules_of(chain, table)) > len(rules):
+            iptables("-D", chain, str(len(rules) + 1))
     for interfaces in (INTERFACES, SWARM_GATEWAY):
         jump = [parent, "-i", interfaces, "-j", chain]
-        if _iptables("-C", *jump).returncode != 0:
-            inserted = _iptables("-I", *jump[:1], "1", *jump[1:])
+        if iptables("-C", *jump).returncode != 0:
+            inserted = iptables("-I", *jump[:1], "1", *jump[1:])
             if inserted.returncode != 0:
                 log.warning("%s: %s", consequence, inserted.stderr.strip())
                 return False
     return True
 
 
-def _rules_of(chain):
-    listed = _iptables("-S", chain).stdout.splitlines()
+def _rules_of(chain, table="filter"):
+    listed = _iptables("-S", chain, table=table).stdout.splitlines()
     return [line for line in listed if line.startswith("-A ")]
