@@ -154,21 +154,27 @@ def stored_size_changed(sizes, now=None):
 
 
 def add_samples(samples):
-    """What running kernels used, from their agents' samples [(kernel id, stat)]: the
-    cumulative counters' increases since the previous sample (a counter that went down was
-    reset: a restarted container counts from zero), memory's peak and its mean over time,
-    the mean utilization of its devices. Runs in the heartbeat's transaction, after the
-    kernels' rows are written (locked in the same order as a transition: kernel, then
-    record)."""
-    by_kernel = {str(k): stat for k, stat in samples if stat}
+    """What running kernels used, from their agents' samples [(kernel id, stat)], a
+    kernel's in the order taken: the cumulative counters' increases since the previous
+    sample (a counter that went down was reset: a restarted container counts from zero),
+    memory's peak and its mean over time, the mean utilization of its devices. A sample no
+    later than the last one counted is skipped (a kernel's end repeats its last fold:
+    agents_app/runtime/samples.py). Runs in the transaction that holds the kernels' rows
+    (locked in the same order as a transition: kernel, then record)."""
+    by_kernel = {}
+    for kernel_id, stat in samples:
+        if stat:
+            by_kernel.setdefault(str(kernel_id), []).append(stat)
     if not by_kernel:
         return
     rows = []
     for record in UsageRecord.objects.select_for_update().filter(
             kernel_id__in=list(by_kernel), end_ts__isnull=True,
-            kind=UsageRecord.Kind.RUNNING).order_by("pk"):
-        stat = by_kernel[str(record.kernel_id)]
-        _apply(record, stat)
+            kind=UsageRecord.Kind.RUNNING).only("kernel_id", *MEASURED_FIELDS).order_by("pk"):
+        for stat in by_kernel[str(record.kernel_id)]:
+            counted = (record.counters or {}).get("at")
+            if counted is None or stat.get("at") is None or float(stat["at"]) > counted:
+                _apply(record, stat)
         rows.append((record.pk, *(getattr(record, f) for f in MEASURED_FIELDS)))
     if rows:
         update_rows(UsageRecord, MEASURED_FIELDS, rows)

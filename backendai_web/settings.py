@@ -312,6 +312,11 @@ CELERY_TIMEZONE = TIME_ZONE
 
 # Agents
 AGENT_HEARTBEAT_INTERVAL = float(env("AGENT_HEARTBEAT_INTERVAL", "5"))
+# Every heartbeat carries a running kernel's newest sample (its series, the browser); every
+# this many seconds it also carries the kernel's samples since the last such fold, from
+# which the manager writes the kernel's row (last_stat, the utilization window) and its
+# usage record (agents_app/runtime/samples.py). 0: every heartbeat is a fold.
+AGENT_STATS_FOLD_SECONDS = float(env("AGENT_STATS_FOLD_SECONDS", "30"))
 # An agent silent for 3 intervals is LOST for scheduling only; its kernels end after the
 # scaling group's lost_timeout (this is the default for new groups).
 AGENT_LOST_TIMEOUT = int(env("AGENT_LOST_TIMEOUT", "600"))

@@ -16,23 +16,40 @@ BUCKETS_PER_WINDOW = 20
 
 def add_sample(history, sample, window=None):
     """Add [time, cpu %, mem %] and drop what the window no longer reaches."""
+    return add_samples(history, [sample], window)
+
+
+def add_samples(history, samples, window=None):
+    """add_sample for each of `samples`, oldest first, with one pass over the window."""
     window = window or settings.IDLE_UTILIZATION["window"]
     width = window / BUCKETS_PER_WINDOW
-    at, cpu, mem = sample
-    cutoff = at - window - width
-    buckets = [b for b in map(_bucket, history or ()) if b[1] >= cutoff]
-    if buckets and buckets[-1][0] // width == at // width and at >= buckets[-1][1]:
-        last = buckets[-1] = list(buckets[-1])  # a copy: the caller's history stays as it was
-    else:
-        last = [at, at, 0, 0, 0, 0, 0]
-        buckets.append(last)
-    last[1] = at
-    last[2] += 1
-    if cpu is not None:
-        last[3], last[4] = round(last[3] + cpu, 3), last[4] + 1
-    if mem is not None:
-        last[5], last[6] = round(last[5] + mem, 3), last[6] + 1
-    return buckets
+    buckets = list(map(_bucket, history or ()))
+    copied = False  # the last bucket copied once: the caller's history stays as it was
+    for at, cpu, mem in samples:
+        if buckets and buckets[-1][0] // width == at // width and at >= buckets[-1][1]:
+            if not copied:
+                buckets[-1] = list(buckets[-1])
+                copied = True
+            last = buckets[-1]
+        else:
+            last = [at, at, 0, 0, 0, 0, 0]
+            buckets.append(last)
+            copied = True
+        last[1] = at
+        last[2] += 1
+        if cpu is not None:
+            last[3], last[4] = round(last[3] + cpu, 3), last[4] + 1
+        if mem is not None:
+            last[5], last[6] = round(last[5] + mem, 3), last[6] + 1
+    if not samples:
+        return buckets
+    cutoff = max(at for at, _, _ in samples) - window - width
+    return [b for b in buckets if b[1] >= cutoff]
+
+
+def newest(history):
+    """The time of the newest sample the window holds; None when it holds none."""
+    return _bucket(history[-1])[1] if history else None
 
 
 def _bucket(entry):

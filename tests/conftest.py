@@ -5,6 +5,7 @@ machine and fails under CI=true, where every service must be there. The live sys
 fixtures (Docker, real processes, a web server, the Backend.AI CLI) are in live/conftest.py.
 """
 
+import os
 import time
 
 import pytest
@@ -24,6 +25,17 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix,
     """Each PostgreSQL test database a copy of one migrated template (db_template.py)."""
     with django_db_blocker.unblock():
         use_migrated_template()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_heartbeat_a_fold():
+    """Every heartbeat a fold of the kernels' samples (agents_app/runtime/samples.py), in
+    this process and the agents it starts: tests read a kernel's stat after one heartbeat.
+    The tests of folds give their agents their own."""
+    from django.conf import settings
+
+    os.environ.setdefault("AGENT_STATS_FOLD_SECONDS", "0")
+    settings.AGENT_STATS_FOLD_SECONDS = float(os.environ["AGENT_STATS_FOLD_SECONDS"])
 
 
 @pytest.fixture(scope="session")

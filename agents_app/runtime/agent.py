@@ -31,6 +31,7 @@ from agents_app.runtime.kept_kernels import KeptKernels
 from agents_app.runtime.lanes import LifecycleLane, PullLane
 from agents_app.runtime.networks import AgentNetworks
 from agents_app.runtime.reports import Outbox
+from agents_app.runtime.samples import ENDS
 from agents_app.runtime.starts import KernelStarts
 from agents_app.runtime.stops import KernelStops
 from backendai_web.logs import RepeatedFailure
@@ -96,7 +97,10 @@ class Agent:
         return True
 
     def report(self, kernel_id, event, **data):
-        """A kernel's event to the manager, kept until the broker takes it (reports.py)."""
+        """A kernel's event to the manager, kept until the broker takes it (reports.py).
+        A kernel's end carries its samples not yet folded (samples.py)."""
+        if event in ENDS:
+            data.setdefault("samples", self.heartbeat.folds.take(kernel_id))
         self.outbox.put(kernel_id, event, data)
 
     def slots(self):

@@ -7,12 +7,14 @@ import platform
 import time
 from datetime import datetime
 
+from django.conf import settings
 from docker.errors import DockerException
 
 from agents_app.runtime import devices as device_plugins
 from agents_app.runtime import docker_backend as backend
 from agents_app.runtime import images, networks, services
 from agents_app.runtime.reports import HEARTBEAT_PRIORITY
+from agents_app.runtime.samples import SampleFolds
 from backendai_web import __version__
 
 log = logging.getLogger("agent")
@@ -26,6 +28,7 @@ class Heartbeat:
         self._measuring = {}  # container id → (monotonic time, the measurement in flight)
         self._app_seen = {}  # container id → the last app report worth keeping
         self._seldom = {}  # name → (monotonic time read, value): see seldom()
+        self.folds = SampleFolds(settings.AGENT_STATS_FOLD_SECONDS)
 
     def info(self):
         agent = self.agent
@@ -49,8 +52,9 @@ class Heartbeat:
             "slots": agent.slots(),
             "devices": devices,
             "images": self.seldom("images", lambda: images.kernelspec_images(agent.docker)),
-            "kernels": [self.container_report(c, devices) for c in containers
-                        if not backend.is_kept(c)],
+            "kernels": self.folds.fold([self.container_report(c, devices)
+                                        for c in containers if not backend.is_kept(c)]),
+            "folds": True,
             "kept": agent.kept.report([c for c in containers if backend.is_kept(c)]),
             "stopping": agent.stops.stopping_kernels(),
             "swarm": networks.swarm_state(agent.docker),

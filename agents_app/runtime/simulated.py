@@ -21,8 +21,10 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 from celery import current_task
+from django.conf import settings
 
 from agents_app.runtime.reports import HEARTBEAT_PRIORITY, Outbox
+from agents_app.runtime.samples import ENDS, SampleFolds
 from backendai_web import __version__
 from backendai_web.celery import agent_queue
 
@@ -137,7 +139,7 @@ class SimulatedAgent:
 
     def __init__(self, agent_id, scaling_group, *, clock, slots, images=(SIMULATED_IMAGE,),
                  heartbeat_interval=5.0, start_delay=0.5, stop_delay=0.1, pull_delay=0.0,
-                 addr="simulated"):
+                 addr="simulated", fold_seconds=None):
         self.id = agent_id
         self.scaling_group = scaling_group
         self.clock = clock
@@ -153,6 +155,8 @@ class SimulatedAgent:
         self._lock = threading.Lock()
         self.kernels = {}  # kernel id → {"container_id", "state": starting | running}
         self.kept = {}  # kernel id → container id of a stopped (kept) kernel
+        self.folds = SampleFolds(settings.AGENT_STATS_FOLD_SECONDS if fold_seconds is None
+                                 else fold_seconds)
 
     def adopt(self, kernel_id, container_id=""):
         """A kernel that runs already (the bench's 20,000), as after an agent restart."""
@@ -161,6 +165,8 @@ class SimulatedAgent:
                                        fake_container_id(kernel_id), "state": "running"}
 
     def report(self, kernel_id, event, **data):
+        if event in ENDS:
+            data.setdefault("samples", self.folds.take(kernel_id))
         self.outbox.put(kernel_id, event, data)
 
     # What it tells the manager.
@@ -173,13 +179,14 @@ class SimulatedAgent:
                        for kernel_id, k in self.kernels.items()]
             kept = [{"kernel_id": kernel_id, "container_id": container_id, "volume": "",
                      "bytes": 0} for kernel_id, container_id in self.kept.items()]
+        self.folds.fold(kernels)
         return {"id": self.id, "addr": self.addr, "scaling_group": self.scaling_group,
                 "stream_addr": "", "region": "", "architecture": "x86_64",
                 "version": __version__, "taken_at": now, "docker_error": None,
                 "slots": dict(self.fixed_slots), "devices": [],
                 "images": [{"name": name, "labels": SIMULATED_IMAGE_LABELS}
                            for name in self.images],
-                "kernels": kernels, "kept": kept, "stopping": [],
+                "kernels": kernels, "folds": True, "kept": kept, "stopping": [],
                 "swarm": {"state": "inactive", "node_id": "", "manager": False},
                 "networks": []}
 

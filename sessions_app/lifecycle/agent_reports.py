@@ -10,6 +10,7 @@ import uuid
 
 from django.db import transaction
 
+from accounting_app import records as usage_records
 from agents_app import rpc
 from agents_app.runtime import errors
 from common import clock
@@ -101,8 +102,19 @@ BATCH_TIMEOUT = "batch-timeout"
 SELF_ENDED_REASONS = {"self-terminated", "oom-killed"}
 
 
+def count_samples(kernel, data):
+    """The samples an ending kernel's report carries (its last fold and those after it,
+    agents_app/runtime/samples.py) into its open usage record, before a transition closes
+    it; its row locked first, as a heartbeat locks it before the record."""
+    samples = [s for s in data.get("samples") or () if isinstance(s, dict) and s.get("at")]
+    if samples:
+        list(Kernel.objects.select_for_update().filter(pk=kernel.pk).values_list("pk"))
+        usage_records.add_samples([(kernel.pk, sample) for sample in samples])
+
+
 @transaction.atomic
 def _terminated(kernel, data, actor):
+    count_samples(kernel, data)
     ended_by_itself = kernel.status not in (S.TERMINATING, S.ERROR)
     if kernel.status == S.TERMINATING:
         reason = kernel.status_info or data.get("reason") or "user-requested"
@@ -184,7 +196,9 @@ def _record_batch_result(kernel, exit_code, actor, *, timed_out=False):
                         reason=reason, data={"exit_code": exit_code})
 
 
+@transaction.atomic
 def _stopped(kernel, data, actor):
+    count_samples(kernel, data)
     return stop.kernel_stopped(kernel, data, actor)
 
 

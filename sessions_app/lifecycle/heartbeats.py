@@ -32,7 +32,7 @@ from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.lifecycle.progress import end_with_kernel, requeue_stopped_kernel
 from sessions_app.models import Kernel, Session
 from sessions_app.status_data import Key
-from sessions_app.utilization import add_sample, summarize
+from sessions_app.utilization import add_samples, newest, summarize
 
 log = logging.getLogger(__name__)
 S = Status
@@ -93,10 +93,11 @@ def _handle_batch(infos):
     # FOR NO KEY UPDATE: a kernel report's writes check their foreign key to the agent
     # (FOR KEY SHARE), which a plain FOR UPDATE blocks; with the kernel rows this batch
     # then waits for, that was a deadlock (a report lost to it).
+    # Not the lists a heartbeat writes anew (decoding them was a tenth of its cost).
     locked = {agent.pk: agent for agent in Agent.objects.select_for_update(of=("self",),
                                                                           no_key=True)
-              .select_related("scaling_group").filter(pk__in=[info["id"] for info in infos])
-              .order_by("pk")}
+              .select_related("scaling_group").defer(*REWRITTEN)
+              .filter(pk__in=[info["id"] for info in infos]).order_by("pk")}
     beats, updates = [], {}
     for info in infos:
         beat = _agent_heartbeat(locked.get(info["id"]), info, now)
@@ -114,10 +115,14 @@ def _handle_batch(infos):
     reconcile_many([ContainerList(
         beat.agent, beat.info["kernels"], beat.info.get("taken_at"),
         stopping=beat.info.get("stopping", ()), recovering=beat.was_lost,
-        kept=beat.info.get("kept") or []) for beat in beats if "kernels" in beat.info])
+        kept=beat.info.get("kept") or [], folds=bool(beat.info.get("folds")))
+        for beat in beats if "kernels" in beat.info])
     for beat in beats:
         _after_containers(beat)
     return [beat.agent for beat in beats]
+
+
+REWRITTEN = ("containers", "stopping", "networks", "kept", "devices", "images")
 
 
 @dataclass
@@ -298,7 +303,7 @@ def reconcile_networks(agent, networks, taken_at=None):
             n["session_id"], agent_id=agent.pk, name=n.get("name")))
 
 
-SAMPLED_FIELDS = ("id", "session_id", "agent_id", "status", "status_changed", "stat_history")
+SAMPLED_FIELDS = ("id", "session_id", "agent_id", "status", "status_changed")
 
 
 class _Sampled(namedtuple("_Sampled", SAMPLED_FIELDS)):
@@ -319,10 +324,13 @@ class ContainerList:
     stopping: tuple | list = ()
     recovering: bool = False
     kept: list = field(default_factory=list)
+    # The agent folds its samples (agents_app/runtime/samples.py): a kernel's row and usage
+    # record are written from its entry's `samples` only. Otherwise from every `stat`.
+    folds: bool = False
 
 
 def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recovering=False,
-                         kept=()):
+                         kept=(), folds=False):
     """Make the agent's containers and the manager's kernels agree:
     - a container whose kernel is finished is destroyed;
     - a container of no kernel at all is dangling: removed;
@@ -333,12 +341,13 @@ def reconcile_containers(agent, reported, taken_at=None, *, stopping=(), recover
     - a RUNNING or TERMINATING kernel without a container ended: container-gone (nothing
       is left that could tell how), unless the agent says it is `stopping` it (its report
       of the end, with exit code and log tail, is on its way);
-    - the samples of running containers become their kernels' last_stat;
+    - the samples of running containers go into their kernels' series; their folds
+      (agents_app/runtime/samples.py) into their last_stat, utilization window and usage;
     - `recovering` (the agent was LOST): each kernel whose container still runs gets a
       kernel_recovered event.
     """
     reconcile_many([ContainerList(agent, reported, taken_at, stopping, recovering,
-                                  list(kept))])
+                                  list(kept), folds)])
 
 
 def reconcile_many(lists):
@@ -374,23 +383,24 @@ def reconcile_many(lists):
     if acting:
         kernels.update({str(k.pk): k for k in Kernel.objects.filter(pk__in=acting)
                         .select_related("session")})
-    stats, points_of = [], []
+    folds, points_of = [], []
     for containers in lists:
-        points_of.append(_reconcile_listed(containers, kernels, stats))
-    if stats:
-        update_rows(Kernel, ["last_stat", "stat_history"], stats)
-        usage_records.add_samples([(kernel_id, stat) for kernel_id, stat, _ in stats])
-        series.record([p for points in points_of for session_points in points.values()
-                       for p in session_points])
+        points_of.append(_reconcile_listed(containers, kernels, folds))
+    if folds:
+        _fold(folds)
+    points = [p for points in points_of for session_points in points.values()
+              for p in session_points]
+    if points:
+        series.record(points)
         publish_heartbeats_stats_on_commit([(points, containers.taken_at) for containers, points
                                             in zip(lists, points_of, strict=True)])
     for containers in lists:
         _end_gone(containers, holding.get(containers.agent.pk, ()))
 
 
-def _reconcile_listed(containers, kernels, stats):
-    """The actions on one agent's listed containers; its samples appended to `stats`.
-    Returns its samples as points, {session id: [point]}."""
+def _reconcile_listed(containers, kernels, folds):
+    """The actions on one agent's listed containers; its kernels' folds appended to
+    `folds` as (kernel id, [sample]). Returns its samples as points, {session id: [point]}."""
     agent, snapshot_at = containers.agent, containers.snapshot_at
     actor = f"agent:{agent.pk}"
     points = {}
@@ -421,11 +431,14 @@ def _reconcile_listed(containers, kernels, stats):
                 engine.record_event(kernel.session, "kernel_recovered", kernel=kernel,
                                     actor=actor, reason=f"agent {agent.pk} is back; the "
                                     "container kept running")
-            if container.get("stat"):
-                sample = _sample(kernel, container["stat"], snapshot_at)
-                stats.append(sample)
+            stat = container.get("stat")
+            if stat:
                 points.setdefault(str(kernel.session_id), []).append(
-                    series.point_of(sample[0], sample[1], snapshot_at.timestamp()))
+                    series.point_of(kernel.pk, stat, snapshot_at.timestamp()))
+            folded = container.get("samples") if containers.folds else [stat] if stat else ()
+            if folded:
+                folds.append((kernel.pk, [{"at": snapshot_at.timestamp(), **sample}
+                                          for sample in folded if isinstance(sample, dict)]))
     return points
 
 
@@ -501,12 +514,29 @@ def reconcile_kept(agent, kept, taken_at=None):
         usage_records.stored_size_changed({pk: kept["bytes"] for pk, kept in sizes})
 
 
-def _sample(kernel, stat, snapshot_at):
-    sample = [stat.get("at", snapshot_at.timestamp()), stat.get("cpu_percent"),
-              _mem_percent(stat)]
-    history = add_sample(kernel.stat_history, sample)
-    stat["usage"] = summarize(history, settings.IDLE_UTILIZATION["window"])
-    return kernel.pk, stat, history
+def _fold(folds):
+    """Kernels' folds [(kernel id, [sample])] into their rows (the newest sample as
+    last_stat, with the window's averages; every sample into the utilization window) and
+    their open usage records, in one statement each. A sample no later than the newest the
+    window holds is there already (a fold sent again: a kernel's end repeats its last)."""
+    histories = dict(Kernel.objects.filter(pk__in=[pk for pk, _ in folds])
+                     .values_list("id", "stat_history"))
+    window = settings.IDLE_UTILIZATION["window"]
+    rows, samples = [], []
+    for pk, folded in folds:
+        history = histories.get(pk) or []
+        held = newest(history)
+        fresh = [s for s in sorted(folded, key=lambda s: s["at"]) if held is None or s["at"] > held]
+        if not fresh:
+            continue
+        history = add_samples(history, [[stat["at"], stat.get("cpu_percent"),
+                                         _mem_percent(stat)] for stat in fresh])
+        last = {**fresh[-1], "usage": summarize(history, window)}
+        rows.append((pk, last, history))
+        samples.extend((pk, stat) for stat in fresh)
+    if rows:
+        update_rows(Kernel, ["last_stat", "stat_history"], rows)
+        usage_records.add_samples(samples)
 
 
 def _snapshot_time(taken_at):
