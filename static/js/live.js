@@ -81,8 +81,20 @@ export function applyStatus(message) {
   return changed;
 }
 
+// What an element shows, but for the CSRF tokens of its forms (Django masks the token anew
+// in every response).
+function rendered(element) {
+  const copy = element.cloneNode(true);
+  for (const token of copy.querySelectorAll('input[name="csrfmiddlewaretoken"]')) {
+    token.removeAttribute("value");
+  }
+  return copy.outerHTML;
+}
+
 // Re-render parts of the page from the server: fetch this URL and swap the elements with
-// the given ids. Calls in quick succession share one fetch.
+// the given ids. Calls in quick succession share one fetch. An element the server renders
+// as it is stays: a click on one of its buttons while the page refreshes is not lost with
+// the button it landed on.
 export function refresher(ids, delay = 150) {
   let timer = null;
   let running = false;
@@ -103,7 +115,9 @@ export function refresher(ids, delay = 150) {
         for (const id of ids) {
           const fresh = page.getElementById(id);
           const current = document.getElementById(id);
-          if (fresh && current) current.replaceWith(document.adoptNode(fresh));
+          if (fresh && current && rendered(fresh) !== rendered(current)) {
+            current.replaceWith(document.adoptNode(fresh));
+          }
         }
         document.dispatchEvent(new CustomEvent("fragments:refreshed"));
       }

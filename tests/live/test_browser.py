@@ -270,15 +270,22 @@ def make_running_session_on_the_live_agent(user, name="browser-cmd"):
     return Session.objects.get(pk=session.pk)
 
 
-def test_a_page_catches_up_after_the_server_was_away(live, web, alice, browser_context):
-    """Changes made while the browser had no connection show up after it reconnects."""
+def live_page_of_a_session_elsewhere(user, browser_context, name):
+    """A RUNNING session on an agent the scheduler never uses (no container), and its
+    page, live."""
     with transaction.atomic():  # the live scheduler must not see it half-made
         agent = make_agent("elsewhere", schedulable=False)
-        session = make_session(alice, S.RUNNING, name="drop", agent=agent)
+        session = make_session(user, S.RUNNING, name=name, agent=agent)
     page = browser_context.new_page()
-    log_in(page, "alice")
+    log_in(page, user.username)
     page.goto(f"/sessions/{session.pk}/")
     wait_live(page)
+    return session, page
+
+
+def test_a_page_catches_up_after_the_server_was_away(live, web, alice, browser_context):
+    """Changes made while the browser had no connection show up after it reconnects."""
+    session, page = live_page_of_a_session_elsewhere(alice, browser_context, "drop")
     mark_page(page)
 
     web.stop()
@@ -295,6 +302,25 @@ def test_a_page_catches_up_after_the_server_was_away(live, web, alice, browser_c
     expect(page.locator("#events")).to_contain_text("session_terminated")
     assert still_the_same_page(page)
     screenshot(page, "09-caught-up-after-reconnect")
+
+
+def test_a_refresh_keeps_the_buttons_the_server_renders_as_they_were(live, alice,
+                                                                    browser_context):
+    """An event re-renders the session page's parts from the server; the controls, the same
+    as before, stay the same elements. A click that landed while they were swapped for
+    equal copies was lost (a Resume that never reached the server)."""
+    session, page = live_page_of_a_session_elsewhere(alice, browser_context, "steady")
+    page.evaluate("""() => {
+        window.__refreshes = 0;
+        document.addEventListener("fragments:refreshed", () => { window.__refreshes += 1; });
+        document.getElementById("terminate").probe = "the same button";  // not an attribute
+    }""")
+    engine.record_event(session, "kernel_health", kernel=session.kernels.get(),
+                        reason="still healthy", actor="test")
+    expect(page.locator("#events")).to_contain_text("kernel_health")  # the panel is new
+    page.wait_for_function("window.__refreshes >= 1")
+    assert page.evaluate('document.getElementById("terminate").probe') == \
+        "the same button"
 
 
 def test_operator_overview_shows_agents_and_sessions(live, carol, browser_context):
