@@ -5,7 +5,10 @@ records every task), PostgreSQL.
 1. Steady state, for each count of BENCH_SCALE_CURVE (default 100,500,1000,2000) with
    BENCH_SCALE_PER_AGENT RUNNING kernels each (20: 20,000 at 1,000 agents), heartbeats at
    the default interval: heartbeat lag (sent → handled) p50/p95 on one manager worker,
-   its CPU per agent, database queries per heartbeat.
+   its CPU per agent, database queries per heartbeat. The window begins once the queue
+   the start leaves (every agent's first heartbeat, every kernel's first fold of samples)
+   is down to a second's heartbeats (BENCH_SCALE_SETTLE s at most, default 180; the line
+   says when it was not).
 2. A burst of BENCH_SCALE_BURST session creates (5,000) on BENCH_SCALE_AGENTS agents
    (1,000) and their kernels, to RUNNING: p50/p95 and sessions/s end to end, with one
    manager worker and with two (BENCH_SCALE_WORKERS, default "1,2"); the lag (sent →
@@ -349,8 +352,25 @@ class Bench:
                 "p95_ms": round(percentile(times, 0.95) * 1000, 1),
                 "queries": statistics.median(queries), "loadavg": loadavg()}
 
+    def settle(self, agents, limit):
+        """Wait (up to `limit` s) until no more heartbeats wait in the queue than a second
+        brings: what the start left (every agent's first heartbeat, every kernel's first
+        fold of samples at once) handled, so that the window measures the steady state.
+        How long it took, or None when the queue was still longer at the limit."""
+        from agents_app.runtime.reports import HEARTBEAT_PRIORITY
+        from backendai_web.celery import waiting
+
+        started = time.monotonic()
+        while time.monotonic() - started < limit:
+            queued = waiting("manager", priority=HEARTBEAT_PRIORITY)
+            if queued is not None and queued <= agents / self.interval:
+                return round(time.monotonic() - started, 1)
+            time.sleep(1)
+        return None
+
     def steady(self, agents, per_agent, window):
         self.start(agents, per_agent, 1)
+        settled = self.settle(agents, env_int("BENCH_SCALE_SETTLE", 180))
         worker, sim = self.pid("worker-0"), self.pid("agents")
         cpu0, sim0, pg0, t0 = cpu_seconds(worker), cpu_seconds(sim), postgres_cpu(), time.time()
         time.sleep(window)
@@ -361,7 +381,7 @@ class Bench:
         handling = [r["ended"] - r["started"] for r in beats]
         cpu = (cpu1 - cpu0) / (t1 - t0)
         return {
-            "agents": agents, "kernels": agents * per_agent,
+            "agents": agents, "kernels": agents * per_agent, "settled_s": settled,
             "heartbeats_per_s": round(len(beats) / (t1 - t0), 1),
             "expected_per_s": round(agents / self.interval, 1),
             "lag_p50_ms": round(percentile(lag, 0.5) * 1000),
@@ -488,7 +508,9 @@ def main():
         for n in curve:
             result = bench.steady(n, per_agent, window)
             results["steady"].append(result)
-            print(f"steady {n:>5} agents {result['kernels']:>6} kernels: heartbeat lag "
+            settled = (f"queue settled in {result['settled_s']} s" if result["settled_s"]
+                       is not None else "queue NOT settled")
+            print(f"steady {n:>5} agents {result['kernels']:>6} kernels ({settled}): heartbeat lag "
                   f"p50 {result['lag_p50_ms']} ms p95 {result['lag_p95_ms']} ms "
                   f"(handling p50 {result['handling_p50_ms']} ms), "
                   f"{result['heartbeats_per_s']}/{result['expected_per_s']} heartbeats/s, "
