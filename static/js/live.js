@@ -91,10 +91,26 @@ function rendered(element) {
   return copy.outerHTML;
 }
 
+// A pointer pressed and not yet released: a part swapped meanwhile would take the element
+// it was pressed on, and the release on its copy makes no click (a lost click on a link or
+// a button). Released: after the click that follows in the same turn.
+let pressed = 0;
+document.addEventListener("pointerdown", () => { pressed += 1; }, true);
+for (const name of ["pointerup", "pointercancel"]) {
+  document.addEventListener(name, () => setTimeout(() => { pressed = Math.max(0, pressed - 1); }), true);
+}
+function released(longest = 2000) {  // a press held longer (or never released) waits no more
+  const until = performance.now() + longest;
+  return new Promise((resolve) => {
+    const check = () => (pressed && performance.now() < until ? setTimeout(check, 50) : resolve());
+    check();
+  });
+}
+
 // Re-render parts of the page from the server: fetch this URL and swap the elements with
 // the given ids. Calls in quick succession share one fetch. An element the server renders
-// as it is stays: a click on one of its buttons while the page refreshes is not lost with
-// the button it landed on.
+// as it is stays, and no part is swapped while a pointer is pressed: a click during a
+// refresh is not lost with the element it landed on.
 export function refresher(ids, delay = 150) {
   let timer = null;
   let running = false;
@@ -112,6 +128,7 @@ export function refresher(ids, delay = 150) {
       });
       if (response.ok) {
         const page = new DOMParser().parseFromString(await response.text(), "text/html");
+        await released();
         for (const id of ids) {
           const fresh = page.getElementById(id);
           const current = document.getElementById(id);

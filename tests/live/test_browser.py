@@ -321,6 +321,18 @@ def test_a_refresh_keeps_the_buttons_the_server_renders_as_they_were(live, alice
     page.wait_for_function("window.__refreshes >= 1")
     assert page.evaluate('document.getElementById("terminate").probe') == \
         "the same button"
+    # And no part is swapped between a press and its release (a click's two halves).
+    box = page.locator("#session-panel .summary").bounding_box()
+    page.mouse.move(box["x"] + 5, box["y"] + 5)
+    page.mouse.down()
+    refreshed = page.evaluate("window.__refreshes")
+    engine.record_event(session, "kernel_health", kernel=session.kernels.get(),
+                        reason="healthy again", actor="test")
+    time.sleep(1.5)  # the event pushed and the page fetched: the swap waits for the release
+    assert page.evaluate("window.__refreshes") == refreshed
+    expect(page.locator("#events")).not_to_contain_text("healthy again")
+    page.mouse.up()
+    expect(page.locator("#events")).to_contain_text("healthy again")
 
 
 def test_operator_overview_shows_agents_and_sessions(live, carol, browser_context):
