@@ -12,13 +12,14 @@ every one, as before.
 A kernel's first sample is a fold of its own (its row shows a stat at once); its next fold
 comes after a random part of the period, then every period: the folds of kernels that
 started together (an agent's restart, the bench's thousand agents) are spread over the
-period, not all in one heartbeat of each. A kernel that
-ends or stops takes the samples of its last fold and the pending ones in its report
-(`take`): the manager adds those its usage record lacks before it closes the record, also
-when the last fold's heartbeat still waits behind the report in the queue (reports go
-first; a fold before that one, still queued a whole fold later, is not in it). The manager
-skips a sample it has already counted (by its time), so one sent twice counts once.
-0 seconds: every heartbeat is a fold (as before folds; the tests' default).
+period, not all in one heartbeat of each.
+
+A kernel that ends or stops takes the samples of its last fold and the pending ones in its
+report (`take`): the manager adds those its usage record lacks before it closes the
+record, also when the last fold's heartbeat still waits behind the report in the queue
+(reports go first; a fold before that one, still queued a whole fold later, is not in it).
+The manager skips a sample it has already counted (by its time), so one sent twice counts
+once. 0 seconds: every heartbeat is a fold (as before folds; the tests' default).
 """
 
 import random
