@@ -1,3 +1,4 @@
+import base64
 import contextlib
 import json
 import logging
@@ -6,6 +7,7 @@ import sys
 import time
 from logging.config import dictConfig
 
+import orjson
 from celery import Celery, signals
 from celery.signals import setup_logging
 from django.conf import settings
@@ -103,7 +105,7 @@ def _take(channel, client, task_name, queue, priority, limit, taken):
     ours, theirs, now = [], [], time.time()
     for text in raw:
         text = text.decode() if isinstance(text, bytes) else text
-        payload = json.loads(text)
+        payload = orjson.loads(text)
         (ours if payload.get("headers", {}).get("task") == task_name else theirs).append(
             (text, payload))
     tags = []
@@ -121,10 +123,25 @@ def _take(channel, client, task_name, queue, priority, limit, taken):
         pipe.execute()
     for _, payload in ours:
         try:
-            taken.append(channel.Message(payload, channel=channel).decode()[1])
+            taken.append(_kwargs(channel, payload))
         except Exception as exc:  # as a worker drops a message it cannot decode
             log.warning("dropped a %s message that does not decode: %s", task_name, exc)
     return tags
+
+
+def _kwargs(channel, payload):
+    """The kwargs of a task message (Celery's protocol 2: the body is [args, kwargs,
+    embed]). Plain JSON, as the agents send, is parsed here by orjson; anything else
+    (compressed, another serializer, kombu's typed values) by kombu, as a worker would.
+    kombu's parsing, with a hook called on every object, was a tenth of a heartbeat
+    batch's time."""
+    if payload.get("content-type") == "application/json" and \
+            payload.get("properties", {}).get("body_encoding") == "base64" and \
+            not payload.get("headers", {}).get("compression"):
+        body = base64.b64decode(payload["body"])
+        if b'"__type__"' not in body:
+            return orjson.loads(body)[1]
+    return channel.Message(payload, channel=channel).decode()[1]
 
 
 def agent_queue(agent_id: str) -> str:

@@ -39,7 +39,9 @@ class SeriesError(ValueError):
 
 def device_utilization(stat):
     """The mean utilization of a kernel's devices, or None without measured devices."""
-    values = [d["utilization"] for d in (stat.get("devices") or {}).values()
+    if not stat.get("devices"):
+        return None
+    values = [d["utilization"] for d in stat["devices"].values()
               if isinstance(d, dict) and d.get("utilization") is not None]
     return round(sum(values) / len(values), 2) if values else None
 

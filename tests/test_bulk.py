@@ -1,9 +1,12 @@
 """The bulk writers keep every value as Django would store it, on both databases."""
 
 import datetime
+import uuid
+
+from django.db.models import F
 
 from agents_app.models import Agent
-from common.bulk import insert_rows, set_json_key, update_rows
+from common.bulk import AnyOf, insert_rows, set_json_key, update_rows
 from sessions_app.enums import Status
 from sessions_app.models import Kernel, Session, SessionEvent
 from tests.factories import make_agent, make_session
@@ -26,6 +29,21 @@ def test_insert_rows_returns_ids_in_order_and_keeps_values(alice):
     assert first.reason == "it's \"quoted\""
     assert second.data == {"i": 1, "nested": {"list": [1, None, "x"]}}
     assert first.created_at == at  # microseconds kept
+
+
+def test_any_of_finds_what_in_finds(alice):
+    """By a UUID key given as text or as UUIDs, by a foreign key, by a text key."""
+    kernels = [make_session(alice, Status.PENDING, name=f"s{n}").kernels.get() for n in range(3)]
+    wanted = [str(kernels[0].pk), str(kernels[2].pk), str(uuid.uuid4())]
+    assert set(Kernel.objects.filter(AnyOf(F("pk"), wanted))) == {kernels[0], kernels[2]}
+    assert set(Kernel.objects.filter(AnyOf(F("pk"), [uuid.UUID(k) for k in wanted]))) == \
+        set(Kernel.objects.filter(pk__in=wanted))
+    sessions = [str(kernels[1].session_id)]
+    assert list(Kernel.objects.filter(AnyOf(F("session_id"), sessions))) == [kernels[1]]
+    make_agent("a1"), make_agent("a2")
+    assert set(Agent.objects.filter(AnyOf(F("pk"), ["a2", "a3"])).values_list(
+        "pk", flat=True)) == {"a2"}
+    assert not Kernel.objects.filter(AnyOf(F("pk"), [])).exists()
 
 
 def test_update_rows_writes_each_row_its_values(alice):

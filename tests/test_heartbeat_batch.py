@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
@@ -232,6 +232,25 @@ def test_a_drain_takes_no_more_than_its_limit(queue):
     with drained("manager.heartbeat", queue=queue, priority=HEARTBEAT_PRIORITY,
                  limit=5) as taken:
         assert [kwargs["info"]["id"] for kwargs in taken] == ["a2"]
+
+
+def test_a_drain_reads_every_message_as_a_worker_would(queue):
+    """Plain JSON is parsed without kombu; a message with kombu's typed values, or a
+    compressed one, is still read by kombu, to the same kwargs a worker would get."""
+    from backendai_web.celery import app, drained
+
+    at = datetime(2026, 11, 29, 9, 30, tzinfo=UTC)
+    app.send_task("manager.heartbeat", kwargs={"info": {"id": "plain", "n": [1, 2.5, None]}},
+                  queue=queue, priority=HEARTBEAT_PRIORITY)
+    app.send_task("manager.heartbeat", kwargs={"info": {"id": "typed", "at": at}},
+                  queue=queue, priority=HEARTBEAT_PRIORITY)
+    app.send_task("manager.heartbeat", kwargs={"info": {"id": "zipped", "text": "x" * 500}},
+                  queue=queue, priority=HEARTBEAT_PRIORITY, compression="zlib")
+    with drained("manager.heartbeat", queue=queue, priority=HEARTBEAT_PRIORITY,
+                 limit=10) as taken:
+        assert [kwargs["info"] for kwargs in taken] == [
+            {"id": "plain", "n": [1, 2.5, None]}, {"id": "typed", "at": at},
+            {"id": "zipped", "text": "x" * 500}]
 
 
 KILLED_MID_BATCH = """

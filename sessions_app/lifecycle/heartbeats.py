@@ -8,20 +8,23 @@ queries, not its rows (docs/benchmarks/scale.md). `handle_heartbeat(info)` is a 
 """
 
 import logging
+import re
 import uuid
 from collections import namedtuple
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import orjson
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Q
+from django.db import connection, transaction
+from django.db.models import F, Q, TextField
+from django.db.models.functions import Cast
 
 from accounting_app import records as usage_records
 from agents_app import network_pool, rpc
 from agents_app.models import Agent, AgentStatus, Image, resource_limits
 from common import clock
-from common.bulk import update_rows
+from common.bulk import AnyOf, update_rows
 from scheduling_app.models import ScalingGroup
 from scheduling_app.scheduler import kicks
 from sessions_app import engine, series
@@ -360,18 +363,13 @@ def reconcile_many(lists):
         containers.snapshot_at = _snapshot_time(containers.taken_at)
         containers.by_kernel = {r["kernel_id"]: r for r in containers.reported
                                 if r.get("kernel_id")}
-        reported_ids.update(k for k in containers.by_kernel if is_uuid(k))
+        reported_ids.update(filter(None, map(_uuid_text, containers.by_kernel)))
         agent_ids.append(containers.agent.pk)
     # Nearly every kernel listed is RUNNING and running: of those only what a sample needs
     # is read; whole rows, with their sessions, only of the kernels that need an action.
     # The same SELECT brings the agents' RUNNING and TERMINATING kernels that they no
     # longer list (none in the steady state: every one is listed).
-    # Plain tuples, not model instances: building a thousand of those cost more than the
-    # rest of the batch's Python.
-    kernels = {str(row[0]): _Sampled(*row) for row in Kernel.objects.filter(
-        Q(pk__in=list(reported_ids))
-        | Q(agent_id__in=agent_ids, status__in=[S.RUNNING, S.TERMINATING]))
-        .values_list(*SAMPLED_FIELDS)}
+    kernels = _sampled(reported_ids, agent_ids)
     holding = {}  # agent id → its RUNNING and TERMINATING kernels, (id, kernel)
     for pk, kernel in kernels.items():
         if kernel.status in (S.RUNNING, S.TERMINATING):
@@ -396,6 +394,43 @@ def reconcile_many(lists):
                                             in zip(lists, points_of, strict=True)])
     for containers in lists:
         _end_gone(containers, holding.get(containers.agent.pk, ()))
+
+
+def _sampled(kernel_ids, agent_ids):
+    """{kernel id: _Sampled} of the kernels listed and of the agents' RUNNING and
+    TERMINATING ones. Plain tuples, not model instances: building a thousand of those cost
+    more than the rest of the batch's Python. On PostgreSQL the ids travel as one array
+    each, and come back as text: Django's `IN` of a thousand placeholders, and a UUID made
+    of each id read, were half of this query's cost (docs/benchmarks/scale.md)."""
+    running = [S.RUNNING.value, S.TERMINATING.value]
+    if connection.vendor != "postgresql":
+        return {str(row[0]): _Sampled(str(row[0]), str(row[1]), *row[2:])
+                for row in Kernel.objects.filter(
+                    Q(pk__in=list(kernel_ids)) | Q(agent_id__in=agent_ids, status__in=running))
+                .values_list(*SAMPLED_FIELDS)}
+    with connection.cursor() as cursor:
+        # status_changed as seconds: Django's loader of a time with its zone, in Python,
+        # cost more than the rest of the rows.
+        cursor.execute(
+            f"SELECT id::text, session_id::text, agent_id, status, "
+            f"extract(epoch from status_changed)::float8 "
+            f"FROM {Kernel._meta.db_table} WHERE id = ANY(%s::uuid[]) "
+            f"OR (agent_id = ANY(%s) AND status = ANY(%s))",
+            [list(kernel_ids), list(agent_ids), running])
+        return {pk: _Sampled(pk, session_id, agent_id, status,
+                             changed if changed is None else datetime.fromtimestamp(changed, UTC))
+                for pk, session_id, agent_id, status, changed in cursor.fetchall()}
+
+
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _uuid_text(text):
+    """A kernel id as str(uuid) writes it, or None when it is no UUID at all (the ids the
+    agents send are already so: checked without making a UUID of each)."""
+    if isinstance(text, str) and _CANONICAL_UUID.fullmatch(text):
+        return text
+    return _canonical(text) if is_uuid(text) else None
 
 
 def _reconcile_listed(containers, kernels, folds):
@@ -437,8 +472,9 @@ def _reconcile_listed(containers, kernels, folds):
                     series.point_of(kernel.pk, stat, snapshot_at.timestamp()))
             folded = container.get("samples") if containers.folds else [stat] if stat else ()
             if folded:
-                folds.append((kernel.pk, [{"at": snapshot_at.timestamp(), **sample}
-                                          for sample in folded if isinstance(sample, dict)]))
+                at = snapshot_at.timestamp()
+                folds.append((kernel.pk, [{"at": at, **sample} for sample in folded
+                                          if isinstance(sample, dict)]))
     return points
 
 
@@ -447,7 +483,7 @@ def _end_gone(containers, holding):
     read them) that it no longer lists, read again, after the actions on its listed ones,
     as they are now."""
     agent, settled = containers.agent, containers.snapshot_at - SNAPSHOT_MARGIN
-    listed = {_canonical(k) for k in [*containers.by_kernel, *containers.stopping]}
+    listed = {_uuid_text(k) or k for k in [*containers.by_kernel, *containers.stopping]}
     candidates = [kernel.pk for pk, kernel in holding if pk not in listed
                   and kernel.status_changed and kernel.status_changed < settled]
     if not candidates:
@@ -519,8 +555,12 @@ def _fold(folds):
     last_stat, with the window's averages; every sample into the utilization window) and
     their open usage records, in one statement each. A sample no later than the newest the
     window holds is there already (a fold sent again: a kernel's end repeats its last)."""
-    histories = dict(Kernel.objects.filter(pk__in=[pk for pk, _ in folds])
-                     .values_list("id", "stat_history"))
+    # The windows as text, parsed here by orjson: Django's JSONField parsing was a tenth of
+    # a fold's time.
+    folds = [(str(pk), folded) for pk, folded in folds]
+    histories = {str(pk): orjson.loads(text) if text else [] for pk, text in
+                 Kernel.objects.filter(AnyOf(F("pk"), [pk for pk, _ in folds]))
+                 .values_list("id", Cast("stat_history", TextField()))}
     window = settings.IDLE_UTILIZATION["window"]
     rows, samples = [], []
     for pk, folded in folds:
