@@ -87,6 +87,13 @@ def postgres_cpu():
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def machine_ticks():
+    """(busy, all) CPU ticks of the whole machine since boot (/proc/stat's first line)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle, iowait
+    return sum(values) - idle, sum(values)
+
+
 class Bench:
     def __init__(self):
         import django
@@ -409,6 +416,7 @@ class Bench:
 
         self.start(agents, per_agent, workers)
         cpu0 = {n: cpu_seconds(p.pid) for n, p in self.processes}
+        own0, postgres0, ticks0 = time.process_time(), postgres_cpu(), machine_ticks()
         started = time.time()
         errors = []
 
@@ -438,6 +446,14 @@ class Bench:
                 break
             time.sleep(1)
         cpu = {n: cpu_seconds(p.pid) - cpu0[n] for n, p in self.processes}
+        busy, ticks = (b - a for a, b in zip(ticks0, machine_ticks(), strict=True))
+        # Where the machine's CPU went (seconds): the creates (this process), the manager
+        # workers, the simulated agents, PostgreSQL; `machine_busy` is the share of all
+        # cores busy, from the first create to the last RUNNING.
+        spent = {"creates": round(time.process_time() - own0, 1),
+                 "workers": round(sum(v for n, v in cpu.items() if n.startswith("worker")), 1),
+                 "simulator": round(cpu.get("agents", 0), 1),
+                 "postgres": round(postgres_cpu() - postgres0, 1)}
         rows = self.read_records(started)
         reports = [r["ended"] - r["sent"] for r in rows
                    if r["task"] == "manager.kernel_event" and r["sent"]]
@@ -461,6 +477,7 @@ class Bench:
             "report_lag_p50_ms": round(percentile(reports, 0.5) * 1000),
             "report_lag_p95_ms": round(percentile(reports, 0.95) * 1000),
             "heartbeat_lag_p95_ms": round(percentile(beats, 0.95) * 1000),
+            "cpu_s": spent, "machine_busy": round(busy / ticks, 2) if ticks else None,
             "loadavg": loadavg(),
             **({"first_error": errors[0][:200]} if errors else {}),
         }
@@ -529,8 +546,9 @@ def main():
                   f"{result['p95_s']} s, {result['sessions_per_s']} sessions/s end to end "
                   f"(created at {result['created_per_s']}/s), report lag p50 "
                   f"{result['report_lag_p50_ms']} ms p95 {result['report_lag_p95_ms']} ms, "
-                  f"heartbeat lag p95 {result['heartbeat_lag_p95_ms']} ms, worker CPU "
-                  f"{result['worker_cpu_s']} s; loadavg {' '.join(result['loadavg'])}",
+                  f"heartbeat lag p95 {result['heartbeat_lag_p95_ms']} ms, CPU s "
+                  f"{result['cpu_s']}, machine {result['machine_busy']} busy; "
+                  f"loadavg {' '.join(result['loadavg'])}",
                   flush=True)
         rates = [r["sessions_per_s"] for r in results["burst"] if r["sessions_per_s"]]
         if len(rates) >= 2:
