@@ -468,6 +468,8 @@ class WarmBridges:
         self._sandboxes = {}  # name of a free one → its sandbox's container id
         self._lock = threading.Lock()
         self._filling = False
+        self._filler = None  # the thread that fills the pool, while it does
+        self._released = False
 
     def start(self):
         """At the agent's start: the warm bridges an earlier process left (free, or
@@ -515,10 +517,13 @@ class WarmBridges:
 
     def refill(self):
         with self._lock:
-            if self._filling or self.size <= 0 or self.agent.stopping.is_set():
+            if self._filling or self.size <= 0 or self.agent.stopping.is_set() or \
+                    self._released:
                 return
             self._filling = True
-        threading.Thread(target=self._fill, name="warm-bridges", daemon=True).start()
+            self._filler = threading.Thread(target=self._fill, name="warm-bridges",
+                                            daemon=True)
+            self._filler.start()  # under the lock: release_all joins none not started
 
     def _fill(self):
         try:
@@ -536,9 +541,14 @@ class WarmBridges:
                     self._after_starts()
                     sandbox = self._make_sandbox(name)
                     with self._lock:
-                        if sandbox:
-                            self._sandboxes[name] = sandbox
-                        self._free.append(name)
+                        kept = not (self._released or self.agent.stopping.is_set())
+                        if kept:
+                            if sandbox:
+                                self._sandboxes[name] = sandbox
+                            self._free.append(name)
+                    if not kept:  # made while the agent stops: after release_all's list
+                        _remove_warm_bridge(self.agent.docker, name)
+                        return
                 except (DockerException, OSError) as exc:
                     log.info("warm bridge not made: %s", exc)
                     return
@@ -606,14 +616,26 @@ class WarmBridges:
         return found
 
     def release_all(self):
-        """At the agent's stop: the free ones removed (an agent that comes back makes new)."""
+        """At the agent's stop: the free ones removed (an agent that comes back makes new),
+        and one being made when it came removed by its maker, which this waits for."""
         with self._lock:
+            self._released = True
             free, self._free = list(self._free), collections.deque()
             self._sandboxes.clear()
+            filler = self._filler
         for name in free:
-            with contextlib.suppress(DockerException, OSError):
-                remove_sandbox(self.agent.docker, name)
-                self.agent.docker.networks.get(name).remove()
+            _remove_warm_bridge(self.agent.docker, name)
+        if filler is not None:
+            filler.join(timeout=RELEASE_WAIT)
+
+
+RELEASE_WAIT = 30  # s that an agent's stop waits for a warm bridge being made
+
+
+def _remove_warm_bridge(docker_client, name):
+    with contextlib.suppress(DockerException, OSError):
+        remove_sandbox(docker_client, name)
+        docker_client.networks.get(name).remove()
 
 
 class AgentNetworks:

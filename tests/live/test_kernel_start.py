@@ -200,6 +200,23 @@ def test_a_warm_bridge_is_one_kernels_own_network_and_goes_with_it(agent, docker
         "label": f"{networks.SANDBOX_AGENT}={agent.id}"})
 
 
+def test_an_agent_that_stops_while_a_warm_bridge_is_made_leaves_none_behind(agent,
+                                                                            docker_client):
+    """The pool's refill makes a bridge and its sandbox while the agent stops: release_all
+    waits for it, and its maker removes what release_all could not list yet."""
+    for _ in range(3):
+        agent.stopping.clear()
+        agent.networks = networks.AgentNetworks(agent, warm_bridges=1)
+        pool = agent.networks.warm
+        pool.refill()  # the bridge is being made now
+        time.sleep(0.05)
+        agent.stopping.set()
+        pool.release_all()
+        wait_for(lambda p=pool: not p._filling, timeout=30, message="the refill ended")
+        assert warm_bridges_of(docker_client, agent) == []
+        assert sandboxes_of(docker_client, agent) == []
+
+
 def test_a_missing_storage_folder_fails_the_start_at_once_with_kind_agent_and_nothing_left(
         agent, docker_client, tmp_path):
     spec = kernel_spec(agent, mounts=[{"folder": "data", "host_path": str(tmp_path / "gone"),
