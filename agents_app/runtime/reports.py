@@ -51,8 +51,9 @@ class Outbox:
         # A heartbeat's repr, which Celery writes into every message's headers for logs
         # and monitors, would be a kilobyte of its lists, and making it was a seventh of
         # the simulated agents' CPU: its agent's id says what it is.
-        options = {"kwargsrepr": f"{{'info': <heartbeat of agent {kwargs['info'].get('id')}>}}"
-                   } if task == "manager.heartbeat" else {}
+        options = {}
+        if task == "manager.heartbeat":
+            options["kwargsrepr"] = f"{{'info': <heartbeat of agent {kwargs['info'].get('id')}>}}"
         try:
             app.send_task(task, kwargs=kwargs, queue="manager", ignore_result=True,
                           retry=False, priority=priority, **options)

@@ -430,7 +430,10 @@ def _uuid_text(text):
     agents send are already so: checked without making a UUID of each)."""
     if isinstance(text, str) and _CANONICAL_UUID.fullmatch(text):
         return text
-    return _canonical(text) if is_uuid(text) else None
+    try:
+        return str(uuid.UUID(str(text)))
+    except ValueError:
+        return None
 
 
 def _reconcile_listed(containers, kernels, folds):
@@ -483,7 +486,7 @@ def _end_gone(containers, holding):
     read them) that it no longer lists, read again, after the actions on its listed ones,
     as they are now."""
     agent, settled = containers.agent, containers.snapshot_at - SNAPSHOT_MARGIN
-    listed = {_uuid_text(k) or k for k in [*containers.by_kernel, *containers.stopping]}
+    listed = {_canonical(k) for k in [*containers.by_kernel, *containers.stopping]}
     candidates = [kernel.pk for pk, kernel in holding if pk not in listed
                   and kernel.status_changed and kernel.status_changed < settled]
     if not candidates:
@@ -511,10 +514,7 @@ def _end_gone(containers, holding):
 
 def _canonical(kernel_id):
     """A kernel id as str(uuid) writes it; anything else as it is (it matches none)."""
-    try:
-        return str(uuid.UUID(str(kernel_id)))
-    except ValueError:
-        return kernel_id
+    return _uuid_text(kernel_id) or kernel_id
 
 
 def reconcile_kept(agent, kept, taken_at=None):
