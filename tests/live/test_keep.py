@@ -335,8 +335,10 @@ def test_a_drop_removes_the_kept_container_its_commit_and_volume(agents, docker_
     assert agent.heartbeat_info()["kept"] == []
 
 
-# A workload that takes its grace period: SIGTERM makes it wait 3 s before it ends.
-SLOW_TO_END = "trap 'sleep 3; exit 0' TERM; while :; do sleep 1; done"
+# A workload that takes its grace period: SIGTERM makes it wait 3 s before it ends. It says
+# when its trap is set (a SIGTERM before that ends it at once).
+SLOW_TO_END = ("trap 'sleep 3; exit 0' TERM; touch /home/work/trapped; "
+               "while :; do sleep 1; done")
 
 
 @pytest.mark.parametrize("forced", [False, True])
@@ -346,6 +348,9 @@ def test_a_destroy_during_a_keeping_stop_removes_the_kernel(agents, docker_clien
     spec = spec_of(agent, keep_image, grace_period=10)
     spec["startup_command"] = SLOW_TO_END
     container_id = start(agent, spec)
+    wait_for(lambda: docker_client.containers.get(container_id).exec_run(
+        ["test", "-e", "/home/work/trapped"]).exit_code == 0, timeout=10,
+        message="the workload's trap set")
     started = time.monotonic()
     assert agent.stop_kernel(spec["kernel_id"], container_id, "idle") == "stopping"
     wait_for(lambda: docker_client.containers.get(container_id).attrs["State"].get(
