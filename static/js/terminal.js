@@ -13,9 +13,10 @@ function terminalId() {
   return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
+// The terminal's modules, fetched when the page loads; `open` waits for them.
 async function setup() {
-  const { Terminal } = await import(section.dataset.xterm);
-  const { FitAddon } = await import(section.dataset.fit);
+  const [{ Terminal }, { FitAddon }] = await Promise.all([
+    import(section.dataset.xterm), import(section.dataset.fit)]);
   const tabs = document.getElementById("terminal-tabs");
   const panes = document.getElementById("terminal-panes");
   let opened = 0;
@@ -126,11 +127,21 @@ async function setup() {
     if (terminals.length) select(terminals[terminals.length - 1]);
   }
 
-  document.getElementById("terminal-new").addEventListener("click", open);
   // Leaving the page ends its shells (a reload is a new page, with new terminals).
   window.addEventListener("pagehide", () => {
     for (const entry of terminals) { entry.closed = true; control(entry, { close: true }); }
   });
+  return open;
 }
 
-if (section) setup();
+if (section) {
+  // The button works from the start: a click before the modules have arrived (the page's
+  // load event does not wait for a dynamic import) opens its terminal once they have.
+  const button = document.getElementById("terminal-new");
+  const ready = setup();
+  ready.catch((error) => {
+    button.disabled = true;
+    button.title = `The terminal could not load: ${error}`;
+  });
+  button.addEventListener("click", () => { ready.then((open) => open(), () => {}); });
+}

@@ -67,8 +67,20 @@ def test_terminal_types_reads_resizes_resumes_and_closing_ends_the_shell(
     Session.objects.filter(pk=session.pk).update(last_activity=None)
     page = browser_context.new_page()
     log_in(page, "alice")
+    # The first click lands before xterm's module has arrived (held here; the page's load
+    # event does not wait for it): its terminal opens once the module is there.
+    held = []
+    page.route("**/xterm.mjs", lambda route: held.append(route))
     page.goto(f"/sessions/{session.pk}/")
+    for _ in range(200):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the page did not ask for xterm's module"
     page.click("#terminal-new")
+    page.wait_for_timeout(200)
+    held[0].continue_()
+    page.unroute("**/xterm.mjs")
     expect(page.locator(".terminal-tab").first).to_have_attribute("data-state", "connected",
                                                                  timeout=TIMEOUT_MS)
     type_in(page, "echo $((40+2))-typed; A=kept; stty size")
