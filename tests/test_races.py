@@ -296,3 +296,35 @@ def test_a_kernel_report_that_loses_a_deadlock_is_handled_again(postgres, alice,
     assert kernel.status == Status.TERMINATED and kernel.exit_code == 3
     agent.refresh_from_db()
     assert agent.occupied_slots.get("cpu", "0") == "0"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_first_heartbeats_of_a_new_agent_handled_at_once_both_land(postgres, no_broker,
+                                                                       caplog):
+    """Two batches each hold a first heartbeat of the same new agent (a backlog the workers
+    share): the one whose insert waits for the other's commit updates the row that one made,
+    with no error and nothing lost."""
+    from agents_app.models import Agent
+    from sessions_app.lifecycle.heartbeats import _handle_batch
+
+    def info(taken_at, addr):
+        return {"id": "new-agent", "scaling_group": "default", "taken_at": taken_at,
+                "addr": addr, "kernels": []}
+
+    first_inserted = threading.Event()
+
+    def first():
+        with transaction.atomic():
+            _handle_batch([info(time.time(), "first")])
+            first_inserted.set()
+            time.sleep(0.5)  # the second one's insert now waits for this commit
+        return "first committed"
+
+    def second():
+        first_inserted.wait(10)
+        return handle_heartbeat(info(time.time(), "second")).addr
+
+    assert race(first, second) == ["first committed", "second"]
+    agent = Agent.objects.get(pk="new-agent")
+    assert agent.addr == "second" and agent.status == "ALIVE"
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")]

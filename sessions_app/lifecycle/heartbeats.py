@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q, TextField
 from django.db.models.functions import Cast
 
@@ -180,12 +180,11 @@ def _agent_heartbeat(agent, info, now):
                                 for c in info["kernels"]]
         fields["containers_at"] = _snapshot_time(info.get("taken_at"))
         fields["stopping"] = [str(k) for k in info.get("stopping") or ()]
-    row = None
+    row, joined = None, False
     if agent is None:
-        agent = Agent.objects.create(id=info["id"], status=AgentStatus.ALIVE, first_contact=now,
-                                     scaling_group=group, **fields)
-        log.info("agent %s joined scaling group %s", agent.pk, group.name,
-                 extra={"agent_id": agent.pk})
+        agent, joined = _join(info["id"], group, now, fields)
+    if joined:
+        pass
     elif agent.status != AgentStatus.ALIVE or agent.scaling_group_id != group.pk:
         agent.scaling_group = group
         for name, value in fields.items():
@@ -200,6 +199,22 @@ def _agent_heartbeat(agent, info, now):
             setattr(agent, name, value)
         row = (tuple(fields), (agent.pk, *fields.values()))
     return _Heartbeat(agent, info, group, was_lost, takes_kernels_again, previous_swarm, row)
+
+
+def _join(agent_id, group, now, fields):
+    """A new agent's row, made now: (agent, True). When another batch made it meanwhile
+    (the agent's first heartbeats handled at once, as after a backlog), that row, locked:
+    (agent, False), and this heartbeat updates it."""
+    try:
+        with transaction.atomic():  # a savepoint: the batch goes on after a conflict
+            agent = Agent.objects.create(id=agent_id, status=AgentStatus.ALIVE,
+                                         first_contact=now, scaling_group=group, **fields)
+    except IntegrityError:
+        return Agent.objects.select_for_update(of=("self",), no_key=True)\
+            .select_related("scaling_group").get(pk=agent_id), False
+    log.info("agent %s joined scaling group %s", agent.pk, group.name,
+             extra={"agent_id": agent.pk})
+    return agent, True
 
 
 def _after_containers(beat):
