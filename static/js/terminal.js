@@ -5,6 +5,7 @@
 const section = document.getElementById("terminals");
 const encoder = new TextEncoder();
 const REFUSED = new Set([4401, 4403, 4404, 4409]);  // no point trying again
+const HELD_MAX = 64 * 1024;  // bytes typed while a dropped connection is resumed, kept for it
 const terminals = [];
 window.sessionTerminals = terminals;  // for the browser tests
 
@@ -33,7 +34,8 @@ async function setup() {
 
   function open() {
     opened += 1;
-    const entry = { id: terminalId(), retries: 0, closed: false, exited: false, ws: null };
+    const entry = { id: terminalId(), retries: 0, closed: false, exited: false, ws: null,
+                    held: [], heldBytes: 0 };
     entry.tab = document.createElement("span");
     entry.tab.className = "terminal-tab";
     entry.tab.setAttribute("role", "tab");
@@ -76,7 +78,12 @@ async function setup() {
     ws.binaryType = "arraybuffer";
     entry.ws = ws;
     state(entry, "connecting");
-    ws.onopen = () => state(entry, "");
+    ws.onopen = () => {
+      state(entry, "");
+      for (const bytes of entry.held) ws.send(bytes);  // typed while it was down
+      entry.held = [];
+      entry.heldBytes = 0;
+    };
     ws.onmessage = (event) => {
       if (typeof event.data !== "string") {
         entry.retries = 0;
@@ -109,7 +116,17 @@ async function setup() {
   }
 
   function send(entry, bytes) {
-    if (entry.ws && entry.ws.readyState === WebSocket.OPEN) entry.ws.send(bytes);
+    if (entry.ws && entry.ws.readyState === WebSocket.OPEN) {
+      entry.ws.send(bytes);
+    } else if (!entry.closed && !entry.exited) {
+      // Not connected (yet, or again): kept for the connection's open, so that keys typed
+      // during a drop reach the resumed shell, in order.
+      entry.held.push(bytes);
+      entry.heldBytes += bytes.length;
+      while (entry.heldBytes > HELD_MAX && entry.held.length) {
+        entry.heldBytes -= entry.held.shift().length;
+      }
+    }
   }
 
   function control(entry, message) {

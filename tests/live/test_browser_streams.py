@@ -99,11 +99,12 @@ def test_terminal_types_reads_resizes_resumes_and_closing_ends_the_shell(
     type_in(page, "stty size | sed s/^/size-/")
     wait_text(page, rf"size-\d+ {cols_after}\s")
 
-    # A dropped connection resumes the same shell: its variable is still there.
+    # A dropped connection resumes the same shell: its variable is still there, and what is
+    # typed while the connection is down reaches it once the connection is back.
     page.evaluate("window.sessionTerminals[0].ws.close()")
+    type_in(page, 'echo "A=$A"-resumed; echo pid-"$$"-end')
     expect(page.locator(".terminal-tab").first).to_have_attribute("data-state", "connected",
                                                                  timeout=TIMEOUT_MS)
-    type_in(page, 'echo "A=$A"-resumed; echo pid-"$$"-end')
     wait_text(page, r"A=kept-resumed")
     pid = wait_text(page, r"pid-(\d+)-end").group(1)
 
