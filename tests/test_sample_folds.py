@@ -168,3 +168,35 @@ def test_a_kernels_end_brings_its_unfolded_samples_and_none_counts_twice(folding
     assert record.sampled_seconds == 40  # each sample once
     assert record.cpu_used == pytest.approx(40)
     assert record.mem_peak == 900 << 20
+
+
+def test_an_agents_kernels_fold_in_one_heartbeat_a_period(monkeypatch):
+    """However their first samples fell, an agent's kernels fold together, once a period:
+    a manager's batch of a few heartbeats then seldom holds a fold."""
+    monkeypatch.setattr(samples_module.random, "uniform", lambda a, b: 10.0)
+    now = Now()
+    folds = SampleFolds(PERIOD, clock=now)
+    started = {"a": 0, "b": 5, "c": 15}
+    seen = []
+    for t in range(0, 85, 5):
+        now.t = t
+        entries = folds.fold([{"kernel_id": k, "state": "running", "stat": {"at": t}}
+                              for k, at in started.items() if at <= t])
+        seen.append((t, sorted(e["kernel_id"] for e in entries if "samples" in e)))
+    folding = [(t, kernels) for t, kernels in seen if kernels]
+    # each kernel's first sample at once; then all three at 20 (the agent's first period
+    # shortened by its random part), 50 and 80
+    assert folding == [(0, ["a"]), (5, ["b"]), (15, ["c"]), (20, ["a", "b", "c"]),
+                       (50, ["a", "b", "c"]), (80, ["a", "b", "c"])]
+
+
+def test_an_agent_late_by_periods_folds_once_then_a_period_later():
+    now = Now()
+    folds = SampleFolds(PERIOD, clock=now)
+    folds.add("k", {"at": 0})
+    now.t = 200  # paused, then a heartbeat
+    assert folds.add("k", {"at": 200}) == [{"at": 200}]
+    now.t = 205
+    assert folds.add("k", {"at": 205}) is None
+    now.t = 230
+    assert [s["at"] for s in folds.add("k", {"at": 230})] == [205, 230]

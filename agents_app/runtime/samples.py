@@ -9,10 +9,13 @@ instead of once a heartbeat (docs/benchmarks/scale.md), and no sample is skipped
 utilization window and the usage (memory's peak and its mean over time, devices) count
 every one, as before.
 
-A kernel's first sample is a fold of its own (its row shows a stat at once); its next fold
-comes after a random part of the period, then every period: the folds of kernels that
-started together (an agent's restart, the bench's thousand agents) are spread over the
-period, not all in one heartbeat of each.
+An agent folds all its kernels in one heartbeat a period, the first after a random part of
+it: agents that started together (the bench's thousand) fold at different times, and one
+heartbeat in every period's few carries the agent's folds. A manager's batch of heartbeats
+that holds a fold costs it a few statements more however few kernels fold, so at a few
+heartbeats a batch the folds of an agent's kernels in one heartbeat cost a fraction of the
+same folds spread over all of them (docs/benchmarks/scale.md). A kernel's first sample is a
+fold of its own (its row shows a stat at once); it then folds with the agent's others.
 
 A kernel that ends or stops takes the samples of its last fold and the pending ones in its
 report (`take`): the manager adds those its usage record lacks before it closes the
@@ -34,37 +37,51 @@ class SampleFolds:
         self.seconds = seconds
         self.clock = clock
         self._lock = threading.Lock()
-        # kernel id → {"pending": [sample], "folded": the last fold's, "at": its clock time}
+        # kernel id → {"pending": [sample], "folded": the last fold's, "new": not folded yet}
         self._kernels = {}
+        self._next = None  # the clock time of the agent's next fold
 
     def fold(self, entries):
-        """A heartbeat's kernel entries, each running one's with `samples` when its fold
-        is due; the kernels not listed (their containers gone) forgotten. A kernel being
-        stopped stays: its report takes its samples."""
+        """A heartbeat's kernel entries, each running one's with `samples` when the agent's
+        fold is due (or it is the kernel's first sample); the kernels not listed (their
+        containers gone) forgotten. A kernel being stopped stays: its report takes its
+        samples."""
+        due = self._due(self.clock())
         for entry in entries:
             if entry["state"] == "running" and entry.get("kernel_id"):
-                samples = self.add(entry["kernel_id"], entry.get("stat"))
+                samples = self._add(entry["kernel_id"], entry.get("stat"), due)
                 if samples:
                     entry["samples"] = samples
         self.keep([entry.get("kernel_id") for entry in entries])
         return entries
 
     def add(self, kernel_id, stat):
-        """The kernel's new sample ({} when none); the samples to send as a fold, or None
-        while the fold is not due."""
-        now = self.clock()
+        """One kernel's new sample ({} when none), as a heartbeat of it alone: the samples
+        to send as a fold, or None while the fold is not due."""
+        return self._add(kernel_id, stat, self._due(self.clock()))
+
+    def _due(self, now):
+        """Whether the agent's fold is due at `now` (its schedule then moves a period on)."""
+        with self._lock:
+            if self._next is None:
+                self._next = now + self.seconds - random.uniform(0, self.seconds)  # noqa: S311 - a spread
+                return False
+            if now < self._next:
+                return False
+            self._next += self.seconds
+            if self._next <= now:  # a heartbeat late by a period or more (a pause)
+                self._next = now + self.seconds
+            return True
+
+    def _add(self, kernel_id, stat, due):
         with self._lock:
             kernel = self._kernels.setdefault(kernel_id, {"pending": [], "folded": [],
-                                                          "at": None})
+                                                          "new": True})
             if stat:
                 kernel["pending"].append(stat)
-            due = kernel["at"] is None or now - kernel["at"] >= self.seconds
-            if not (due and kernel["pending"]):
+            if not ((due or kernel["new"]) and kernel["pending"]):
                 return None
-            first = kernel["at"] is None
-            fold, kernel["pending"], kernel["at"] = kernel["pending"], [], now
-            if first:
-                kernel["at"] -= random.uniform(0, self.seconds)  # noqa: S311 - a spread
+            fold, kernel["pending"], kernel["new"] = kernel["pending"], [], False
             kernel["folded"] = fold
             return fold
 
