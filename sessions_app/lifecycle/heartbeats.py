@@ -180,12 +180,13 @@ def _agent_heartbeat(agent, info, now):
                                 for c in info["kernels"]]
         fields["containers_at"] = _snapshot_time(info.get("taken_at"))
         fields["stopping"] = [str(k) for k in info.get("stopping") or ()]
-    row, joined = None, False
     if agent is None:
         agent, joined = _join(info["id"], group, now, fields)
-    if joined:
-        pass
-    elif agent.status != AgentStatus.ALIVE or agent.scaling_group_id != group.pk:
+        if joined:  # its row is made with these fields
+            return _Heartbeat(agent, info, group, was_lost, takes_kernels_again,
+                              previous_swarm, None)
+    row = None
+    if agent.status != AgentStatus.ALIVE or agent.scaling_group_id != group.pk:
         agent.scaling_group = group
         for name, value in fields.items():
             setattr(agent, name, value)
