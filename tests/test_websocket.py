@@ -4,6 +4,7 @@ import datetime
 
 import pytest
 import pytest_asyncio
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import connections
@@ -16,6 +17,7 @@ from backendai_web.asgi import application
 from backendai_web.metrics_view import exposition
 from identity_app.keypairs import main_keypair
 from scheduling_app.models import ScalingGroup
+from sessions_app import events
 from sessions_app.enums import Status
 from sessions_app.lifecycle import destroy_session
 from sessions_app.models import Session, SessionEvent
@@ -66,9 +68,14 @@ async def close_worker_thread_connections():
 
 
 async def new_session(user, status=S.PENDING, name="s1"):
+    """The session, its events published: the publisher thread sends them after the
+    commits, and one sent after a page subscribed would reach that page (CI saw a page's
+    first message be such an event, not the samples it waited for)."""
     agent = await database_sync_to_async(lambda: Agent.objects.get(pk="ws-agent"))()
-    return await database_sync_to_async(make_session)(user, status, name=name, agent=agent,
-                                                      scaling_group="no-agents")
+    session = await database_sync_to_async(make_session)(user, status, name=name, agent=agent,
+                                                         scaling_group="no-agents")
+    await sync_to_async(events.flush)()
+    return session
 
 
 async def connect(cookie=None, path="/ws/events/", origin="http://testserver"):
