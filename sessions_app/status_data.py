@@ -24,6 +24,7 @@ class Key(StrEnum):
     FORCED_AT = "forced_at"              # when TERMINATING became a forced kill: progress
     LAST_DESTROY_REQUEST = "last_destroy_request"  # ISO time of the last resend: progress
     LAST_CHECK = "last_check"            # ISO time the image check was last resent: progress
+    LAST_CREATE = "last_create"          # ISO time the create was last resent: progress
     ENDED_WITH = "ended_with"            # the kernel whose end stopped this one: progress
     TEARDOWN_ERROR = "teardown_error"    # what failed while removing it: agent_reports
     KERNEL = "kernel"                    # Backend.AI's {"exit_code": …}: destroy

@@ -7,12 +7,15 @@ from unittest.mock import ANY
 import pytest
 import time_machine
 
+from agents_app.models import Agent, AgentStatus
 from common import clock
 from scheduling_app.models import ScalingGroup
+from sessions_app import engine
 from sessions_app.enums import Status
-from sessions_app.lifecycle import progress
+from sessions_app.lifecycle import progress, stop
 from sessions_app.lifecycle.agent_reports import handle_kernel_event
 from sessions_app.models import SessionEvent
+from sessions_app.status_data import Key
 from tests.factories import make_agent, make_session
 
 S = Status
@@ -165,3 +168,60 @@ def test_a_container_docker_cannot_create_cancels_its_session_that_never_ran(
     assert (sub.status, sub.status_info) == (S.CANCELLED, f"creating failed: {error}")
     assert (session.status, session.status_info) == (S.CANCELLED, f"creating failed: {error}")
     assert main.agent.free_slots == {"cpu": 4, "mem": 8 * 2**30}  # both kernels' slots
+
+
+# A request leaves after the commit of its status: a process killed between the two takes
+# it along (CI saw a manager worker killed -9 leave a kernel CREATING), and the report
+# that moved the kernel, delivered again, finds nothing left to do. It is asked again.
+
+def test_a_create_that_never_left_is_asked_again_after_30_s_once_per_30_s(
+        alice, frozen, sent):
+    session = make_session(alice, S.CREATING)  # its create was never sent
+    kernel = session.kernels.get()
+    later(frozen, 29)
+    assert progress.check_pulling_progress() == 0
+    later(frozen, 31)
+    assert progress.check_pulling_progress() == 1
+    assert [spec["spec"]["kernel_id"] for spec in sends(sent, "agent.create_kernel")] == [
+        str(kernel.pk)]
+    later(frozen, 45)
+    assert progress.check_pulling_progress() == 0  # once per 30 s
+    later(frozen, 62)
+    assert progress.check_pulling_progress() == 1
+    # Started: the report ends it.
+    handle_kernel_event(kernel.pk, "kernel_started", {"container_id": "c1"})
+    later(frozen, 100)
+    assert progress.check_pulling_progress() == 0
+    assert len(sends(sent, "agent.create_kernel")) == 2
+
+
+def test_a_create_is_not_asked_again_through_a_lost_agent_nor_before_a_retry_is_due(
+        alice, frozen, sent):
+    lost = make_session(alice, S.CREATING, agent=make_agent("gone"), name="lost")
+    waiting = make_session(alice, S.CREATING, agent=make_agent("here"), name="waiting")
+    Agent.objects.filter(pk="gone").update(status=AgentStatus.LOST)
+    kernel = waiting.kernels.get()
+    engine.merge_status_data(kernel, {Key.NEXT_RETRY: "2026-01-01T10:01:00+00:00"})
+    later(frozen, 40)
+    assert progress.check_pulling_progress() == 0  # its retry is due at 60 s
+    later(frozen, 85)
+    assert progress.check_pulling_progress() == 0  # and was sent then
+    later(frozen, 91)
+    assert progress.check_pulling_progress() == 1
+    assert [s["spec"]["kernel_id"] for s in sends(sent, "agent.create_kernel")] == [
+        str(kernel.pk)]
+    assert lost.kernels.get().status == S.CREATING  # check_progress times it out
+
+
+def test_a_stop_that_never_left_is_asked_again_as_a_stop_never_as_a_destroy(
+        alice, frozen, sent):
+    session = make_session(alice, S.RUNNING)
+    stop.stop_session(session, reason="user-requested")
+    sent.clear()  # as if the process died before its stop request left
+    kernel = session.kernels.get()
+    later(frozen, 31)
+    assert progress.terminate_sessions() == 1
+    assert sends(sent, "agent.stop_kernel") == [{
+        "kernel_id": str(kernel.pk), "container_id": kernel.container_id,
+        "reason": "user-requested"}]
+    assert sends(sent, "agent.destroy_kernel") == []  # it would remove what the stop keeps

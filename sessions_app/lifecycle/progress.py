@@ -101,8 +101,26 @@ def _move(kernel, mark, send):
 
 
 def check_pulling_progress():
-    """Ask again for PREPARING kernels whose image check went unanswered."""
-    return _resend_stale(S.PREPARING, Key.LAST_CHECK, rpc.send_check_and_pull)
+    """Ask again for PREPARING kernels whose image check went unanswered, and for CREATING
+    ones whose create did. Each request leaves after the commit of its status, so a
+    process killed between the two (a manager worker handling the report that moved it)
+    takes it along; the report, delivered again, finds the status already moved. An agent
+    joins a create in flight and reports a container it has (agents_app/runtime/starts.py),
+    so one asked twice makes one container. Not while a retry waits out its backoff, nor
+    through an agent that is not ALIVE (check_progress retries or reschedules those)."""
+    return (_resend_stale(S.PREPARING, Key.LAST_CHECK, rpc.send_check_and_pull)
+            + _resend_stale(S.CREATING, Key.LAST_CREATE, create_kernel,
+                            skip=_not_to_ask_again))
+
+
+def _not_to_ask_again(kernels):
+    """Kernels whose agent is not ALIVE, and those whose retry is due in the future or was
+    sent less than RESEND_AFTER ago."""
+    recent = clock.now() - RESEND_AFTER
+    alive = set(Agent.objects.filter(pk__in={k.agent_id for k in kernels if k.agent_id},
+                                     status=AgentStatus.ALIVE).values_list("pk", flat=True))
+    return {k.pk for k in kernels if k.agent_id not in alive or (
+        (retry := StatusData(k.status_data).next_retry) is not None and retry > recent)}
 
 
 def terminate_sessions():
@@ -133,8 +151,13 @@ def being_stopped(kernels):
 
 
 def _send_destroy_again(kernel):
+    """The kernel's request again: a stop to keep it (stop.stop_session) stays a stop
+    until it is forced (a destroy would remove the files the stop keeps)."""
     data = StatusData(kernel.status_data)
     forced = data.forced or kernel.status == S.ERROR
+    if kernel.status_data.get(Key.STOP) and not forced:
+        rpc.send_stop_kernel(kernel, kernel.status_info)
+        return
     rpc.send_destroy_kernel(kernel, data.destroy_reason or kernel.status_info, forced=forced)
 
 
