@@ -24,7 +24,7 @@ from common import clock
 from sessions_app.enums import Status
 from sessions_app.lifecycle.heartbeats import handle_heartbeat, handle_heartbeats
 from sessions_app.models import Kernel, KernelStat, Session, SessionEvent
-from tests.factories import make_session
+from tests.factories import make_agent, make_session
 
 S = Status
 
@@ -287,3 +287,28 @@ def test_heartbeats_of_a_worker_killed_mid_batch_stay_in_the_broker(queue):
     with drained("manager.heartbeat", queue=queue, priority=HEARTBEAT_PRIORITY,
                  limit=10) as taken:
         assert sorted(kwargs["info"]["id"] for kwargs in taken) == ["a0", "a1"]
+
+
+@pytest.mark.parametrize("status", [AgentStatus.ALIVE, AgentStatus.LOST])
+def test_a_batch_reads_each_agents_row_and_group_as_the_orm_does(db, status):
+    """The batch's lock of the agents' rows (one statement of its own on PostgreSQL) reads
+    what the ORM reads, each field in its place, and defers the rest."""
+    from sessions_app.lifecycle.heartbeats import READ, _lock_agents
+
+    lost_at = clock.now() - timedelta(minutes=3)
+    for n, group in enumerate(("default", "gpu")):
+        make_agent(f"row-{n}", group=group)
+    Agent.objects.filter(pk="row-1").update(
+        status=status, lost_at=lost_at, docker_error="engine away",
+        swarm={"state": "active", "node_id": "n1", "manager": True, "departed": ["n0"]})
+    with transaction.atomic():
+        locked = _lock_agents(["row-1", "row-0", "unknown"])
+    assert list(locked) == ["row-0", "row-1"]
+    for pk, agent in locked.items():
+        stored = Agent.objects.select_related("scaling_group").get(pk=pk)
+        assert {name: getattr(agent, name) for name in READ} == {
+            name: getattr(stored, name) for name in READ}
+        assert agent.scaling_group.name == stored.scaling_group.name
+        assert agent.get_deferred_fields() >= {"containers", "images", "available_slots"}
+    assert locked["row-1"].swarm["departed"] == ["n0"]
+    assert (locked["row-1"].status, locked["row-1"].lost_at) == (status, lost_at)

@@ -91,16 +91,7 @@ def _batches(infos):
 def _handle_batch(infos):
     """Heartbeats of distinct agents, in the caller's transaction: their Agent rows."""
     now = clock.now()
-    # The agents' rows locked in one order (two workers' batches never wait for each other
-    # in a cycle), each with its group: no query for the group when the agent stays in it.
-    # FOR NO KEY UPDATE: a kernel report's writes check their foreign key to the agent
-    # (FOR KEY SHARE), which a plain FOR UPDATE blocks; with the kernel rows this batch
-    # then waits for, that was a deadlock (a report lost to it).
-    # Not the lists a heartbeat writes anew (decoding them was a tenth of its cost).
-    locked = {agent.pk: agent for agent in Agent.objects.select_for_update(of=("self",),
-                                                                          no_key=True)
-              .select_related("scaling_group").defer(*REWRITTEN)
-              .filter(pk__in=[info["id"] for info in infos]).order_by("pk")}
+    locked = _lock_agents([info["id"] for info in infos])
     beats, updates = [], {}
     for info in infos:
         beat = _agent_heartbeat(locked.get(info["id"]), info, now)
@@ -126,6 +117,54 @@ def _handle_batch(infos):
 
 
 REWRITTEN = ("containers", "stopping", "networks", "kept", "devices", "images")
+# What a heartbeat reads of an agent's row (besides its id): whether it is ALIVE in the
+# group it names, and what it compares its report with.
+READ = ("status", "scaling_group", "docker_error", "lost_at", "swarm")
+
+
+def _lock_agents(ids):
+    """{id: Agent} of the agents' rows, locked in one order (two workers' batches never
+    wait for each other in a cycle), each with its group: no query for the group when the
+    agent stays in it.
+
+    FOR NO KEY UPDATE: a kernel report's writes check their foreign key to the agent (FOR
+    KEY SHARE), which a plain FOR UPDATE blocks; with the kernel rows this batch then waits
+    for, that was a deadlock (a report lost to it).
+
+    Only the READ fields are loaded, the others deferred (a save writes what was read or
+    set). On PostgreSQL in one statement of a fixed text, the ids as one array: Django's
+    compilation of this query with its join, and its model instances, were a fifth of a
+    manager worker's CPU at 100 agents (docs/benchmarks/scale.md, the tenth step)."""
+    if connection.vendor != "postgresql":
+        return {agent.pk: agent for agent in Agent.objects.select_for_update(of=("self",),
+                                                                            no_key=True)
+                .select_related("scaling_group").only(*READ, "scaling_group__name")
+                .filter(pk__in=ids).order_by("pk")}
+    fields = _read_fields()
+    columns = ", ".join(f"a.{f.column}::text" if f.get_internal_type() == "JSONField"
+                        else f"a.{f.column}" for f in fields)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {columns}, g.name FROM {Agent._meta.db_table} a "
+            f"JOIN {ScalingGroup._meta.db_table} g ON g.id = a.scaling_group_id "
+            f"WHERE a.id = ANY(%s) ORDER BY a.id FOR NO KEY UPDATE OF a", [list(ids)])
+        rows = cursor.fetchall()
+    names = [f.attname for f in fields]
+    locked = {}
+    for *values, group_name in rows:
+        values = [orjson.loads(v) if v is not None and f.get_internal_type() == "JSONField"
+                  else v for f, v in zip(fields, values, strict=True)]
+        agent = Agent.from_db(connection.alias, names, values)
+        agent.scaling_group = ScalingGroup.from_db(connection.alias, ("id", "name"),
+                                                   (agent.scaling_group_id, group_name))
+        locked[agent.pk] = agent
+    return locked
+
+
+def _read_fields():
+    """The id and READ fields, in the model's order (Model.from_db takes them so)."""
+    wanted = {"id", *READ}
+    return [f for f in Agent._meta.concrete_fields if f.name in wanted]
 
 
 @dataclass
