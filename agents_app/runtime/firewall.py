@@ -17,7 +17,8 @@ accept rule comes first, so a rule in DOCKER-USER misses some packets. The drop 
 link-local destinations (169.254.0.0/16, the cloud metadata address 169.254.169.254
 among them, where a cloud machine hands its credentials to whoever asks) is therefore
 in the mangle table's PREROUTING, which Docker never writes and every packet from a
-kernel passes before routing.
+kernel passes before routing. For the same reason the mangle table's FORWARD, not
+Docker's isolation chains alone, keeps kernels of different sessions apart.
 
 Several agents on one host (tests, a second engine) may refresh the chains at once: the
 refresh holds an exclusive lock on a file, so no two interleave their inserts and deletes.
@@ -46,6 +47,14 @@ OUTBOUND_CHAIN = "BAI-KERNELS-OUT"
 OUTBOUND_TABLE = "mangle"
 LINK_LOCAL = "169.254.0.0/16"
 OUTBOUND_RULES = [["-d", LINK_LOCAL, "-j", "DROP"]]
+# Kernels of different sessions apart: a packet routed from a kernel's interface to a
+# session bridge (not bridged within one: a session's own kernels share their bridge).
+# Docker's DOCKER-ISOLATION chains do it too, but Docker deletes and re-inserts the jump to
+# them whenever it makes a network; for that moment a session bridge's accept rule comes
+# first, and a connection between two sessions made then passed (CI, 2026-11-29).
+APART_CHAIN = "BAI-KERNELS-APART"
+APART_RULES = [["-o", INTERFACES, "-m", "physdev", "!", "--physdev-is-bridged", "-j",
+                "DROP"]]
 DOCKER_USER = "DOCKER-USER"  # where releases before 2026-11-29 jumped to OUTBOUND_CHAIN
 LOCK = Path(tempfile.gettempdir()) / "backendai-kernel-firewall.lock"
 
@@ -71,7 +80,10 @@ def install():
                             table=OUTBOUND_TABLE)
         if link_local:
             _forget_docker_user_jumps()
-    return closed and link_local
+        apart = _chain(APART_CHAIN, APART_RULES, "FORWARD",
+                       "kernels of one session can reach another's while Docker makes a "
+                       "network", table=OUTBOUND_TABLE)
+    return closed and link_local and apart
 
 
 def _forget_docker_user_jumps():

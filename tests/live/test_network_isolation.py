@@ -3,6 +3,7 @@ bridge, no kernel reaching another session's kernel or the host's own services."
 
 import ipaddress
 import socket
+import subprocess
 import threading
 import time
 
@@ -78,6 +79,44 @@ def network_of(docker_client, kernel):
     name = list(networks)[0]
     assert name == f"bai-session-{kernel.session_id}" or name.startswith("bai-warm-")
     return {**networks[name], "name": name}
+
+
+ISOLATION_JUMP = ["FORWARD", "-j", "DOCKER-ISOLATION-STAGE-1"]
+
+
+def iptables(*args):
+    return subprocess.run(["iptables", "-w", "5", *args], capture_output=True, text=True)
+
+
+def test_kernels_of_two_sessions_stay_apart_while_docker_moves_its_isolation_jump(
+        live, as_alice, docker_client, session_networks):
+    """Whenever Docker makes a network it deletes its FORWARD jump to its isolation chains
+    and inserts it again above the new network's rules; in between, bridges are not kept
+    apart (CI saw a kernel reach another session's in such a moment, with the warm pools
+    of the live systems making bridges). Here that moment is held while one session's
+    kernel tries the other's: the agent's own drop (firewall.APART_CHAIN) keeps them
+    apart."""
+    first = create(as_alice, "first", resources={"cpu": "0.25", "mem": "64m"})
+    second = create(as_alice, "second", resources={"cpu": "0.25", "mem": "64m"})
+    session_networks += [first, second]
+    wait_status(first, S.RUNNING)
+    wait_status(second, S.RUNNING)
+    target = network_of(docker_client, kernel_of(second))["IPAddress"]
+    listener = docker_client.containers.get(kernel_of(second).container_id)
+    listener.exec_run(["nc", "-ll", "-p", "7000", "-e", "echo", "other-session"],
+                      detach=True)
+    time.sleep(0.5)
+    assert iptables("-C", *ISOLATION_JUMP).returncode == 0, "Docker's isolation jump"
+    forward = iptables("-S", "FORWARD").stdout.splitlines()[1:]  # after the policy
+    position = forward.index("-A " + " ".join(ISOLATION_JUMP)) + 1
+    assert iptables("-D", *ISOLATION_JUMP).returncode == 0
+    try:
+        tried = execute(as_alice, first, f"nc -w 2 {target} 7000 </dev/null; echo tried",
+                        timeout=30)
+    finally:
+        if iptables("-C", *ISOLATION_JUMP).returncode != 0:  # Docker may have put it back
+            iptables("-I", "FORWARD", str(position), *ISOLATION_JUMP[1:])
+    assert tried["stdout"] == "tried\n", tried
 
 
 def test_kernels_reach_neither_another_session_nor_the_hosts_own_services(
