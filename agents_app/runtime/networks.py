@@ -451,13 +451,18 @@ KERNEL_NETWORK = "ai.backend.network"  # the container's label (provisioners.NET
 # ended (a container made meanwhile is in the next heartbeat's list).
 SWEEP_AFTER = 30.0
 REFILL_YIELD = 2.0  # seconds a refill step waits at most for the kernels starting
+# Threads that refill the pool at once: back to back, kernels took bridges faster than one
+# made them (a bridge and its sandbox, ~0.2 s of the engine's work), and about half made
+# their own; with two, 14 of 20 found one and the start's p50 fell by a third
+# (docs/benchmarks/agent.md).
+FILLERS = 2
 
 
 class WarmBridges:
     """`size` bridges made ahead for this agent's next single-kernel sessions, refilled in
-    the background once the kernel that claimed one has started; those of an earlier
-    process of this agent are removed at start, the free ones at stop, and one its kernel
-    no longer uses by the heartbeat."""
+    the background (FILLERS at once) once the kernel that claimed one has started; those
+    of an earlier process of this agent are removed at start, the free ones at stop, and
+    one its kernel no longer uses by the heartbeat."""
 
     def __init__(self, agent, size):
         self.agent, self.size = agent, size
@@ -467,8 +472,8 @@ class WarmBridges:
         self._owners = {}  # kernel id → the name it claimed, while it starts
         self._sandboxes = {}  # name of a free one → its sandbox's container id
         self._lock = threading.Lock()
-        self._filling = False
-        self._filler = None  # the thread that fills the pool, while it does
+        self._filling = 0  # threads filling the pool
+        self._fillers = []  # those threads
         self._released = False
 
     def start(self):
@@ -517,13 +522,16 @@ class WarmBridges:
 
     def refill(self):
         with self._lock:
-            if self._filling or self.size <= 0 or self.agent.stopping.is_set() or \
-                    self._released:
+            if self.size <= 0 or self.agent.stopping.is_set() or self._released:
                 return
-            self._filling = True
-            self._filler = threading.Thread(target=self._fill, name="warm-bridges",
-                                            daemon=True)
-            self._filler.start()  # under the lock: release_all joins none not started
+            wanted = min(FILLERS, self.size - len(self._free)) - self._filling
+            self._fillers = [t for t in self._fillers if t.is_alive()]
+            for _ in range(max(wanted, 0)):
+                self._filling += 1
+                filler = threading.Thread(target=self._fill, name="warm-bridges",
+                                          daemon=True)
+                self._fillers.append(filler)
+                filler.start()  # under the lock: release_all joins none not started
 
     def _fill(self):
         try:
@@ -557,7 +565,7 @@ class WarmBridges:
                         self._making.discard(name)
         finally:
             with self._lock:
-                self._filling = False
+                self._filling -= 1
 
     def _after_starts(self, longest=REFILL_YIELD):
         """While a free one is left, wait while a kernel of this agent starts (up to
@@ -622,10 +630,10 @@ class WarmBridges:
             self._released = True
             free, self._free = list(self._free), collections.deque()
             self._sandboxes.clear()
-            filler = self._filler
+            fillers = list(self._fillers)
         for name in free:
             _remove_warm_bridge(self.agent.docker, name)
-        if filler is not None:
+        for filler in fillers:
             filler.join(timeout=RELEASE_WAIT)
 
 

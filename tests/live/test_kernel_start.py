@@ -200,15 +200,18 @@ def test_a_warm_bridge_is_one_kernels_own_network_and_goes_with_it(agent, docker
         "label": f"{networks.SANDBOX_AGENT}={agent.id}"})
 
 
-def test_an_agent_that_stops_while_a_warm_bridge_is_made_leaves_none_behind(agent,
-                                                                            docker_client):
-    """The pool's refill makes a bridge and its sandbox while the agent stops: release_all
-    waits for it, and its maker removes what release_all could not list yet."""
+@pytest.mark.parametrize("size", [1, 2])
+def test_an_agent_that_stops_while_a_warm_bridge_is_made_leaves_none_behind(
+        agent, docker_client, size):
+    """The pool's refill makes a bridge and its sandbox (two at once, by two threads, for a
+    pool of two) while the agent stops: release_all waits for them, and their makers
+    remove what release_all could not list yet."""
     for _ in range(3):
         agent.stopping.clear()
-        agent.networks = networks.AgentNetworks(agent, warm_bridges=1)
+        agent.networks = networks.AgentNetworks(agent, warm_bridges=size)
         pool = agent.networks.warm
-        pool.refill()  # the bridge is being made now
+        pool.refill()  # the bridges are being made now
+        assert pool._filling == min(size, networks.FILLERS)
         time.sleep(0.05)
         agent.stopping.set()
         pool.release_all()
