@@ -7,6 +7,7 @@ agents, since nearly all of a heartbeat's cost was building and running its hand
 queries, not its rows (docs/benchmarks/scale.md). `handle_heartbeat(info)` is a batch of one.
 """
 
+import functools
 import logging
 import re
 import uuid
@@ -141,8 +142,9 @@ def _lock_agents(ids):
                 .select_related("scaling_group").only(*READ, "scaling_group__name")
                 .filter(pk__in=ids).order_by("pk")}
     fields = _read_fields()
-    columns = ", ".join(f"a.{f.column}::text" if f.get_internal_type() == "JSONField"
-                        else f"a.{f.column}" for f in fields)
+    is_json_of = [f.get_internal_type() == "JSONField" for f in fields]
+    columns = ", ".join(f"a.{f.column}::text" if is_json else f"a.{f.column}"
+                        for f, is_json in zip(fields, is_json_of, strict=True))
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {columns}, g.name FROM {Agent._meta.db_table} a "
@@ -152,8 +154,8 @@ def _lock_agents(ids):
     names = [f.attname for f in fields]
     locked = {}
     for *values, group_name in rows:
-        values = [orjson.loads(v) if v is not None and f.get_internal_type() == "JSONField"
-                  else v for f, v in zip(fields, values, strict=True)]
+        values = [orjson.loads(v) if is_json and v is not None else v
+                  for is_json, v in zip(is_json_of, values, strict=True)]
         agent = Agent.from_db(connection.alias, names, values)
         agent.scaling_group = ScalingGroup.from_db(connection.alias, ("id", "name"),
                                                    (agent.scaling_group_id, group_name))
@@ -161,6 +163,7 @@ def _lock_agents(ids):
     return locked
 
 
+@functools.cache
 def _read_fields():
     """The id and READ fields, in the model's order (Model.from_db takes them so)."""
     wanted = {"id", *READ}
