@@ -15,6 +15,10 @@ records every task), PostgreSQL.
    handled) of the agents' reports and heartbeats meanwhile.
 
 Each manager worker runs as the Procfile's (threads pool, 4 threads; BENCH_SCALE_THREADS).
+BENCH_SCALE_WORKER_CPU (say 0.5) gives each worker a CPU budget of its own, that share of a
+core (a cgroup CPU quota; root): as if each ran on a host of that size, so that on a small
+machine the burst's ratio of two workers to one measures the manager, not the spare cores
+the rest of the bench (simulator, PostgreSQL, the creates) leaves.
 Shrink it with BENCH_SCALE_CURVE=20,50 BENCH_SCALE_AGENTS=50 BENCH_SCALE_BURST=200
 BENCH_SCALE_WINDOW=15. It uses the database of DATABASE_URL (a scaling group of its own,
 removed afterwards) and FLUSHES the Redis db of REDIS_URL: give it its own of each.
@@ -111,6 +115,7 @@ class Bench:
         self.tag = f"scale{uuid.uuid4().hex[:6]}"
         self.dir = Path(tempfile.mkdtemp(prefix="bench-scale-"))
         self.processes = []
+        self.budgets = []
         self._setup()
 
     def _setup(self):
@@ -242,7 +247,8 @@ class Bench:
                 "--pool", "threads", "-c", os.environ.get("BENCH_SCALE_THREADS", "4"),
                 "-n", f"{self.tag}-{n}@%h",
                 "--without-gossip", "--without-mingle", "-l", "WARNING"],
-                {**env, "BENCH_SCALE_RECORD": str(record)})
+                {**env, "BENCH_SCALE_RECORD": str(record)},
+                cpu=float(os.environ.get("BENCH_SCALE_WORKER_CPU", 0)) or None)
         self._spawn("agents", [
             sys.executable, "manage.py", "run_simulated_agents", "--count", str(agents),
             "--prefix", self.tag, "--scaling-group", self.group.name,
@@ -251,11 +257,34 @@ class Bench:
             "--concurrency", "8"], {**env, "DATABASE_URL": "postgres://none@127.0.0.1:9/x"})
         self._wait_for_heartbeats(agents)
 
-    def _spawn(self, name, args, env):
+    def _spawn(self, name, args, env, cpu=None):
         log = open(self.dir / f"{name}.log", "a")  # noqa: SIM115 (for the process lifetime)
+        if cpu:  # moves itself into its budget's cgroup, then becomes the process
+            args = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self._budget(name, cpu)),
+                    *args]
         process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         self.processes.append((name, process))
+
+    def _budget(self, name, cpu):
+        """A cgroup allowing `cpu` of a core (cgroup v2's cpu.max, or v1's CFS quota): the
+        path of the file a process writes its pid to, to join it."""
+        period = 100_000
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+        parent = Path("/sys/fs/cgroup") if v2.exists() else Path("/sys/fs/cgroup/cpu")
+        group = parent / f"{self.tag}-{name}"
+        try:
+            group.mkdir(exist_ok=True)
+            if v2.exists():
+                (group / "cpu.max").write_text(f"{int(cpu * period)} {period}")
+            else:
+                (group / "cpu.cfs_period_us").write_text(str(period))
+                (group / "cpu.cfs_quota_us").write_text(str(int(cpu * period)))
+        except OSError as exc:
+            raise SystemExit(f"BENCH_SCALE_WORKER_CPU needs a writable cgroup CPU controller "
+                             f"(root): {exc}") from exc
+        self.budgets.append(group)
+        return group / "cgroup.procs"
 
     def pid(self, name):
         return next(p.pid for n, p in self.processes if n == name)
@@ -272,6 +301,10 @@ class Bench:
                 os.killpg(process.pid, 9)
                 process.wait()
         self.processes = []
+        for group in self.budgets:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        self.budgets = []
 
     def _wait_for_heartbeats(self, agents):
         """Every agent heard from by the workers (the row's containers_at is set by the
@@ -457,8 +490,8 @@ class Bench:
         rows = self.read_records(started)
         reports = [r["ended"] - r["sent"] for r in rows
                    if r["task"] == "manager.kernel_event" and r["sent"]]
-        beats = [r["ended"] - r["sent"] for r in rows
-                 if r["task"] == "manager.heartbeat" and r["sent"]]
+        heartbeats = [r for r in rows if r["task"] == "manager.heartbeat"]
+        beats = [r["ended"] - r["sent"] for r in heartbeats if r["sent"]]
         times = []
         for history in burst.filter(status=Status.RUNNING).values_list("status_history",
                                                                         flat=True):
@@ -477,6 +510,12 @@ class Bench:
             "report_lag_p50_ms": round(percentile(reports, 0.5) * 1000),
             "report_lag_p95_ms": round(percentile(reports, 0.95) * 1000),
             "heartbeat_lag_p95_ms": round(percentile(beats, 0.95) * 1000),
+            # Heartbeats handled meanwhile, and the batches they came in: a worker with
+            # time to spare takes them in smaller batches, each dearer per heartbeat.
+            "heartbeats": len(heartbeats),
+            "heartbeat_batch_p50": statistics.median(r.get("batch", 1) for r in heartbeats)
+            if heartbeats else None,
+            "worker_budget": os.environ.get("BENCH_SCALE_WORKER_CPU") or None,
             "cpu_s": spent, "machine_busy": round(busy / ticks, 2) if ticks else None,
             "loadavg": loadavg(),
             **({"first_error": errors[0][:200]} if errors else {}),
@@ -546,7 +585,9 @@ def main():
                   f"{result['p95_s']} s, {result['sessions_per_s']} sessions/s end to end "
                   f"(created at {result['created_per_s']}/s), report lag p50 "
                   f"{result['report_lag_p50_ms']} ms p95 {result['report_lag_p95_ms']} ms, "
-                  f"heartbeat lag p95 {result['heartbeat_lag_p95_ms']} ms, CPU s "
+                  f"heartbeat lag p95 {result['heartbeat_lag_p95_ms']} ms ("
+                  f"{result['heartbeats']} in batches of {result['heartbeat_batch_p50']}), "
+                  f"worker budget {result['worker_budget'] or 'none'}, CPU s "
                   f"{result['cpu_s']}, machine {result['machine_busy']} busy; "
                   f"loadavg {' '.join(result['loadavg'])}",
                   flush=True)
