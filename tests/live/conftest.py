@@ -79,6 +79,21 @@ def pytest_collection_modifyitems(config, items):
                if LIVE in Path(item.fspath).parents else len(rank))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A browser test that fails says what its pages were waiting for and what the web
+    process logged (the browser_context fixture's diagnosis), in its traceback."""
+    report = yield
+    context = getattr(item, "funcargs", {}).get("browser_context")
+    if report.failed and hasattr(context, "diagnosis") and hasattr(report.longrepr,
+                                                                    "addsection"):
+        try:
+            report.longrepr.addsection("the browser and the web process", context.diagnosis())
+        except Exception as exc:  # noqa: BLE001 (a diagnosis must not hide the failure)
+            report.longrepr.addsection("the browser and the web process", repr(exc))
+    return report
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     need("Docker", docker_problem())

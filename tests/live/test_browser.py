@@ -113,12 +113,22 @@ def browser_context(chromium, web):
     context.on("console", lambda m: "Content Security Policy" in m.text
                and "/apps/" not in (m.location.get("url") or "")
                and context.csp_violations.append(f"{m.location.get('url')}: {m.text}"))
+
+    def diagnosis():
+        """What the pages were waiting for, what failed, and what the web process said
+        last: added to a failing test's traceback (tests/live/conftest.py), which the
+        rerun summary prints where captured output is not."""
+        now = time.monotonic()
+        lines = [f"unfinished after {now - started:.1f} s: {request.method} {request.url}"
+                 for started, request in list(unfinished.values())]
+        lines += [f"failed: {line}" for line in failed]
+        log = web.process.output().splitlines()
+        lines += [f"the web process ({'accepting' if web.answers() else 'NOT accepting'} "
+                  f"connections), "
+                  f"its last {min(len(log), 30)} of {len(log)} log lines:", *log[-30:]]
+        return "\n".join(lines)
+    context.diagnosis = diagnosis
     yield context
-    now = time.monotonic()
-    for started, request in unfinished.values():
-        print(f"unfinished after {now - started:.1f} s: {request.method} {request.url}")
-    for line in failed:
-        print(f"failed: {line}")
     context.close()
     # Every page of every browser test keeps to the policy (settings.CONTENT_SECURITY_POLICY).
     assert context.csp_violations == []
