@@ -226,10 +226,19 @@ class KernelRunner:
         moved = (container.attrs.get("Config", {}).get("Image") or "").startswith(
             backend.KEPT_IMAGE_REPOSITORY)  # made from a kept image: it goes with it
         mounts = json.loads(container.labels.get(MOUNTS) or "[]")
+        network = container.labels.get(NETWORK, "")
+        # A kept kernel resumed here is on its session's own bridge, which the resume made
+        # (its stop removed the one its start took, which its label still names: Docker
+        # never changes a label). Torn down after the labelled one, whose teardown removes
+        # the kernel's sandbox from it; a bridge that is not there is nothing to do.
+        session_id = container.labels.get(backend.SESSION_ID)
+        bridge = networks.session_network_name(session_id) if session_id else ""
         runner.held = [(FolderMounts(client=client), mounts),
                        (ScratchVolume(client), container.labels.get(SCRATCH_VOLUME, "")),
                        (RestoredImage(client), container.attrs.get("Image") if moved else ""),
-                       (networks.ClusterNetwork(client), container.labels.get(NETWORK, "")),
+                       (networks.ClusterNetwork(client),
+                        bridge if network and bridge != network else ""),
+                       (networks.ClusterNetwork(client), network),
                        (KernelContainer(client, agent_id), container)]
         runner.held = [(p, r) for p, r in runner.held if r]
         return runner

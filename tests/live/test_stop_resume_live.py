@@ -100,6 +100,10 @@ def test_stop_keeps_the_files_frees_the_slots_and_resume_brings_them_back(
     assert session.name == "keeps" and kernel.kept_on == ""
     as_alice.delete(f"/api/v1/sessions/{session_id}/")
     wait_status(session_id, S.TERMINATED)
+    # The bridge the resume made went with the kernel (the agent reports the end after
+    # its teardown), not seconds later with the heartbeats' sweep of ended sessions'.
+    assert docker_client.networks.list(
+        filters={"label": f"ai.backend.session-id={session_id}"}) == []
 
 
 def test_an_idle_interactive_session_is_culled_to_stopped_and_retention_deletes_it(
