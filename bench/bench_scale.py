@@ -274,6 +274,9 @@ class Bench:
         parent = Path("/sys/fs/cgroup") if v2.exists() else Path("/sys/fs/cgroup/cpu")
         group = parent / f"{self.tag}-{name}"
         try:
+            enabled = parent / "cgroup.subtree_control"
+            if v2.exists() and "cpu" not in enabled.read_text().split():
+                enabled.write_text("+cpu")  # children get a cpu.max
             group.mkdir(exist_ok=True)
             if v2.exists():
                 (group / "cpu.max").write_text(f"{int(cpu * period)} {period}")
