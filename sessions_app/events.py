@@ -109,9 +109,10 @@ def publish(groups, msg):
     publish_batch([(groups, msg)])
 
 
-# Kernel events worth a line of their own; the other kernel steps follow from the
+# Kernel events worth a line of their own (prefixes): retries, errors and a health check's
+# verdicts (kernel_healthy, kernel_unhealthy); the other kernel steps follow from the
 # session's line (at DEBUG they are logged too).
-LOGGED_KERNEL_EVENTS = ("kernel_retry", "kernel_error", "kernel_health")
+LOGGED_KERNEL_EVENTS = ("kernel_retry", "kernel_error", "kernel_health", "kernel_unhealthy")
 
 
 def log_events(messages, agents):

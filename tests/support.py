@@ -2,6 +2,7 @@
 the live system (a real manager worker and a real agent, as separate processes)."""
 
 import contextlib
+import io
 import os
 import re
 import shutil
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import uuid
@@ -62,6 +64,33 @@ def redis_problem():
     except Exception as exc:
         return str(exc)
     return None
+
+
+def build_image(docker_client, dockerfile, tag):
+    """An image built from the text of a Dockerfile (its context holds nothing else)."""
+    text = dockerfile.encode()
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(text)
+        tar.addfile(info, io.BytesIO(text))
+    context.seek(0)
+    image, _ = docker_client.images.build(fileobj=context, custom_context=True, tag=tag,
+                                          rm=True)
+    return image
+
+
+@contextlib.contextmanager
+def health_checked_image(docker_client, tag, check):
+    """The kernel image with a Docker health check every second (`check`, a shell command;
+    one failure makes it unhealthy), for the block; removed after it."""
+    build_image(docker_client, f"FROM {IMAGE}\nHEALTHCHECK --interval=1s --timeout=1s "
+                f"--retries=1 CMD {check}\n", tag)
+    try:
+        yield tag
+    finally:
+        with contextlib.suppress(docker.errors.ImageNotFound):  # removed already
+            docker_client.images.remove(tag, force=True)
 
 
 def wait_for(predicate, timeout=30.0, interval=0.1, message="condition"):

@@ -6,6 +6,7 @@ import logging
 import pytest
 
 from backendai_web.logs import RepeatedFailure, logging_config
+from sessions_app.events import log_events
 
 
 def test_a_lasting_failure_is_logged_when_it_starts_every_interval_and_when_it_ends(caplog):
@@ -35,3 +36,17 @@ def test_log_format_must_be_plain_or_json():
     assert logging_config("DEBUG", "json")["root"]["level"] == "DEBUG"
     with pytest.raises(ValueError, match="LOG_FORMAT"):
         logging_config("INFO", "xml")
+
+
+@pytest.mark.parametrize(("event", "level"), [
+    ("kernel_unhealthy", logging.INFO), ("kernel_healthy", logging.INFO),
+    ("kernel_retry_create", logging.INFO), ("kernel_error", logging.INFO),
+    ("kernel_creating", logging.DEBUG)])
+def test_a_kernels_health_verdicts_retries_and_errors_get_a_line_its_steps_debug(
+        caplog, event, level):
+    message = {"event": event, "session_id": "s1", "session_name": "n", "kernel_id": "k1",
+               "status": "RUNNING", "previous_status": "RUNNING", "reason": "", "data": {}}
+    with caplog.at_level(logging.DEBUG, logger="sessions_app.events"):
+        log_events([message], ["a1"])
+    [record] = caplog.records
+    assert (record.levelno, record.event) == (level, event)

@@ -1,17 +1,13 @@
 """The Docker agent against a real engine, through the live system."""
 
-import contextlib
-import io
-import tarfile
 import time
 
 import pytest
-from docker.errors import ImageNotFound
 
 from agents_app.models import Agent, Image
 from sessions_app.enums import Status
 from sessions_app.models import Kernel, Session, SessionEvent
-from tests.support import IMAGE, wait_for
+from tests.support import IMAGE, health_checked_image, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status
@@ -180,19 +176,8 @@ def test_an_image_missing_on_the_agent_is_pulled_from_the_registry(live, as_alic
 
 @pytest.fixture(scope="session")
 def unhealthy_image(docker_client):
-    name = "bai-local/unhealthy:test"
-    dockerfile = (f"FROM {IMAGE}\nHEALTHCHECK --interval=1s --timeout=1s --retries=1 "
-                  "CMD false\n").encode()
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        tar.addfile(info, io.BytesIO(dockerfile))
-    buffer.seek(0)
-    docker_client.images.build(fileobj=buffer, custom_context=True, tag=name, rm=True)
-    yield name
-    with contextlib.suppress(ImageNotFound):  # removed already
-        docker_client.images.remove(name, force=True)
+    with health_checked_image(docker_client, "bai-local/unhealthy:test", "false") as name:
+        yield name
 
 
 def test_an_unhealthy_container_is_reported_not_killed(live, as_alice, unhealthy_image):

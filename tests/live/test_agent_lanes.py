@@ -8,11 +8,9 @@ opens its gate; then the pulls finish as any pull does.
 """
 
 import contextlib
-import io
 import os
 import shutil
 import socket
-import tarfile
 import threading
 import time
 import uuid
@@ -24,7 +22,7 @@ from agents_app.models import Image
 from sessions_app.enums import Status
 from sessions_app.models import Kernel, Session, SessionEvent
 from tests.live.test_agent_docker import create, wait_status
-from tests.support import IMAGE, ROOT, Registry, wait_for
+from tests.support import IMAGE, ROOT, Registry, build_image, wait_for
 
 pytestmark = pytest.mark.docker
 S = Status
@@ -100,16 +98,8 @@ def gated(registry, docker_client):
 
     def image(name):
         source = f"127.0.0.1:{registry.port}/lanes/{name}:1"
-        dockerfile = (f"FROM {IMAGE}\nRUN head -c {LAYER_BYTES} /dev/urandom > /blob "
-                      f"# {uuid.uuid4().hex}\n").encode()
-        context = io.BytesIO()
-        with tarfile.open(fileobj=context, mode="w") as tar:
-            info = tarfile.TarInfo("Dockerfile")
-            info.size = len(dockerfile)
-            tar.addfile(info, io.BytesIO(dockerfile))
-        context.seek(0)
-        built, _ = docker_client.images.build(fileobj=context, custom_context=True, tag=source,
-                                              rm=True)
+        built = build_image(docker_client, f"FROM {IMAGE}\nRUN head -c {LAYER_BYTES} "
+                            f"/dev/urandom > /blob # {uuid.uuid4().hex}\n", source)
         for line in docker_client.images.push(source, stream=True, decode=True):
             assert "error" not in line, line
         docker_client.images.remove(source, force=True)  # now only the registry has it

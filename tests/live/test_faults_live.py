@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from agents_app.models import Agent, AgentStatus
+from agents_app.models import Agent, AgentStatus, Image
 from backendai_web.service_control import RedisServer, postgres_cluster
 from common import clock
 from identity_app.keypairs import main_keypair
@@ -25,7 +25,7 @@ from tests.live.faults import (
     sweeping,
 )
 from tests.signing import SignedClient
-from tests.support import need, wait_for
+from tests.support import health_checked_image, need, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -94,5 +94,47 @@ def test_postgresql_restarted_answers_503_meanwhile_and_loses_nothing(
     live.wait_for_agent(since=clock.now(), timeout=30)  # the worker takes heartbeats again
     kernel.refresh_from_db()
     assert kernel.status == S.RUNNING
+    destroy_and_wait(as_alice, session_id, docker_client)
+    assert_invariants_hold()
+
+
+@pytest.fixture(scope="module")
+def image_that_turns_sick(docker_client):
+    """The kernel image with a Docker health check that fails once /home/work/sick exists."""
+    with health_checked_image(docker_client, "bai-local/turns-sick:test",
+                              "test ! -e /home/work/sick") as name:
+        yield name
+
+
+def test_a_report_sent_while_postgresql_is_down_is_handled_once_it_is_back(
+        live, as_alice, docker_client, image_that_turns_sick):
+    """A health check's verdict comes in the agent's report alone (no heartbeat carries
+    it): the worker that takes it while PostgreSQL is down handles it again later."""
+    Image.objects.get_or_create(name=image_that_turns_sick)
+    session_id = create(as_alice, "turns-sick", image=image_that_turns_sick)
+    kernel = running(session_id)
+
+    def recorded(name):
+        return SessionEvent.objects.filter(session_id=session_id, name=name).exists()
+
+    wait_for(lambda: recorded("kernel_healthy"), timeout=20, message="the first verdict")
+    cluster = pg_cluster()
+    logged = len(live.worker.output())
+    subprocess.run([*cluster, "stop", "-m", "fast"], check=True)
+    try:
+        touched = docker_client.containers.get(kernel.container_id).exec_run(
+            ["touch", "/home/work/sick"])
+        assert touched.exit_code == 0, touched.output
+        # The report taken, and not handled: Celery's line for a task that failed (the code
+        # before) or the worker's for one it will handle again.
+        wait_for(lambda: any(
+            "manager.kernel_event" in line and "raised unexpected" in line
+            or "kernel_health of kernel" in line and "the database did not answer" in line
+            for line in live.worker.output()[logged:].splitlines()),
+            timeout=30, message="the worker to take the report and fail")
+    finally:
+        subprocess.run([*cluster, "start"], check=True)
+    connection.close()  # this process's own connection died with the server
+    wait_for(lambda: recorded("kernel_unhealthy"), timeout=30, message="the report handled")
     destroy_and_wait(as_alice, session_id, docker_client)
     assert_invariants_hold()
