@@ -66,6 +66,15 @@ def redis_problem():
     return None
 
 
+def assert_no_lost_task_errors(process):
+    """A web process's log has no asyncio task that failed with nobody to hear it (a
+    stream's pump that closed a client gone already, say): an ERROR line and a traceback
+    for an operator, for nothing."""
+    lost = [part.split("\n", 2)[1] for part in
+            process.output().split("Task exception was never retrieved")[1:]]
+    assert not lost, lost
+
+
 def build_image(docker_client, dockerfile, tag):
     """An image built from the text of a Dockerfile (its context holds nothing else)."""
     text = dockerfile.encode()

@@ -206,10 +206,10 @@ class ExecuteConsumer(SignedStreamConsumer):
                     finished = True
                     break
         finally:
-            if not finished:
-                with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # nothing to tell a client that is gone
+                if not finished:
                     await self.send(text_data=json.dumps({"status": "error", "msg": problem}))
-            await self.close()
+                await self.close()
 
     async def fail(self, message):
         await self.send(text_data=json.dumps({"status": "error", "msg": message}))
@@ -235,7 +235,8 @@ class PtyConsumer(SignedStreamConsumer):
             elif message.type != WSMsgType.TEXT or '"exited"' in message.data:
                 break
         if upstream is self.upstream:  # the shell ended (not replaced by a restart)
-            await self.close()
+            with contextlib.suppress(Exception):  # nothing to tell a client that is gone
+                await self.close()
 
     async def receive(self, text_data=None, bytes_data=None):
         asked = pty_input(text_data)

@@ -69,14 +69,16 @@ class TerminalConsumer(RelayConsumer):
                 else:
                     break
         finally:
-            if exited:
-                await self.close(code=1000)
-            else:  # the agent went away: the browser may try to resume
-                with contextlib.suppress(Exception):
+            # Nothing to tell a browser that is gone (its disconnect cancelled this pump):
+            # the server refuses to send to it.
+            with contextlib.suppress(Exception):
+                if exited:
+                    await self.close(code=1000)
+                else:  # the agent went away: the browser may try to resume
                     await self.send(text_data=json.dumps(
                         {"error": "The connection to the session's agent was lost.",
                          "status": 502}))
-                await self.close(code=4502)
+                    await self.close(code=4502)
 
     async def receive(self, text_data=None, bytes_data=None):
         if self.upstream is None or self.upstream.closed:

@@ -28,6 +28,7 @@ from tests.support import (
     PROCESS_SETTINGS,
     LiveSystem,
     Process,
+    assert_no_lost_task_errors,
     database_url_of_test_db,
     docker_problem,
     forget_agent,
@@ -175,6 +176,7 @@ def web_server(django_db_setup, django_db_blocker, redis_available, tmp_path_fac
     process.url = url
     yield process
     process.stop()
+    assert_no_lost_task_errors(process)
 
 
 def install_client(release):

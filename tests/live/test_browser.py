@@ -28,7 +28,7 @@ from sessions_app.lifecycle import destroy_session
 from sessions_app.lifecycle.create import create_session
 from sessions_app.models import Session
 from tests.factories import make_agent, make_session
-from tests.support import ROOT, LiveSystem, Process, need, wait_for
+from tests.support import ROOT, LiveSystem, Process, assert_no_lost_task_errors, need, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.docker]
 S = Status
@@ -73,6 +73,7 @@ def web(live_system):
     server = WebServer(live_system).start()
     yield server
     server.stop()
+    assert_no_lost_task_errors(server.process)
 
 
 @pytest.fixture(scope="module")
