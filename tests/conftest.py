@@ -15,7 +15,7 @@ from django.db import connection
 
 from identity_app.keypairs import main_keypair
 from identity_app.models import ensure_defaults
-from tests.db_template import use_migrated_template
+from tests.db_template import end_other_sessions, use_migrated_template
 from tests.support import need, redis_problem
 
 
@@ -25,6 +25,18 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix,
     """Each PostgreSQL test database a copy of one migrated template (db_template.py)."""
     with django_db_blocker.unblock():
         use_migrated_template()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's, and before it drops the test database, the end of every other
+    session on it: a connection that another thread or context of this process opened,
+    and nobody closed (likely in Playwright's sync API, which runs test code in a greenlet
+    of its own), kept PostgreSQL from dropping it now and then ("being accessed by other
+    users"), and the database stayed behind."""
+    yield
+    with django_db_blocker.unblock():
+        end_other_sessions()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -133,3 +145,5 @@ def bob_keypair(bob):
 def admin_keypair(carol):
     """carol's main keypair: carol is a superadmin."""
     return main_keypair(carol)
+
+

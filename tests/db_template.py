@@ -69,3 +69,14 @@ def make_template(connection, template):
         settings_dict["TEST"]["NAME"] = test_name
     with connection._nodb_cursor() as cursor:
         cursor.execute(f'ALTER DATABASE "{partial}" RENAME TO "{template}"')
+
+
+def end_other_sessions(alias="default"):
+    """End every other session on the test database of `alias` (PostgreSQL), before it is
+    dropped: all that used it (the live systems' processes) have stopped by then."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
