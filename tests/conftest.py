@@ -145,5 +145,3 @@ def bob_keypair(bob):
 def admin_keypair(carol):
     """carol's main keypair: carol is a superadmin."""
     return main_keypair(carol)
-
-

@@ -70,8 +70,9 @@ def assert_no_lost_task_errors(process):
     """A web process's log has no asyncio task that failed with nobody to hear it (a
     stream's pump that closed a client gone already, say): an ERROR line and a traceback
     for an operator, for nothing."""
-    lost = [part.split("\n", 2)[1] for part in
-            process.output().split("Task exception was never retrieved")[1:]]
+    lines = process.output().splitlines()
+    lost = [" ".join(lines[n:n + 2]) for n, line in enumerate(lines)
+            if "exception was never retrieved" in line]
     assert not lost, lost
 
 

@@ -22,7 +22,12 @@ from agents_app.runtime.reports import HEARTBEAT_PRIORITY
 from agents_app.runtime.simulated import SimulatedAgent
 from common import clock
 from sessions_app.enums import Status
-from sessions_app.lifecycle.heartbeats import handle_heartbeat, handle_heartbeats
+from sessions_app.lifecycle.heartbeats import (
+    READ,
+    _lock_agents,
+    handle_heartbeat,
+    handle_heartbeats,
+)
 from sessions_app.models import Kernel, KernelStat, Session, SessionEvent
 from tests.factories import make_agent, make_session
 
@@ -293,8 +298,6 @@ def test_heartbeats_of_a_worker_killed_mid_batch_stay_in_the_broker(queue):
 def test_a_batch_reads_each_agents_row_and_group_as_the_orm_does(db, status):
     """The batch's lock of the agents' rows (one statement of its own on PostgreSQL) reads
     what the ORM reads, each field in its place, and defers the rest."""
-    from sessions_app.lifecycle.heartbeats import READ, _lock_agents
-
     lost_at = clock.now() - timedelta(minutes=3)
     for n, group in enumerate(("default", "gpu")):
         make_agent(f"row-{n}", group=group)
